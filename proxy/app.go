@@ -1,0 +1,305 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrorKind says how a request to the app failed.
+type ErrorKind int
+
+const (
+	// KindStatus: the app answered with a status other than 2xx.
+	KindStatus ErrorKind = iota + 1
+	// KindTimeout: the request was sent but no answer came within the
+	// per-request timeout. The app may have acted.
+	KindTimeout
+	// KindTransport: a connection was made but the exchange failed (the app
+	// dropped the connection, a reset, a malformed answer). The app may have
+	// acted.
+	KindTransport
+	// KindUnreachable: no connection to the app could be made at all
+	// (refused, no route, connect timeout). The app never saw the request.
+	KindUnreachable
+)
+
+// String names the kind as it appears in logs, metrics and dead letters.
+func (k ErrorKind) String() string {
+	switch k {
+	case KindStatus:
+		return "status"
+	case KindTimeout:
+		return "timeout"
+	case KindTransport:
+		return "transport"
+	case KindUnreachable:
+		return "unreachable"
+	}
+	return "unknown"
+}
+
+// AppError is the outcome of a request to the app that was not a 2xx. It is
+// classified by Classify, and only there.
+type AppError struct {
+	Kind ErrorKind
+	// Status is the HTTP status for KindStatus, else 0.
+	Status int
+	// RetryAfter is the app's Retry-After header, unparsed ("" if none).
+	RetryAfter string
+	// Body is the start of the app's answer, for logs and dead letters.
+	Body string
+	// Err is the underlying error for the other kinds.
+	Err error
+}
+
+// Error describes the failure.
+func (e *AppError) Error() string {
+	switch e.Kind {
+	case KindStatus:
+		if e.Body != "" {
+			return fmt.Sprintf("app answered %d: %s", e.Status, e.Body)
+		}
+		return fmt.Sprintf("app answered %d", e.Status)
+	case KindTimeout:
+		return fmt.Sprintf("app timed out: %v", e.Err)
+	case KindUnreachable:
+		return fmt.Sprintf("app unreachable: %v", e.Err)
+	default:
+		return fmt.Sprintf("app request failed: %v", e.Err)
+	}
+}
+
+// Unwrap returns the underlying error.
+func (e *AppError) Unwrap() error { return e.Err }
+
+// Class is what courier does with an outcome.
+type Class int
+
+const (
+	// Success: ack.
+	Success Class = iota + 1
+	// Transient: retry later (NAK with a delay), dead-letter when the
+	// delivery budget is spent.
+	Transient
+	// Permanent: dead-letter at once.
+	Permanent
+	// Unavailable: the app is not there; not the message's fault.
+	Unavailable
+)
+
+// String names the class.
+func (c Class) String() string {
+	switch c {
+	case Success:
+		return "success"
+	case Transient:
+		return "transient"
+	case Permanent:
+		return "permanent"
+	case Unavailable:
+		return "unavailable"
+	}
+	return "unknown"
+}
+
+// Classify decides what an outcome of Post means. err is nil for a 2xx;
+// retryable tells which statuses are transient. This is the one place where
+// outcomes are classified.
+func Classify(err error, retryable func(status int) bool) Class {
+	if err == nil {
+		return Success
+	}
+	var ae *AppError
+	if !errors.As(err, &ae) {
+		return Transient
+	}
+	switch ae.Kind {
+	case KindStatus:
+		if ae.Status >= 200 && ae.Status < 300 {
+			return Success
+		}
+		if retryable(ae.Status) {
+			return Transient
+		}
+		return Permanent
+	case KindUnreachable:
+		return Unavailable
+	default:
+		return Transient
+	}
+}
+
+// ClientOptions tunes the HTTP client for one local upstream.
+type ClientOptions struct {
+	// MaxConns bounds connections to the app; it should equal the in-flight
+	// limit. Default 8.
+	MaxConns int
+	// DialTimeout bounds connecting; a connect that takes longer means the
+	// app is unreachable. Default 5s.
+	DialTimeout time.Duration
+	// IdleTimeout closes idle keep-alive connections. Default 4s: shorter
+	// than common app servers' own keep-alive timeouts (Node's is 5s), so
+	// courier rarely reuses a connection the app is closing at that moment.
+	IdleTimeout time.Duration
+}
+
+// NewClient returns an HTTP client for one local app: keep-alive connections
+// sized to the in-flight limit, no redirects followed (a 3xx is the app's
+// answer: a redirected POST would become a GET), no proxy from the
+// environment, and no resends of its own (Post decides resends).
+func NewClient(o ClientOptions) *http.Client {
+	if o.MaxConns <= 0 {
+		o.MaxConns = 8
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 4 * time.Second
+	}
+	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		Proxy:                 nil, // a sidecar talks to its app directly
+		DialContext:           d.DialContext,
+		MaxIdleConns:          o.MaxConns,
+		MaxIdleConnsPerHost:   o.MaxConns,
+		MaxConnsPerHost:       o.MaxConns,
+		IdleConnTimeout:       o.IdleTimeout,
+		TLSHandshakeTimeout:   o.DialTimeout,
+		ExpectContinueTimeout: 0,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+	return &http.Client{
+		Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// maxDrain is how much of an answer courier reads so that the connection can
+// be reused; a longer answer is cut off and its connection closed.
+const maxDrain = 64 << 10
+
+// maxBodySnippet is how much of a failed answer is kept for logs and dead
+// letters.
+const maxBodySnippet = 512
+
+// Post sends one attempt to the app: exactly one request reaches it. The only
+// resend is of a request that never left courier whole (a reused keep-alive
+// connection found closed while writing), which the app cannot have acted
+// on. It returns nil for a 2xx, else an *AppError.
+func Post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) error {
+	for try := 0; ; try++ {
+		err, resend := post(ctx, c, url, h, body)
+		if !resend || try > 0 || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (err error, resend bool) {
+	var (
+		gotConn, reused bool
+		wroteErr        error
+		wrote           bool
+	)
+	trace := &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			wrote, wroteErr = true, i.Err
+		},
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return &AppError{Kind: KindTransport, Err: err}, false
+	}
+	// Without GetBody the transport never resends on its own: it would, for a
+	// POST carrying an Idempotency-Key, after the app may have read it.
+	req.GetBody = nil
+	req.Header = h
+	resp, err := c.Do(req)
+	if err != nil {
+		// The trace callbacks ran on this goroutine's request before Do
+		// returned, so reading them here is ordered after their writes.
+		switch {
+		case !gotConn:
+			return &AppError{Kind: KindUnreachable, Err: err}, false
+		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+			return &AppError{Kind: KindTimeout, Err: err}, false
+		case reused && (!wrote || wroteErr != nil):
+			return &AppError{Kind: KindTransport, Err: err}, true
+		default:
+			return &AppError{Kind: KindTransport, Err: err}, false
+		}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		// Drain so the connection is reused; a huge answer is cut off.
+		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+		return nil, false
+	}
+	snippet := make([]byte, maxBodySnippet)
+	n, _ := io.ReadFull(resp.Body, snippet)
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	return &AppError{
+		Kind:       KindStatus,
+		Status:     resp.StatusCode,
+		RetryAfter: resp.Header.Get("Retry-After"),
+		Body:       cleanSnippet(snippet[:n]),
+	}, false
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// cleanSnippet makes the start of an answer printable on one line.
+func cleanSnippet(b []byte) string {
+	s := strings.ToValidUTF8(string(b), "?")
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	return strings.TrimSpace(s)
+}
+
+// RetryAfter parses a Retry-After value, delta-seconds or HTTP-date, into a
+// delay from now, capped at max. ok is false when v is absent or malformed.
+func RetryAfter(v string, now time.Time, max time.Duration) (d time.Duration, ok bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		if secs > int64(max/time.Second) {
+			return max, true
+		}
+		return min(time.Duration(secs)*time.Second, max), true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	d = t.Sub(now)
+	if d < 0 {
+		d = 0
+	}
+	return min(d, max), true
+}

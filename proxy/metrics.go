@@ -1,0 +1,104 @@
+package proxy
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the delivery loop's collectors, registered on the registry the
+// caller passes in.
+type metrics struct {
+	messages    *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	inflight    prometheus.Gauge
+	held        prometheus.Gauge
+	appUp       prometheus.Gauge
+	outage      prometheus.Counter
+	dlqErrors   prometheus.Counter
+	dedupErrors *prometheus.CounterVec
+	inProgress  prometheus.Counter
+	dropped     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_messages_total",
+			Help: "Messages by how their delivery ended: delivered (acked after a 2xx), duplicate (acked, key already processed), retried (NAK'd with a delay), dead_lettered (terminated after its dead letter was stored), released (NAK'd at shutdown).",
+		}, []string{"outcome"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_dead_letters_total",
+			Help: "Dead letters stored, by reason.",
+		}, []string{"reason"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_app_requests_total",
+			Help: "Requests to the app (attempts) by result: 2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable.",
+		}, []string{"result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "courier_app_request_duration_seconds",
+			Help:    "Duration of requests to the app by result.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"result"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "courier_inflight_requests",
+			Help: "Requests to the app running now.",
+		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "courier_held_messages",
+			Help: "Messages held in progress while the app is unavailable.",
+		}),
+		appUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "courier_app_available",
+			Help: "1 while the app is available, 0 while it is known to be unavailable.",
+		}),
+		outage: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_app_unavailable_seconds_total",
+			Help: "Time the app was unavailable, counted when it comes back.",
+		}),
+		dlqErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_dead_letter_errors_total",
+			Help: "Failed attempts to store a dead letter (the message is kept and tried again).",
+		}),
+		dedupErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_dedup_errors_total",
+			Help: "Dedup store failures by operation: check (message NAK'd) or record (message acked anyway).",
+		}, []string{"op"}),
+		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_in_progress_total",
+			Help: "In-progress signals sent to JetStream for messages held longer than half the ack wait.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_dropped_headers_total",
+			Help: "Message headers not passed to the app because HTTP cannot carry them.",
+		}),
+	}
+	for _, o := range []string{"delivered", "duplicate", "retried", "dead_lettered", "released"} {
+		m.messages.WithLabelValues(o)
+	}
+	reg.MustRegister(m.messages, m.deadLetters, m.requests, m.latency, m.inflight, m.held,
+		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped)
+	return m
+}
+
+// resultLabel names an outcome for metrics.
+func resultLabel(err error) string {
+	if err == nil {
+		return "2xx"
+	}
+	ae, ok := err.(*AppError)
+	if !ok {
+		return "transport"
+	}
+	if ae.Kind != KindStatus {
+		return ae.Kind.String()
+	}
+	switch {
+	case ae.Status < 300:
+		return "2xx"
+	case ae.Status < 400:
+		return "3xx"
+	case ae.Status < 500:
+		return "4xx"
+	default:
+		return "5xx"
+	}
+}

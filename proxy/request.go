@@ -1,0 +1,161 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Headers courier adds to every request to the app.
+const (
+	HeaderAttempt   = "Courier-Attempt"
+	HeaderSubject   = "Courier-Subject"
+	HeaderStream    = "Courier-Stream"
+	HeaderSequence  = "Courier-Sequence"
+	HeaderPublished = "Courier-Published"
+	// HeaderIdempotencyKey carries the resolved dedup key to the app.
+	HeaderIdempotencyKey = "Idempotency-Key"
+)
+
+// ResolveKey returns a message's dedup key: the value of the header named
+// header, else its Nats-Msg-Id, else one derived from the stream, the
+// stream's creation time and the sequence. The creation time keeps the key
+// unique when a stream is deleted and created again and sequences restart.
+func ResolveKey(h nats.Header, header string, stream string, created time.Time, seq uint64) string {
+	if header != "" {
+		if v := headerValue(h, header); v != "" {
+			return v
+		}
+	}
+	if v := h.Get(nats.MsgIdHdr); v != "" {
+		return v
+	}
+	return fmt.Sprintf("%s:%d:%d", stream, created.UnixNano(), seq)
+}
+
+// headerValue looks a header up as sent (NATS header names are
+// case-sensitive) and then case-insensitively, as HTTP would.
+func headerValue(h nats.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	for k, vs := range h {
+		if len(vs) > 0 && strings.EqualFold(k, name) {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+// DroppedHeader is a message header that HTTP cannot carry.
+type DroppedHeader struct {
+	Name   string
+	Reason string
+}
+
+// BuildHeaders returns the HTTP headers for a message: its application
+// headers (not NATS's own Nats-* headers, not names or values HTTP cannot
+// carry, which are returned as dropped), then courier's own.
+func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (http.Header, []DroppedHeader) {
+	src := m.Headers()
+	h := make(http.Header, len(src)+8)
+	var dropped []DroppedHeader
+	for name, vs := range src {
+		if len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
+			continue
+		}
+		if !validFieldName(name) {
+			dropped = append(dropped, DroppedHeader{Name: name, Reason: "not a valid HTTP header name"})
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if isReserved(canon) {
+			// courier's own headers describe this delivery; a publisher's
+			// copy must not be mistaken for them.
+			dropped = append(dropped, DroppedHeader{Name: name, Reason: "reserved for courier"})
+			continue
+		}
+		for _, v := range vs {
+			if !validFieldValue(v) {
+				dropped = append(dropped, DroppedHeader{Name: name, Reason: "value not valid in HTTP"})
+				continue
+			}
+			h[canon] = append(h[canon], v)
+		}
+	}
+	h.Set(HeaderIdempotencyKey, key)
+	h.Set(HeaderAttempt, strconv.FormatUint(meta.NumDelivered, 10))
+	h.Set(HeaderSubject, m.Subject())
+	h.Set(HeaderStream, meta.Stream)
+	h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
+	h.Set(HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))
+	if ct := src.Get("Content-Type"); ct != "" && validFieldValue(ct) {
+		h.Set("Content-Type", ct)
+	} else {
+		h.Set("Content-Type", "application/octet-stream")
+	}
+	// A key that HTTP cannot carry cannot be sent; the stream-derived form
+	// always can, so this only happens for a publisher's odd header.
+	if !validFieldValue(key) {
+		h.Set(HeaderIdempotencyKey, strconv.Quote(key))
+	}
+	return h, dropped
+}
+
+func isReserved(canon string) bool {
+	switch canon {
+	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished,
+		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade", "Keep-Alive", "Proxy-Connection":
+		return true
+	}
+	return false
+}
+
+// validFieldName reports whether s is an HTTP token (RFC 9110 section 5.1).
+func validFieldName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTokenChar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// validFieldValue reports whether s can be sent as an HTTP field value: no
+// control characters but horizontal tab (RFC 9110 section 5.5).
+func validFieldValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Delay returns the full-jitter backoff before attempt+1: a random duration
+// in [0, min(max, initial*multiplier^(attempt-1))]. rnd(n) returns a value in
+// [0, n).
+func Delay(attempt int, initial, max time.Duration, multiplier float64, rnd func(n int64) int64) time.Duration {
+	ceil := scheduleAt(attempt, initial, max, multiplier)
+	if ceil <= 0 {
+		return 0
+	}
+	return time.Duration(rnd(int64(ceil) + 1))
+}

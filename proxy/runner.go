@@ -1,0 +1,695 @@
+// Package proxy owns one message's life in courier: its dedup key, the dedup
+// check, the HTTP request to the app, the classification of the answer, and
+// the ack / NAK-with-delay / dead-letter decision; plus the bounded worker
+// pool and the fetch loop around it, which pauses and holds what it has while
+// the app is unavailable. It knows nothing of how keys or dead letters are
+// stored: it declares Deduper and DeadLetterer and is given implementations.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Deduper remembers processed idempotency keys. Implementations must be safe
+// for concurrent use. Record must return only once the key is stored durably.
+type Deduper interface {
+	// Seen reports whether key was recorded as processed and has not expired.
+	Seen(ctx context.Context, key string) (bool, error)
+	// Record records key as processed.
+	Record(ctx context.Context, key string) error
+}
+
+// DeadLetter describes a message courier gives up on.
+type DeadLetter struct {
+	Subject       string
+	Data          []byte
+	Header        nats.Header // the original's headers, as stored
+	Stream        string
+	StreamCreated time.Time
+	Sequence      uint64
+	Published     time.Time
+	Consumer      string
+	Reason        string
+	Status        int // last HTTP status, 0 if none
+	Error         string
+	Attempts      int
+	FailedAt      time.Time
+}
+
+// DeadLetterer stores dead letters. DeadLetter must return nil only once the
+// dead letter is stored durably (publish acknowledged by a stream), and must
+// be safe for concurrent use.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, dl DeadLetter) error
+}
+
+// Dead-letter reasons decided here.
+const (
+	ReasonRejected  = "rejected"
+	ReasonExhausted = "exhausted"
+	ReasonExpired   = "expired"
+	// ReasonUnavailable: courier stopped during an app outage while holding
+	// a message on its last allowed delivery, which a NAK would lose.
+	ReasonUnavailable = "app-unavailable"
+)
+
+// Options configures a Runner. Zero values take the documented defaults.
+type Options struct {
+	// AppURL receives each message as a POST. Required.
+	AppURL string
+	// AppHealthURL, when set, must answer 2xx before courier fetches, and is
+	// polled every HealthInterval to notice the app going away.
+	AppHealthURL string
+	// HealthInterval is how often a healthy app's health URL is polled.
+	// Default 5s.
+	HealthInterval time.Duration
+	// Stream and Consumer name where messages come from. Required.
+	Stream, Consumer string
+	// StreamCreated is the stream's creation time, part of derived keys.
+	StreamCreated time.Time
+	// MaxDeliver is the consumer's delivery budget. Default 5.
+	MaxDeliver int
+	// AckWait is the consumer's ack wait. Default 30s.
+	AckWait time.Duration
+	// MaxInflight bounds concurrent requests to the app. Default 8.
+	MaxInflight int
+	// HTTPTimeout bounds one request. Default 30s.
+	HTTPTimeout time.Duration
+	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
+	// schedule before jitter. Defaults 1s, 10m, 2.
+	BackoffInitial, BackoffMax time.Duration
+	BackoffMultiplier          float64
+	// RetryAfterMax caps an app's Retry-After. Default 10m.
+	RetryAfterMax time.Duration
+	// Retryable reports whether a status is transient. Default: 408, 429,
+	// 500 and 502-599.
+	Retryable func(status int) bool
+	// MaxAge dead-letters messages older than this instead of sending
+	// them; 0 means never.
+	MaxAge time.Duration
+	// IdempotencyHeader names the header carrying the dedup key. Default
+	// Idempotency-Key.
+	IdempotencyHeader string
+	// ShutdownGrace is how long in-flight requests may finish after the
+	// run context ends. Default 25s.
+	ShutdownGrace time.Duration
+	// Client sends requests to the app; default NewClient sized to
+	// MaxInflight.
+	Client *http.Client
+	// Logger receives logs; default discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; default a private registry.
+	Registerer prometheus.Registerer
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) defaults() error {
+	if o.AppURL == "" || o.Stream == "" || o.Consumer == "" {
+		return errors.New("proxy: AppURL, Stream and Consumer are required")
+	}
+	if o.MaxDeliver <= 0 {
+		o.MaxDeliver = 5
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = 30 * time.Second
+	}
+	if o.MaxInflight <= 0 {
+		o.MaxInflight = 8
+	}
+	if o.HTTPTimeout <= 0 {
+		o.HTTPTimeout = 30 * time.Second
+	}
+	if o.BackoffInitial <= 0 {
+		o.BackoffInitial = time.Second
+	}
+	if o.BackoffMax <= 0 {
+		o.BackoffMax = 10 * time.Minute
+	}
+	if o.BackoffMultiplier < 1 {
+		o.BackoffMultiplier = 2
+	}
+	if o.RetryAfterMax <= 0 {
+		o.RetryAfterMax = 10 * time.Minute
+	}
+	if o.Retryable == nil {
+		o.Retryable = func(s int) bool { return s == 408 || s == 429 || s == 500 || (s >= 502 && s <= 599) }
+	}
+	if o.IdempotencyHeader == "" {
+		o.IdempotencyHeader = HeaderIdempotencyKey
+	}
+	if o.ShutdownGrace < 0 {
+		o.ShutdownGrace = 0
+	} else if o.ShutdownGrace == 0 {
+		o.ShutdownGrace = 25 * time.Second
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 5 * time.Second
+	}
+	if o.Client == nil {
+		o.Client = NewClient(ClientOptions{MaxConns: o.MaxInflight})
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+// Runner consumes a durable consumer and delivers each message to the app.
+// Create it with New and call Run once.
+type Runner struct {
+	cons jetstream.Consumer
+	dl   DeadLetterer
+	dd   Deduper // nil: dedup off
+	o    Options
+	log  *slog.Logger
+	m    *metrics
+
+	slots   chan struct{}
+	track   *tracker
+	flights *flights
+	gate    *gate
+	prober  *prober
+
+	stop    context.Context // Run's context: ends fetching and waiting
+	work    context.Context // ends in-flight requests after the grace period
+	workers sync.WaitGroup
+
+	mu    sync.Mutex
+	held  []jetstream.Msg
+	bound atomic.Bool
+	fatal chan error
+}
+
+// New returns a Runner for cons. dl stores dead letters; dd may be nil to
+// turn dedup off.
+func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runner, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	r := &Runner{
+		cons: cons, dl: dl, dd: dd, o: o,
+		log:     o.Logger.With("component", "proxy"),
+		m:       newMetrics(o.Registerer),
+		slots:   make(chan struct{}, o.MaxInflight),
+		flights: newFlights(),
+		fatal:   make(chan error, 1),
+	}
+	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
+	startUp := o.AppHealthURL == ""
+	r.gate = newGate(startUp, "waiting for the app's health URL to answer 2xx", o.Now, r.gateChanged)
+	if startUp {
+		r.m.appUp.Set(1)
+	}
+	probeClient := &http.Client{Timeout: 5 * time.Second, CheckRedirect: o.Client.CheckRedirect}
+	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
+	return r, nil
+}
+
+func (r *Runner) gateChanged(up bool, reason string, downFor time.Duration) {
+	if up {
+		r.m.appUp.Set(1)
+		r.m.outage.Add(downFor.Seconds())
+		r.log.Info("app available again", "down_for", downFor.Round(time.Millisecond).String())
+		return
+	}
+	r.m.appUp.Set(0)
+	r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
+}
+
+// Ready reports nil while the consumer is bound and the app is not known to
+// be unavailable, else why not.
+func (r *Runner) Ready() error {
+	if up, reason := r.gate.State(); !up {
+		return fmt.Errorf("app unavailable: %s", reason)
+	}
+	if !r.bound.Load() {
+		return errors.New("consumer not bound")
+	}
+	return nil
+}
+
+// Alive reports nil while the runner's loops respond.
+func (r *Runner) Alive() error {
+	if since := r.o.Now().Sub(r.track.lastBeat()); since > 4*r.track.tickEvery()+10*time.Second {
+		return fmt.Errorf("delivery loop silent for %s", since.Round(time.Second))
+	}
+	return nil
+}
+
+// Run consumes until ctx ends, then shuts down in order: stop fetching, NAK
+// what was fetched but not started, let in-flight requests finish within the
+// grace period (and ack them), NAK the rest. It returns nil after a clean
+// shutdown, or an error the runner cannot recover from (the consumer was
+// deleted).
+func (r *Runner) Run(ctx context.Context) error {
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	r.stop, r.work = ctx, work
+
+	// The tracker outlives the stop signal: held and in-flight messages
+	// stay in progress until they are acked or NAK'd.
+	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	var loopsDone sync.WaitGroup
+	loopsDone.Add(2)
+	go func() { defer loopsDone.Done(); r.track.run(loops) }()
+	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
+	defer func() { stopLoops(); loopsDone.Wait() }()
+
+	fatal := r.consume(ctx)
+
+	// Shutdown order: fetching has stopped (consume returned). Release what
+	// waits for the app, then give in-flight requests the grace period.
+	r.releaseHeld()
+	done := make(chan struct{})
+	go func() { r.workers.Wait(); close(done) }()
+	grace := time.NewTimer(r.o.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		r.log.Warn("shutdown grace period over: abandoning in-flight requests; their messages are NAK'd for redelivery",
+			"grace", r.o.ShutdownGrace.String())
+		cancelWork()
+		<-done
+	}
+	return fatal
+}
+
+// consume runs the fetch loop until ctx ends or the consumer is gone,
+// pausing while the app is unavailable.
+func (r *Runner) consume(ctx context.Context) error {
+	retry := 100 * time.Millisecond
+	for {
+		if err := r.gate.waitUp(ctx); err != nil {
+			return nil
+		}
+		if !r.dispatchHeld(ctx) {
+			return nil
+		}
+		cc, err := r.cons.Consume(r.onMsg,
+			jetstream.PullMaxMessages(r.o.MaxInflight),
+			jetstream.ConsumeErrHandler(r.onConsumeErr))
+		if err != nil {
+			r.log.Warn("cannot start consuming; retrying", "error", err, "in", retry.String())
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(retry):
+			}
+			retry = min(retry*2, 10*time.Second)
+			continue
+		}
+		retry = 100 * time.Millisecond
+		r.bound.Store(true)
+		var fatal error
+		select {
+		case <-ctx.Done():
+		case <-r.gate.Down():
+		case fatal = <-r.fatal:
+		}
+		r.bound.Store(false)
+		// Drain hands buffered messages to onMsg, which holds them (app
+		// down) or NAKs them (stopping) rather than letting them wait out
+		// the ack wait and spend a delivery.
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(5 * time.Second):
+			cc.Stop()
+		}
+		if fatal != nil {
+			return fatal
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func (r *Runner) onConsumeErr(_ jetstream.ConsumeContext, err error) {
+	if errors.Is(err, jetstream.ErrConsumerDeleted) {
+		select {
+		case r.fatal <- fmt.Errorf("consumer %q on stream %q was deleted: %w", r.o.Consumer, r.o.Stream, err):
+		default:
+		}
+		return
+	}
+	r.log.Warn("consume error (courier keeps consuming)", "error", err)
+}
+
+// onMsg takes ownership of a fetched message. It runs on the consume
+// goroutine; blocking here (all workers busy) is what bounds fetching.
+func (r *Runner) onMsg(m jetstream.Msg) {
+	r.track.add(m)
+	if r.stop.Err() != nil {
+		r.release(m, "shutting down")
+		return
+	}
+	select {
+	case <-r.gate.Down():
+		r.hold(m)
+		return
+	default:
+	}
+	select {
+	case r.slots <- struct{}{}:
+		r.start(m)
+	case <-r.stop.Done():
+		r.release(m, "shutting down")
+	case <-r.gate.Down():
+		r.hold(m)
+	}
+}
+
+// start runs m on a worker; the caller holds a slot.
+func (r *Runner) start(m jetstream.Msg) {
+	r.workers.Add(1)
+	go func() {
+		defer r.workers.Done()
+		defer func() { <-r.slots }()
+		r.deliver(m)
+	}()
+}
+
+func (r *Runner) hold(m jetstream.Msg) {
+	r.mu.Lock()
+	r.held = append(r.held, m)
+	n := len(r.held)
+	r.mu.Unlock()
+	r.m.held.Set(float64(n))
+}
+
+// dispatchHeld starts the held messages, oldest first, before fetching more.
+func (r *Runner) dispatchHeld(ctx context.Context) bool {
+	for {
+		r.mu.Lock()
+		if len(r.held) == 0 {
+			r.mu.Unlock()
+			r.m.held.Set(0)
+			return true
+		}
+		m := r.held[0]
+		r.mu.Unlock()
+		select {
+		case r.slots <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+		r.mu.Lock()
+		r.held = r.held[1:]
+		n := len(r.held)
+		r.mu.Unlock()
+		r.m.held.Set(float64(n))
+		r.start(m)
+	}
+}
+
+// releaseHeld gives back every held message at shutdown.
+func (r *Runner) releaseHeld() {
+	r.mu.Lock()
+	held := r.held
+	r.held = nil
+	r.mu.Unlock()
+	r.m.held.Set(0)
+	for _, m := range held {
+		r.releaseOrDeadLetter(m, "shutting down during an app outage")
+	}
+}
+
+// release NAKs m without delay so another instance can take it at once.
+func (r *Runner) release(m jetstream.Msg, why string) {
+	r.track.remove(m)
+	if err := m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		r.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", m.Subject(), "error", err)
+	}
+	r.m.messages.WithLabelValues("released").Inc()
+	r.log.Debug("message released", "subject", m.Subject(), "why", why)
+}
+
+// releaseOrDeadLetter releases m, unless this is its last allowed delivery:
+// a NAK would then make JetStream give up on it, so it is dead-lettered.
+func (r *Runner) releaseOrDeadLetter(m jetstream.Msg, why string) {
+	meta, err := m.Metadata()
+	if err == nil && int(meta.NumDelivered) >= r.o.MaxDeliver {
+		f := failure{reason: ReasonUnavailable, err: errors.New(why)}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.stop), 5*time.Second)
+		defer cancel()
+		if r.deadLetterOnce(ctx, m, meta, f) {
+			return
+		}
+	}
+	r.release(m, why)
+}
+
+// failure is why a message is dead-lettered.
+type failure struct {
+	reason string
+	err    error
+}
+
+// deliver runs one delivery of m to its end: ack, NAK with delay, dead
+// letter, or release at shutdown.
+func (r *Runner) deliver(m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
+		r.release(m, "no metadata")
+		return
+	}
+	attempt := int(meta.NumDelivered)
+	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
+	log := r.log.With("subject", m.Subject(), "seq", meta.Sequence.Stream, "key", key, "attempt", attempt)
+
+	if r.o.MaxAge > 0 {
+		if age := r.o.Now().Sub(meta.Timestamp); age > r.o.MaxAge {
+			r.deadLetter(m, meta, log, failure{reason: ReasonExpired,
+				err: fmt.Errorf("message is %s old, over COURIER_MAX_AGE %s", age.Round(time.Millisecond), r.o.MaxAge)})
+			return
+		}
+	}
+
+	var fl *flight
+	if r.dd != nil {
+		var dup bool
+		fl, dup, err = r.flights.claim(r.stop, key)
+		if err != nil {
+			r.release(m, "shutting down while a delivery of the same key ran")
+			return
+		}
+		if !dup {
+			dup, err = r.dd.Seen(r.work, key)
+			if err != nil {
+				r.m.dedupErrors.WithLabelValues("check").Inc()
+				log.Error("dedup store check failed; message NAK'd, not sent unchecked", "error", err)
+				r.flights.finish(key, fl, false)
+				r.nak(m, Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N))
+				return
+			}
+		}
+		if dup {
+			r.flights.finish(key, fl, true)
+			r.track.remove(m)
+			if err := m.Ack(); err != nil {
+				log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
+			}
+			r.m.messages.WithLabelValues("duplicate").Inc()
+			log.Debug("duplicate acked without calling the app")
+			return
+		}
+	}
+
+	ok := r.attempt(m, meta, key, attempt, log)
+	r.flights.finish(key, fl, ok)
+}
+
+// attempt sends m to the app, waiting out app outages without spending the
+// attempt, and settles it. It reports whether the app answered 2xx.
+func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, log *slog.Logger) bool {
+	h, dropped := BuildHeaders(m, meta, key)
+	for _, d := range dropped {
+		r.m.dropped.Inc()
+		log.Warn("header not passed to the app", "header", d.Name, "reason", d.Reason)
+	}
+	for {
+		ctx, cancel := context.WithTimeout(r.work, r.o.HTTPTimeout)
+		r.m.inflight.Inc()
+		began := time.Now()
+		err := Post(ctx, r.o.Client, r.o.AppURL, h, m.Data())
+		took := time.Since(began)
+		r.m.inflight.Dec()
+		cancel()
+		if r.work.Err() != nil {
+			// Abandoned at the end of the grace period: the attempt is spent
+			// either way; give the message back at once.
+			r.release(m, "shutdown grace period over")
+			return false
+		}
+		res := resultLabel(err)
+		r.m.requests.WithLabelValues(res).Inc()
+		r.m.latency.WithLabelValues(res).Observe(took.Seconds())
+
+		switch Classify(err, r.o.Retryable) {
+		case Success:
+			if r.dd != nil {
+				if rerr := r.dd.Record(r.work, key); rerr != nil {
+					// The effect happened: calling the app again would surely
+					// duplicate it, so the message is acked anyway.
+					r.m.dedupErrors.WithLabelValues("record").Inc()
+					log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", rerr)
+				}
+			}
+			r.track.remove(m)
+			if aerr := m.Ack(); aerr != nil {
+				log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", aerr)
+			}
+			r.m.messages.WithLabelValues("delivered").Inc()
+			log.Info("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
+			return true
+
+		case Unavailable:
+			if r.stop.Err() != nil {
+				r.releaseOrDeadLetter(m, "shutting down during an app outage")
+				return false
+			}
+			r.gate.setDown(err.Error())
+			// Hold the message (the tracker keeps it in progress) until the
+			// app is back, then try again: the outage spent nothing.
+			if r.gate.waitUp(r.stop) != nil {
+				r.releaseOrDeadLetter(m, "shutting down during an app outage")
+				return false
+			}
+			if r.o.MaxAge > 0 && r.o.Now().Sub(meta.Timestamp) > r.o.MaxAge {
+				r.deadLetter(m, meta, log, failure{reason: ReasonExpired,
+					err: fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)})
+				return false
+			}
+			continue
+
+		case Transient:
+			if attempt >= r.o.MaxDeliver {
+				r.deadLetter(m, meta, log, failure{reason: ReasonExhausted, err: err})
+				return false
+			}
+			delay, fromApp := r.retryDelay(err, attempt)
+			r.nak(m, delay)
+			log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
+				"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
+			return false
+
+		default: // Permanent
+			r.deadLetter(m, meta, log, failure{reason: ReasonRejected, err: err})
+			return false
+		}
+	}
+}
+
+func statusAttr(err error) slog.Attr {
+	var ae *AppError
+	if errors.As(err, &ae) && ae.Kind == KindStatus {
+		return slog.Int("status", ae.Status)
+	}
+	if errors.As(err, &ae) {
+		return slog.String("status", ae.Kind.String())
+	}
+	return slog.String("status", "error")
+}
+
+// retryDelay is the app's Retry-After, capped, else full-jitter backoff at
+// JetStream's delivery count.
+func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
+	var ae *AppError
+	if errors.As(err, &ae) && ae.RetryAfter != "" {
+		if d, ok := RetryAfter(ae.RetryAfter, r.o.Now(), r.o.RetryAfterMax); ok {
+			return d, true
+		}
+	}
+	return Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N), false
+}
+
+func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
+	r.track.remove(m)
+	var err error
+	if delay > 0 {
+		err = m.NakWithDelay(delay)
+	} else {
+		err = m.Nak()
+	}
+	if err != nil {
+		r.log.Warn("NAK failed; the message comes back after the ack wait", "subject", m.Subject(), "error", err)
+	}
+	r.m.messages.WithLabelValues("retried").Inc()
+}
+
+// deadLetter stores m's dead letter, then terminates m. While the dead letter
+// cannot be stored, m is held in progress and the store is retried; at
+// shutdown it is released instead, never dropped.
+func (r *Runner) deadLetter(m jetstream.Msg, meta *jetstream.MsgMetadata, log *slog.Logger, f failure) {
+	wait := 200 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(r.work, 10*time.Second)
+		ok := r.deadLetterOnce(ctx, m, meta, f)
+		cancel()
+		if ok {
+			log.Info("dead-lettered", "reason", f.reason, statusAttr(f.err), "error", f.err.Error())
+			return
+		}
+		select {
+		case <-r.stop.Done():
+			r.release(m, "shutting down before its dead letter could be stored")
+			return
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 30*time.Second)
+	}
+}
+
+// deadLetterOnce tries once to store m's dead letter and terminate m.
+func (r *Runner) deadLetterOnce(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, f failure) bool {
+	dl := DeadLetter{
+		Subject: m.Subject(), Data: m.Data(), Header: m.Headers(),
+		Stream: meta.Stream, StreamCreated: r.o.StreamCreated, Sequence: meta.Sequence.Stream,
+		Published: meta.Timestamp, Consumer: r.o.Consumer,
+		Reason: f.reason, Attempts: int(meta.NumDelivered), FailedAt: r.o.Now(),
+	}
+	if f.err != nil {
+		dl.Error = f.err.Error()
+		var ae *AppError
+		if errors.As(f.err, &ae) {
+			dl.Status = ae.Status
+		}
+	}
+	if err := r.dl.DeadLetter(ctx, dl); err != nil {
+		r.m.dlqErrors.Inc()
+		r.log.Error("cannot store dead letter; message kept and tried again",
+			"subject", dl.Subject, "seq", dl.Sequence, "reason", f.reason, "error", err)
+		return false
+	}
+	r.track.remove(m)
+	if err := m.TermWithReason(f.reason); err != nil {
+		// The dead letter is stored; if the original comes back, its dead
+		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
+		r.log.Warn("cannot terminate dead-lettered message", "subject", dl.Subject, "error", err)
+	}
+	r.m.messages.WithLabelValues("dead_lettered").Inc()
+	r.m.deadLetters.WithLabelValues(f.reason).Inc()
+	return true
+}

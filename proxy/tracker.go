@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// tracker keeps every message courier holds from being redelivered: a
+// message held longer than half the ack wait is marked in progress, again
+// every half ack wait. It also serves as the liveness heartbeat. Safe for
+// concurrent use.
+type tracker struct {
+	mu      sync.Mutex
+	msgs    map[jetstream.Msg]time.Time // last time JetStream heard of it
+	ackWait time.Duration
+	now     func() time.Time
+	beat    atomic.Int64 // unix nanos of the last tick
+	sent    func()
+}
+
+func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *tracker {
+	t := &tracker{msgs: make(map[jetstream.Msg]time.Time), ackWait: ackWait, now: now, sent: sent}
+	t.beat.Store(now().UnixNano())
+	return t
+}
+
+func (t *tracker) add(m jetstream.Msg) {
+	t.mu.Lock()
+	t.msgs[m] = t.now()
+	t.mu.Unlock()
+}
+
+func (t *tracker) remove(m jetstream.Msg) {
+	t.mu.Lock()
+	delete(t.msgs, m)
+	t.mu.Unlock()
+}
+
+func (t *tracker) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.msgs)
+}
+
+// tickEvery is how often the tracker looks: a quarter of the ack wait, so no
+// message goes longer than three quarters of it without a signal.
+func (t *tracker) tickEvery() time.Duration {
+	return max(t.ackWait/4, 10*time.Millisecond)
+}
+
+// run marks held messages in progress until ctx ends.
+func (t *tracker) run(ctx context.Context) {
+	tk := time.NewTicker(t.tickEvery())
+	defer tk.Stop()
+	var due []jetstream.Msg
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		now := t.now()
+		t.beat.Store(now.UnixNano())
+		due = due[:0]
+		t.mu.Lock()
+		for m, last := range t.msgs {
+			if now.Sub(last) >= t.ackWait/2 {
+				t.msgs[m] = now
+				due = append(due, m)
+			}
+		}
+		t.mu.Unlock()
+		for _, m := range due {
+			// A message acked meanwhile answers ErrMsgAlreadyAckd: harmless.
+			if m.InProgress() == nil {
+				t.sent()
+			}
+		}
+	}
+}
+
+// lastBeat is when the tracker last ticked.
+func (t *tracker) lastBeat() time.Time { return time.Unix(0, t.beat.Load()) }
+
+// flights coalesces concurrent deliveries of one key in this process: the
+// first caller owns the key; the others wait for its outcome. Safe for
+// concurrent use.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+type flight struct {
+	done chan struct{}
+	ok   bool // set before done is closed
+}
+
+func newFlights() *flights { return &flights{m: make(map[string]*flight)} }
+
+// claim returns the flight for key once this caller owns it, or dup=true if
+// another delivery of the key succeeded while this one waited.
+func (f *flights) claim(ctx context.Context, key string) (fl *flight, dup bool, err error) {
+	for {
+		f.mu.Lock()
+		other, busy := f.m[key]
+		if !busy {
+			fl = &flight{done: make(chan struct{})}
+			f.m[key] = fl
+			f.mu.Unlock()
+			return fl, false, nil
+		}
+		f.mu.Unlock()
+		select {
+		case <-other.done:
+			if other.ok {
+				return nil, true, nil
+			}
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+// finish ends the flight of key with its outcome and wakes its waiters.
+func (f *flights) finish(key string, fl *flight, ok bool) {
+	if fl == nil {
+		return
+	}
+	f.mu.Lock()
+	delete(f.m, key)
+	f.mu.Unlock()
+	fl.ok = ok
+	close(fl.done)
+}

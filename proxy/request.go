@@ -74,6 +74,9 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 			continue
 		}
 		canon := http.CanonicalHeaderKey(name)
+		if canon == HeaderIdempotencyKey {
+			continue // replaced by the resolved key below
+		}
 		if isReserved(canon) {
 			// courier's own headers describe this delivery; a publisher's
 			// copy must not be mistaken for them.

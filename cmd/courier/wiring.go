@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/demo"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/proxy"
+)
+
+// deadLetters adapts the dlq publisher to the delivery loop's DeadLetterer.
+type deadLetters struct{ p *dlq.Publisher }
+
+func (d *deadLetters) DeadLetter(ctx context.Context, l proxy.DeadLetter) error {
+	_, err := d.p.Publish(ctx, dlq.Letter{
+		Subject: l.Subject, Data: l.Data, Header: l.Header,
+		Stream: l.Stream, StreamCreated: l.StreamCreated, Sequence: l.Sequence, Published: l.Published,
+		Consumer: l.Consumer, Reason: l.Reason, Status: l.Status, Error: l.Error,
+		Attempts: l.Attempts, FailedAt: l.FailedAt,
+	})
+	return err
+}
+
+// ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
+// and that it is not the stream courier consumes (it would consume its own
+// dead letters).
+func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) error {
+	src := stream.CachedInfo().Config
+	if len(cfg.Subjects) == 0 {
+		for _, s := range src.Subjects {
+			if config.SubjectMatches(s, cfg.DLQSubject) {
+				return fmt.Errorf("dead-letter subject %q is captured by stream %q, which courier consumes: courier would consume its own dead letters; set COURIER_DLQ_SUBJECT to a subject outside the stream, or COURIER_SUBJECTS to filter it out", cfg.DLQSubject, cfg.Stream)
+			}
+		}
+	}
+	info, created, err := dlq.EnsureStream(ctx, js, cfg.DLQSubject, cfg.StreamReplicas)
+	if err != nil {
+		if transientSetupError(err) {
+			return err
+		}
+		return fmt.Errorf("dead letters cannot be kept: %w", err)
+	}
+	if info.Config.Name == cfg.Stream && len(cfg.Subjects) == 0 {
+		return fmt.Errorf("dead-letter subject %q is captured by stream %q, which courier consumes; set COURIER_DLQ_SUBJECT to a subject outside it", cfg.DLQSubject, cfg.Stream)
+	}
+	if created {
+		log.Info("created dead-letter stream", "stream", info.Config.Name, "subject", cfg.DLQSubject,
+			"replicas", info.Config.Replicas)
+	} else {
+		warnings, _ := dlq.CheckStream(info.Config)
+		for _, w := range warnings {
+			log.Warn("dead-letter stream may not keep every dead letter", "stream", info.Config.Name, "warning", w)
+		}
+	}
+	return nil
+}
+
+// registerBuildInfo exposes courier_build_info{version,commit,goversion} 1.
+func registerBuildInfo(reg prometheus.Registerer) {
+	v, c, g := buildInfo()
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "courier_build_info",
+		Help:        "courier's version, commit and Go version; always 1.",
+		ConstLabels: prometheus.Labels{"version": v, "commit": c, "goversion": g},
+	})
+	bi.Set(1)
+	reg.MustRegister(bi)
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		return usageError("demo takes no arguments")
+	}
+	err := demo.Run(ctx, func(ctx context.Context, environ []string) error {
+		return runSidecar(ctx, environ, stderr)
+	}, demo.Options{Out: stdout})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,447 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// problem is one line of an *Error, with the position of its variable in
+// the SPEC's table so that the lines come out in that order.
+type problem struct {
+	order int
+	text  string
+}
+
+// checker collects the problems of one Load.
+type checker struct {
+	environ  map[string]string
+	fields   map[string]string // Go field name → variable, to name env's ParseErrors
+	defaults map[string]string // variable → envDefault, for variables that have one
+	derived  map[string]string // variable → value Load filled in when it was unset
+	order    map[string]int    // variable → position in the SPEC's table
+	bad      map[string]bool   // variables that did not parse: not checked further
+	problems []problem
+}
+
+func newChecker(environ map[string]string) *checker {
+	c := &checker{
+		environ:  environ,
+		fields:   map[string]string{},
+		defaults: map[string]string{},
+		derived:  map[string]string{},
+		order:    map[string]int{},
+		bad:      map[string]bool{},
+	}
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		c.fields[f.Name] = name
+		if d, ok := f.Tag.Lookup("envDefault"); ok {
+			c.defaults[name] = d
+		}
+	}
+	for i, s := range specs() {
+		c.order[s.name] = i
+	}
+	return c
+}
+
+// parseErrors turns env's AggregateError into problems, one per variable.
+func (c *checker) parseErrors(err error) {
+	if err == nil {
+		return
+	}
+	errs := []error{err}
+	var agg env.AggregateError
+	if errors.As(err, &agg) {
+		errs = agg.Errors
+	}
+	for _, e := range errs {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			if name, ok := c.fields[pe.Name]; ok {
+				c.bad[name] = true
+				c.add(name, "%s", pe.Err)
+				continue
+			}
+		}
+		// Only a bug in Config's tags gets here; report it all the same.
+		c.problems = append(c.problems, problem{order: len(c.order), text: e.Error()})
+	}
+}
+
+// shown is a variable's value as a problem quotes it: as set (secrets
+// redacted), else the value it defaulted to.
+func (c *checker) shown(name string) string {
+	if v := c.environ[name]; v != "" {
+		return strconv.Quote(redactVar(name, v))
+	}
+	if v, ok := c.derived[name]; ok {
+		return strconv.Quote(v) + " (default)"
+	}
+	if v, ok := c.defaults[name]; ok {
+		return strconv.Quote(v) + " (default)"
+	}
+	return `""`
+}
+
+// add records a problem with a variable's value: NAME="value": message.
+func (c *checker) add(name, format string, args ...any) {
+	c.note(name, name+"="+c.shown(name)+": "+fmt.Sprintf(format, args...))
+}
+
+// note records a problem written out in full.
+func (c *checker) note(name, text string) {
+	order, ok := c.order[name]
+	if !ok {
+		order = len(c.order)
+	}
+	c.problems = append(c.problems, problem{order: order, text: text})
+}
+
+// ok reports whether a variable parsed, so that a value that did not is not
+// also blamed for breaking a rule with the zero left in its place.
+func (c *checker) ok(names ...string) bool {
+	for _, n := range names {
+		if c.bad[n] {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *checker) sorted() []string {
+	slices.SortStableFunc(c.problems, func(a, b problem) int { return a.order - b.order })
+	out := make([]string, len(c.problems))
+	for i, p := range c.problems {
+		out[i] = p.text
+	}
+	return out
+}
+
+func (c *checker) check(cfg *Config) {
+	c.checkNATS(cfg)
+	c.checkConsumer(cfg)
+	c.checkApp(cfg)
+	c.checkRetries(cfg)
+	c.checkDLQ(cfg)
+	c.checkDedup(cfg)
+	c.checkOperations(cfg)
+}
+
+func (c *checker) checkNATS(cfg *Config) {
+	c.checkNATSURL(cfg.NATSURL)
+
+	if cfg.NATSCert != "" && cfg.NATSKey == "" {
+		c.note("NATS_CERT", "NATS_CERT is set but NATS_KEY is not: a client certificate needs its private key")
+	}
+	if cfg.NATSKey != "" && cfg.NATSCert == "" {
+		c.note("NATS_KEY", "NATS_KEY is set but NATS_CERT is not: a private key needs its client certificate")
+	}
+	if cfg.NATSUser != "" && cfg.NATSPassword == "" {
+		c.note("NATS_USER", "NATS_USER is set but NATS_PASSWORD is not: user authentication needs both")
+	}
+	if cfg.NATSPassword != "" && cfg.NATSUser == "" {
+		c.note("NATS_PASSWORD", "NATS_PASSWORD is set but NATS_USER is not: user authentication needs both")
+	}
+
+	var methods []string
+	for _, m := range []struct{ name, value string }{
+		{"NATS_CREDS", cfg.NATSCreds},
+		{"NATS_NKEY", cfg.NATSNKey},
+		{"NATS_USER", cfg.NATSUser},
+		{"NATS_TOKEN", cfg.NATSToken},
+	} {
+		if m.value != "" {
+			methods = append(methods, m.name)
+		}
+	}
+	if len(methods) > 1 {
+		c.note(methods[0], strings.Join(methods, ", ")+
+			" are all set: choose one way to authenticate (NATS_CREDS, NATS_NKEY, NATS_USER with NATS_PASSWORD, or NATS_TOKEN)")
+	}
+
+	for _, f := range []struct{ name, path string }{
+		{"NATS_CREDS", cfg.NATSCreds},
+		{"NATS_NKEY", cfg.NATSNKey},
+		{"NATS_CA", cfg.NATSCA},
+		{"NATS_CERT", cfg.NATSCert},
+		{"NATS_KEY", cfg.NATSKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if msg := readable(f.path); msg != "" {
+			c.add(f.name, "%s", msg)
+		}
+	}
+}
+
+// checkNATSURL accepts what the NATS client does: a comma list of
+// nats://, tls://, ws:// or wss:// URLs, the scheme optional.
+func (c *checker) checkNATSURL(v string) {
+	const name = "NATS_URL"
+	urls := splitList(v)
+	if len(urls) == 0 {
+		c.add(name, "no server URL: expected nats://host:port, comma separated for several")
+		return
+	}
+	var ws, plain bool
+	for _, raw := range urls {
+		which := "" // name the entry only when there are several
+		if len(urls) > 1 {
+			which = strconv.Quote(redactNATSURL(raw)) + ": "
+		}
+		s := raw
+		if !strings.Contains(s, "://") {
+			s = "nats://" + s // as the NATS client does
+		}
+		u, err := url.Parse(s)
+		if err != nil {
+			// url's error would quote the URL, password and all.
+			c.add(name, "%snot a valid URL: expected nats://host:port (percent-encode special characters in a user or password)", which)
+			continue
+		}
+		switch u.Scheme {
+		case "nats", "tls":
+			plain = true
+		case "ws", "wss":
+			ws = true
+		default:
+			c.add(name, "%sthe scheme must be nats, tls, ws or wss", which)
+			continue
+		}
+		if u.Host == "" {
+			c.add(name, "%sno host: expected nats://host:port", which)
+		}
+	}
+	if ws && plain {
+		c.add(name, "mixes websocket (ws, wss) and plain (nats, tls) URLs, which the NATS client refuses")
+	}
+}
+
+// readable explains why the file at path cannot be read, or returns "".
+func readable(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is already in the problem
+		}
+		return "cannot read the file: " + err.Error()
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "cannot read the file: " + err.Error()
+	}
+	if fi.IsDir() {
+		return "is a directory, not a file"
+	}
+	return ""
+}
+
+func (c *checker) checkConsumer(cfg *Config) {
+	if cfg.Stream == "" {
+		c.note("COURIER_STREAM", "COURIER_STREAM is required: the name of the stream to consume (it must exist; courier does not create it)")
+	} else if msg := checkName(cfg.Stream); msg != "" {
+		c.add("COURIER_STREAM", "%s", msg)
+	}
+	if msg := checkName(cfg.Consumer); msg != "" {
+		c.add("COURIER_CONSUMER", "%s", msg)
+	}
+
+	var filters []string
+	for _, s := range cfg.Subjects {
+		if msg := checkSubject(s); msg != "" {
+			c.add("COURIER_SUBJECTS", "%q %s", s, msg)
+			continue
+		}
+		filters = append(filters, s)
+	}
+	for i, a := range filters {
+		for _, b := range filters[i+1:] {
+			if subjectsCollide(a, b) {
+				c.add("COURIER_SUBJECTS", "filter subjects %q and %q overlap, which JetStream refuses for one consumer", a, b)
+			}
+		}
+	}
+
+	if cfg.DeliverPolicy != "all" && cfg.DeliverPolicy != "new" {
+		c.add("COURIER_DELIVER_POLICY", "expected all or new")
+	}
+	if c.ok("COURIER_MAX_DELIVER") && cfg.MaxDeliver < 1 {
+		c.add("COURIER_MAX_DELIVER", "must be at least 1 (the first delivery counts)")
+	}
+	if c.ok("COURIER_ACK_WAIT") && cfg.AckWait < time.Second {
+		c.add("COURIER_ACK_WAIT", "must be at least 1s: JetStream's ack wait is not meant for less")
+	}
+	if !c.ok("COURIER_MAX_ACK_PENDING") {
+		return
+	}
+	if c.ok("COURIER_MAX_INFLIGHT") && cfg.MaxInflight >= 1 {
+		if cfg.MaxAckPending < cfg.MaxInflight {
+			c.add("COURIER_MAX_ACK_PENDING",
+				"must be at least COURIER_MAX_INFLIGHT (%d), and should be far larger: messages waiting out a backoff count toward it, so a small limit stalls fresh messages",
+				cfg.MaxInflight)
+		}
+	} else if cfg.MaxAckPending < 1 {
+		c.add("COURIER_MAX_ACK_PENDING", "must be at least 1, and far larger than COURIER_MAX_INFLIGHT")
+	}
+}
+
+func (c *checker) checkApp(cfg *Config) {
+	if cfg.AppURL == "" {
+		c.note("COURIER_APP_URL", "COURIER_APP_URL is required: the URL each message is POSTed to, such as http://127.0.0.1:8080/messages")
+	} else {
+		c.checkHTTPURL("COURIER_APP_URL", cfg.AppURL)
+	}
+	if cfg.AppHealthURL != "" {
+		c.checkHTTPURL("COURIER_APP_HEALTH_URL", cfg.AppHealthURL)
+	}
+	if c.ok("COURIER_MAX_INFLIGHT") && cfg.MaxInflight < 1 {
+		c.add("COURIER_MAX_INFLIGHT", "must be at least 1")
+	}
+	if c.ok("COURIER_HTTP_TIMEOUT") && cfg.HTTPTimeout <= 0 {
+		c.add("COURIER_HTTP_TIMEOUT", "must be more than 0")
+	}
+}
+
+func (c *checker) checkHTTPURL(name, v string) {
+	const want = "expected an absolute http or https URL, such as http://127.0.0.1:8080/messages"
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		// url's error would quote the URL, password and all.
+		c.add(name, "not a valid URL: %s", want)
+	case u.Scheme != "http" && u.Scheme != "https":
+		c.add(name, "%s", want)
+	case u.Hostname() == "":
+		c.add(name, "no host: %s", want)
+	}
+}
+
+func (c *checker) checkRetries(cfg *Config) {
+	initialOK := c.ok("COURIER_BACKOFF_INITIAL") && cfg.BackoffInitial > 0
+	if c.ok("COURIER_BACKOFF_INITIAL") && !initialOK {
+		c.add("COURIER_BACKOFF_INITIAL", "must be more than 0")
+	}
+	if c.ok("COURIER_BACKOFF_MAX") {
+		switch {
+		case initialOK && cfg.BackoffMax < cfg.BackoffInitial:
+			c.add("COURIER_BACKOFF_MAX", "must be at least COURIER_BACKOFF_INITIAL (%s)", formatDuration(cfg.BackoffInitial))
+		case cfg.BackoffMax <= 0:
+			c.add("COURIER_BACKOFF_MAX", "must be more than 0")
+		}
+	}
+	if c.ok("COURIER_BACKOFF_MULTIPLIER") && cfg.BackoffMultiplier < 1 {
+		c.add("COURIER_BACKOFF_MULTIPLIER", "must be at least 1 (1 keeps the delay constant)")
+	}
+	if c.ok("COURIER_RETRY_AFTER_MAX") && cfg.RetryAfterMax <= 0 {
+		c.add("COURIER_RETRY_AFTER_MAX", "must be more than 0")
+	}
+	if c.ok("COURIER_MAX_AGE") && cfg.MaxAge < 0 {
+		c.add("COURIER_MAX_AGE", "must not be negative (0 means no limit)")
+	}
+}
+
+func (c *checker) checkDLQ(cfg *Config) {
+	const name = "COURIER_DLQ_SUBJECT"
+	if cfg.DLQSubject == "" {
+		if cfg.Stream == "" || checkName(cfg.Stream) != "" || checkName(cfg.Consumer) != "" {
+			return // the default cannot be made; the names' problems say why
+		}
+		cfg.DLQSubject = "dlq." + cfg.Stream + "." + cfg.Consumer
+		c.derived[name] = cfg.DLQSubject
+	}
+	if msg := checkSubject(cfg.DLQSubject); msg != "" {
+		c.add(name, "%s", msg)
+		return
+	}
+	if !isLiteral(cfg.DLQSubject) {
+		c.add(name, "must be a literal subject, without '*' or '>': dead letters are published to it")
+		return
+	}
+	// NATS itself acts on these: dead letters published there would be API
+	// calls or system traffic, not stored messages.
+	for _, p := range []string{"$JS.", "$KV.", "$O.", "$SYS.", "_INBOX."} {
+		if strings.HasPrefix(cfg.DLQSubject, p) {
+			c.add(name, "subjects starting with %s are reserved by NATS", p)
+			return
+		}
+	}
+	for _, f := range cfg.Subjects {
+		if checkSubject(f) == "" && SubjectMatches(f, cfg.DLQSubject) {
+			c.add(name, "matched by the filter subject %q of COURIER_SUBJECTS, so courier would consume its own dead letters: choose a subject outside the consumed ones", f)
+		}
+	}
+}
+
+func (c *checker) checkDedup(cfg *Config) {
+	if c.ok("COURIER_STREAM_REPLICAS") && (cfg.StreamReplicas < 1 || cfg.StreamReplicas > 5) {
+		c.add("COURIER_STREAM_REPLICAS", "must be between 1 and 5")
+	}
+	if !isToken(cfg.IdempotencyHeader) {
+		c.add("COURIER_IDEMPOTENCY_HEADER", "not a valid HTTP header name: letters, digits and !#$%%&'*+-.^_`|~ only")
+	}
+	if c.ok("COURIER_DEDUP_TTL") {
+		switch {
+		case cfg.DedupTTL < 0:
+			c.add("COURIER_DEDUP_TTL", "must not be negative (0 turns dedup off)")
+		case cfg.DedupTTL > 0 && cfg.DedupTTL < time.Second:
+			c.add("COURIER_DEDUP_TTL", "must be at least 1s, as the store keeps time in whole seconds (0 turns dedup off)")
+		}
+	}
+}
+
+func (c *checker) checkOperations(cfg *Config) {
+	if _, port, err := net.SplitHostPort(cfg.AdminAddr); err != nil || port == "" {
+		c.add("COURIER_ADMIN_ADDR", "not a listen address: expected host:port, such as :9464 or 127.0.0.1:9464")
+	}
+	switch cfg.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		c.add("COURIER_LOG_LEVEL", "expected debug, info, warn or error")
+	}
+	switch cfg.LogFormat {
+	case "", "text", "json":
+	default:
+		c.add("COURIER_LOG_FORMAT", "expected text or json (unset: text on a terminal, else json)")
+	}
+	if c.ok("COURIER_SHUTDOWN_GRACE") && cfg.ShutdownGrace < 0 {
+		c.add("COURIER_SHUTDOWN_GRACE", "must not be negative")
+	}
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110), as a header name
+// must be.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		b := s[i]
+		switch {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

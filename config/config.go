@@ -1,0 +1,242 @@
+// Package config owns courier's configuration: every environment variable,
+// its default, and the checks across fields. No other package reads the
+// environment.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Config is courier's whole configuration, parsed from the environment by
+// Load. The zero value is not valid; use Load. A Config is a plain value:
+// safe to copy and to read from several goroutines. Log it as a whole (it is
+// a slog.LogValuer that redacts secrets) or through Redacted, never with fmt.
+type Config struct {
+	// NATS connection, named as in the nats CLI.
+	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	NATSCreds    string `env:"NATS_CREDS"`
+	NATSNKey     string `env:"NATS_NKEY"`
+	NATSUser     string `env:"NATS_USER"`
+	NATSPassword string `env:"NATS_PASSWORD"`
+	NATSToken    string `env:"NATS_TOKEN"`
+	NATSCA       string `env:"NATS_CA"`
+	NATSCert     string `env:"NATS_CERT"`
+	NATSKey      string `env:"NATS_KEY"`
+
+	// What to consume.
+	Stream        string        `env:"COURIER_STREAM"`
+	Consumer      string        `env:"COURIER_CONSUMER" envDefault:"courier"`
+	Subjects      []string      `env:"COURIER_SUBJECTS"`
+	DeliverPolicy string        `env:"COURIER_DELIVER_POLICY" envDefault:"all"`
+	MaxDeliver    int           `env:"COURIER_MAX_DELIVER" envDefault:"5"`
+	AckWait       time.Duration `env:"COURIER_ACK_WAIT" envDefault:"30s"`
+	MaxAckPending int           `env:"COURIER_MAX_ACK_PENDING" envDefault:"1000"`
+
+	// The app.
+	AppURL       string        `env:"COURIER_APP_URL"`
+	AppHealthURL string        `env:"COURIER_APP_HEALTH_URL"`
+	MaxInflight  int           `env:"COURIER_MAX_INFLIGHT" envDefault:"8"`
+	HTTPTimeout  time.Duration `env:"COURIER_HTTP_TIMEOUT" envDefault:"30s"`
+
+	// Retries.
+	BackoffInitial    time.Duration `env:"COURIER_BACKOFF_INITIAL" envDefault:"1s"`
+	BackoffMax        time.Duration `env:"COURIER_BACKOFF_MAX" envDefault:"10m"`
+	BackoffMultiplier float64       `env:"COURIER_BACKOFF_MULTIPLIER" envDefault:"2"`
+	RetryAfterMax     time.Duration `env:"COURIER_RETRY_AFTER_MAX" envDefault:"10m"`
+	RetryStatuses     StatusSet     `env:"COURIER_RETRY_STATUSES" envDefault:"408,429,500,502-599"`
+	MaxAge            time.Duration `env:"COURIER_MAX_AGE" envDefault:"0"`
+
+	// Dead letters.
+	DLQSubject     string `env:"COURIER_DLQ_SUBJECT"` // default dlq.<stream>.<consumer>, filled by Load
+	StreamReplicas int    `env:"COURIER_STREAM_REPLICAS" envDefault:"1"`
+
+	// Dedup.
+	IdempotencyHeader string        `env:"COURIER_IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
+	DedupDir          string        `env:"COURIER_DEDUP_DIR" envDefault:"./courier-data"`
+	DedupTTL          time.Duration `env:"COURIER_DEDUP_TTL" envDefault:"24h"`
+
+	// Operations.
+	AdminAddr     string        `env:"COURIER_ADMIN_ADDR" envDefault:":9464"`
+	LogLevel      string        `env:"COURIER_LOG_LEVEL" envDefault:"info"`
+	LogFormat     string        `env:"COURIER_LOG_FORMAT"` // "text" or "json"; empty = text on a terminal, else json
+	ShutdownGrace time.Duration `env:"COURIER_SHUTDOWN_GRACE" envDefault:"25s"`
+}
+
+// StatusSet is a set of HTTP status codes, parsed from a comma-separated list
+// of codes and inclusive ranges such as "408,429,500-599" (see
+// ParseStatusSet). The zero value is the empty set. It is immutable once
+// parsed, so safe for concurrent use.
+type StatusSet struct {
+	// ranges are inclusive [lo, hi] pairs, sorted, with overlapping and
+	// adjacent ranges merged, so String is canonical.
+	ranges [][2]int
+}
+
+// DedupEnabled reports whether courier records idempotency keys at all:
+// COURIER_DEDUP_TTL=0 turns dedup off.
+func (c Config) DedupEnabled() bool { return c.DedupTTL > 0 }
+
+// SlogLevel returns COURIER_LOG_LEVEL as a slog.Level. Load has already
+// checked and lower-cased the name; anything else reads as info.
+func (c Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+// Error is the error Load returns for an invalid configuration. It holds
+// every problem found, not just the first, so a user fixes them in one go.
+type Error struct {
+	// Problems are one line each, each naming the variable, its value (a
+	// secret redacted) and what is expected, e.g.
+	// COURIER_MAX_DELIVER="abc": not an integer. They are in the order of
+	// the variables in the SPEC's table.
+	Problems []string
+}
+
+// Error returns the problems, one per line.
+func (e *Error) Error() string { return strings.Join(e.Problems, "\n") }
+
+// Environ converts the "KEY=value" form of os.Environ into the map Load
+// takes. Entries without a name are skipped, and the first of duplicate
+// names wins, as it does for os.Getenv.
+func Environ(kv []string) map[string]string {
+	m := make(map[string]string, len(kv))
+	for _, s := range kv {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" { // Windows' per-drive "=C:=C:\" entries have no name.
+			continue
+		}
+		if _, dup := m[k]; dup {
+			continue
+		}
+		m[k] = v
+	}
+	return m
+}
+
+// Load parses courier's configuration from environ (see Environ), applies
+// the defaults of the SPEC's table, fills in the derived ones
+// (COURIER_DLQ_SUBJECT) and checks every value and the relations between
+// them. It reads nothing but environ and, to check that they are readable,
+// the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT and NATS_KEY.
+//
+// A variable set to the empty string counts as unset. Comma lists are
+// trimmed and empty items dropped; COURIER_DELIVER_POLICY,
+// COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are case-insensitive and come
+// back lower-cased.
+//
+// If anything is wrong, the error is an *Error listing every problem. The
+// Config is returned either way, holding what could be parsed, so that
+// `courier config` can show it beside the problems; it must not be run with.
+func Load(environ map[string]string) (Config, error) {
+	if environ == nil {
+		// env falls back to the process environment when given none.
+		environ = map[string]string{}
+	}
+	c := newChecker(environ)
+
+	var cfg Config
+	err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, FuncMap: parsers()})
+	c.parseErrors(err)
+
+	cfg.DeliverPolicy = lower(cfg.DeliverPolicy)
+	cfg.LogLevel = lower(cfg.LogLevel)
+	cfg.LogFormat = lower(cfg.LogFormat)
+
+	c.check(&cfg)
+	if p := c.sorted(); len(p) > 0 {
+		return cfg, &Error{Problems: p}
+	}
+	return cfg, nil
+}
+
+func lower(s string) string { return strings.ToLower(strings.TrimSpace(s)) }
+
+// parsers replaces env's own parsers for the types Config uses, so that
+// every message says what is expected in the user's terms rather than
+// strconv's.
+func parsers() map[reflect.Type]env.ParserFunc {
+	return map[reflect.Type]env.ParserFunc{
+		reflect.TypeFor[int](): func(v string) (any, error) {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if errors.Is(err, strconv.ErrRange) {
+				return nil, errors.New("integer out of range")
+			}
+			if err != nil {
+				return nil, errors.New("not an integer")
+			}
+			return n, nil
+		},
+		reflect.TypeFor[float64](): func(v string) (any, error) {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return nil, errors.New("not a number")
+			}
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return nil, errors.New("not a finite number")
+			}
+			return f, nil
+		},
+		reflect.TypeFor[time.Duration](): func(v string) (any, error) {
+			v = strings.TrimSpace(v)
+			d, err := time.ParseDuration(v)
+			if err == nil {
+				return d, nil
+			}
+			if _, nerr := strconv.ParseFloat(v, 64); nerr == nil {
+				return nil, fmt.Errorf("missing a unit: a duration in Go syntax, such as %ss", v)
+			}
+			return nil, errors.New("not a duration: Go syntax expected, such as 500ms, 30s, 10m or 1h30m")
+		},
+		reflect.TypeFor[[]string](): func(v string) (any, error) {
+			return splitList(v), nil
+		},
+		reflect.TypeFor[StatusSet](): func(v string) (any, error) {
+			return ParseStatusSet(v)
+		},
+	}
+}
+
+// splitList splits a comma list, trimming items and dropping empty ones.
+func splitList(v string) []string {
+	var out []string
+	for item := range strings.SplitSeq(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+// formatDuration is time.Duration.String without the trailing zero units
+// ("10m", not "10m0s"), still valid Go syntax so that it reads back.
+func formatDuration(d time.Duration) string {
+	if d == 0 {
+		return "0"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -1,0 +1,257 @@
+// Package demo runs courier end to end on one machine with nothing
+// installed: an embedded JetStream server, a small sample app that fails some
+// requests on purpose, and a handful of messages that show a success, a
+// retry honouring Retry-After, a retry with backoff, a duplicate and a dead
+// letter.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Sidecar runs courier with the given environment until ctx ends.
+type Sidecar func(ctx context.Context, environ []string) error
+
+// Options configures Run.
+type Options struct {
+	// Out receives the demo's own narration. Required.
+	Out io.Writer
+	// Timeout stops the demo if it has not finished; default 30s.
+	Timeout time.Duration
+}
+
+// Run starts the embedded server and the sample app, publishes the demo
+// messages, runs the sidecar until every message has settled (or ctx ends),
+// then stops everything and removes its temporary files.
+func Run(ctx context.Context, sidecar Sidecar, o Options) error {
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	say := func(format string, a ...any) { fmt.Fprintf(o.Out, "demo: "+format+"\n", a...) }
+
+	dir, err := os.MkdirTemp("", "courier-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	// An in-process JetStream server: nothing to install.
+	ns, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: dir + "/jetstream", NoLog: true, NoSigs: true,
+		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 256 << 20,
+	})
+	if err != nil {
+		return fmt.Errorf("demo: embedded NATS server: %w", err)
+	}
+	go ns.Start()
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return fmt.Errorf("demo: embedded NATS server did not start")
+	}
+	say("embedded JetStream server at %s", ns.ClientURL())
+
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(sctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		return fmt.Errorf("demo: create stream: %w", err)
+	}
+
+	app := newSampleApp(say)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: app, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	appURL := "http://" + ln.Addr().String() + "/orders"
+	say("sample app at %s", appURL)
+
+	msgs := []struct {
+		subject, body, key string
+	}{
+		{"orders.created", `{"id":1,"note":"ok"}`, "order-1"},
+		{"orders.created", `{"id":2,"note":"busy"}`, "order-2"},
+		{"orders.created", `{"id":3,"note":"flaky"}`, "order-3"},
+		{"orders.created", `{"id":4,"note":"invalid"}`, "order-4"},
+		{"orders.created", `{"id":1,"note":"ok"}`, "order-1"}, // the same intent, published twice
+		{"orders.shipped", `{"id":5,"note":"ok"}`, "order-5"},
+	}
+	for _, m := range msgs {
+		msg := nats.NewMsg(m.subject)
+		msg.Data = []byte(m.body)
+		msg.Header.Set("Idempotency-Key", m.key)
+		msg.Header.Set("Content-Type", "application/json")
+		if _, err := js.PublishMsg(sctx, msg); err != nil {
+			return fmt.Errorf("demo: publish: %w", err)
+		}
+	}
+	say("published %d messages to stream ORDERS (order-1 twice)", len(msgs))
+
+	environ := []string{
+		"NATS_URL=" + ns.ClientURL(),
+		"COURIER_STREAM=ORDERS",
+		"COURIER_APP_URL=" + appURL,
+		"COURIER_MAX_DELIVER=3",
+		"COURIER_ACK_WAIT=5s",
+		"COURIER_BACKOFF_INITIAL=500ms",
+		"COURIER_BACKOFF_MAX=2s",
+		"COURIER_DEDUP_DIR=" + dir + "/dedup",
+		"COURIER_ADMIN_ADDR=127.0.0.1:0",
+		"COURIER_SHUTDOWN_GRACE=2s",
+	}
+	// Text logs unless the user asks otherwise: the demo is read by people.
+	environ = append(environ, "COURIER_LOG_FORMAT=text")
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "COURIER_LOG_") {
+			environ = append(environ, kv)
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- sidecar(runCtx, environ) }()
+
+	// Settled: orders 1, 2, 3 and 5 answered 2xx, and order 4's dead letter
+	// is stored.
+	deadline := time.NewTimer(o.Timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var result error
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			say("interrupted")
+			break wait
+		case err := <-done:
+			return fmt.Errorf("demo: courier stopped early: %w", err)
+		case <-deadline.C:
+			result = fmt.Errorf("demo: not every message settled within %s", o.Timeout)
+			break wait
+		case <-tick.C:
+			if app.succeeded() >= 4 && dlqCount(ctx, js) >= 1 && settled(ctx, js) {
+				say("every message settled: %d answered 2xx by the app; order-1 published twice, sent to the app %d time(s); 1 dead letter",
+					app.succeeded(), app.calls("order-1"))
+				break wait
+			}
+		}
+	}
+	if result == nil && ctx.Err() == nil {
+		say("order-4's dead letter is stored on subject dlq.ORDERS.courier with its reason and last status")
+	}
+	stop()
+	if err := <-done; err != nil && result == nil {
+		result = err
+	}
+	say("stopped")
+	return result
+}
+
+// settled reports whether the consumer has nothing pending or unacked.
+func settled(ctx context.Context, js jetstream.JetStream) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, "ORDERS", "courier")
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(ctx)
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
+func dlqCount(ctx context.Context, js jetstream.JetStream) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	name, err := js.StreamNameBySubject(ctx, "dlq.ORDERS.courier")
+	if err != nil {
+		return 0
+	}
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}
+
+// sampleApp answers by the message's note: ok → 200; busy → 429 with
+// Retry-After: 1 the first time; flaky → 503 twice, then 200; invalid → 422.
+type sampleApp struct {
+	say  func(string, ...any)
+	mu   sync.Mutex
+	seen map[string]int
+	oks  int
+}
+
+func newSampleApp(say func(string, ...any)) *sampleApp {
+	return &sampleApp{say: say, seen: make(map[string]int)}
+}
+
+func (a *sampleApp) succeeded() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.oks
+}
+
+func (a *sampleApp) calls(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.seen[key]
+}
+
+func (a *sampleApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	key := r.Header.Get("Idempotency-Key")
+	a.mu.Lock()
+	a.seen[key]++
+	n := a.seen[key]
+	a.mu.Unlock()
+	attempt := r.Header.Get("Courier-Attempt")
+	answer := func(status int, note string) {
+		a.say("app got %s (attempt %s) → %d %s", key, attempt, status, note)
+		w.WriteHeader(status)
+		if status == 200 {
+			a.mu.Lock()
+			a.oks++
+			a.mu.Unlock()
+		}
+	}
+	switch s := string(body); {
+	case strings.Contains(s, `"busy"`) && n == 1:
+		w.Header().Set("Retry-After", "1")
+		answer(http.StatusTooManyRequests, "Retry-After: 1")
+	case strings.Contains(s, `"flaky"`) && n <= 2:
+		answer(http.StatusServiceUnavailable, "(courier backs off)")
+	case strings.Contains(s, `"invalid"`):
+		answer(http.StatusUnprocessableEntity, "(permanent: dead-lettered)")
+	default:
+		answer(http.StatusOK, "")
+	}
+}

@@ -1,0 +1,227 @@
+// Package dlq owns courier's dead letters: the envelope of headers a dead
+// letter carries, publishing it with a JetStream acknowledgement, and making
+// sure a stream captures the dead-letter subject and will keep what it
+// receives. It does not decide what is terminal; callers hand it a Letter.
+package dlq
+
+import (
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Header names of the dead-letter envelope. Every header of a dead letter
+// whose name starts with "Courier-" and not with OriginalPrefix is courier's
+// own; the original message's headers are either kept as they were or moved
+// under OriginalPrefix (see Envelope).
+const (
+	// HeaderReason says why the message was dead-lettered: one of the
+	// Reason constants, or another word that explains itself.
+	HeaderReason = "Courier-Reason"
+	// HeaderStatus is the app's last HTTP status; absent when there was none.
+	HeaderStatus = "Courier-Status"
+	// HeaderError is the last error, bounded to MaxErrorLen bytes; absent
+	// when there was none.
+	HeaderError = "Courier-Error"
+	// HeaderAttempts is the number of delivery attempts made.
+	HeaderAttempts = "Courier-Attempts"
+	// HeaderSubject is the original message's subject.
+	HeaderSubject = "Courier-Subject"
+	// HeaderStream is the stream the original was consumed from.
+	HeaderStream = "Courier-Stream"
+	// HeaderSequence is the original's sequence in HeaderStream.
+	HeaderSequence = "Courier-Sequence"
+	// HeaderConsumer is the durable consumer that gave up on the original.
+	HeaderConsumer = "Courier-Consumer"
+	// HeaderFailedAt is when the message was dead-lettered, RFC 3339 with
+	// nanoseconds, UTC.
+	HeaderFailedAt = "Courier-Failed-At"
+	// HeaderPublished is the original's stream timestamp, RFC 3339 with
+	// nanoseconds, UTC.
+	HeaderPublished = "Courier-Published"
+	// OriginalPrefix prefixes the name of every original header that could
+	// act on the dead-letter stream ("Nats-*") or be mistaken for courier's
+	// own ("Courier-*"): Nats-Msg-Id is kept as Courier-Original-Nats-Msg-Id.
+	OriginalPrefix = "Courier-Original-"
+)
+
+// Values of HeaderReason used by courier. Other words are allowed.
+const (
+	// ReasonRejected: the app answered with a permanent error.
+	ReasonRejected = "rejected"
+	// ReasonExhausted: the last allowed attempt failed transiently.
+	ReasonExhausted = "exhausted"
+	// ReasonExpired: the message was older than the configured maximum age.
+	ReasonExpired = "expired"
+	// ReasonMaxDeliveries: JetStream gave up on the message (its
+	// max-deliveries advisory) without courier seeing the last attempt.
+	ReasonMaxDeliveries = "max-deliveries"
+)
+
+// MaxErrorLen bounds HeaderError, in bytes.
+const MaxErrorLen = 1024
+
+// msgIDHeader is JetStream's dedup header (jetstream.MsgIDHeader).
+const msgIDHeader = "Nats-Msg-Id"
+
+// Letter is one dead letter: the original message as it was stored, where it
+// came from, and why courier gave up on it.
+type Letter struct {
+	// Subject is the original message's subject.
+	Subject string
+	// Data is the original body; the dead letter carries it unchanged.
+	Data []byte
+	// Header holds the original's headers as stored, Nats-* included.
+	Header nats.Header
+	// Stream is the stream the original was consumed from.
+	Stream string
+	// StreamCreated is that stream's creation time; with Sequence it
+	// identifies the original even if the stream is deleted and created
+	// again (sequences restart).
+	StreamCreated time.Time
+	// Sequence is the original's stream sequence.
+	Sequence uint64
+	// Published is the original's stream timestamp.
+	Published time.Time
+	// Consumer is the durable consumer's name.
+	Consumer string
+	// Reason is why the message was dead-lettered (the Reason constants);
+	// empty is written as "unknown".
+	Reason string
+	// Status is the app's last HTTP status; 0 means none.
+	Status int
+	// Error is the last error; empty means none.
+	Error string
+	// Attempts is the number of delivery attempts made.
+	Attempts int
+	// FailedAt is when courier gave up; Publisher.Publish fills it with the
+	// current time when zero.
+	FailedAt time.Time
+}
+
+// Envelope returns the headers of l's dead letter:
+//   - the original's application headers, kept as they were;
+//   - every original header whose name starts with "Nats-" or "Courier-"
+//     (in any case), kept under OriginalPrefix+name: left as they were,
+//     Nats-Msg-Id, Nats-Expected-*, Nats-Rollup or Nats-TTL would act on the
+//     dead-letter stream, and a Courier-* header would be confused with the
+//     envelope's own. Original reverses this;
+//   - the Courier-* fields of l (HeaderStatus only when Status is not 0,
+//     HeaderError only when Error is not empty, times only when not zero);
+//   - Nats-Msg-Id set to MsgID(l), so the same dead letter is stored once.
+//
+// Envelope does not modify l.
+func Envelope(l Letter) nats.Header {
+	h := make(nats.Header, len(l.Header)+12)
+	for name, values := range l.Header {
+		if isReserved(name) {
+			name = OriginalPrefix + name
+		}
+		h[name] = append([]string(nil), values...)
+	}
+
+	reason := l.Reason
+	if reason == "" {
+		reason = "unknown"
+	}
+	h.Set(HeaderReason, cleanValue(reason, MaxErrorLen))
+	if l.Status != 0 {
+		h.Set(HeaderStatus, strconv.Itoa(l.Status))
+	}
+	if l.Error != "" {
+		h.Set(HeaderError, cleanValue(l.Error, MaxErrorLen))
+	}
+	h.Set(HeaderAttempts, strconv.Itoa(l.Attempts))
+	h.Set(HeaderSubject, cleanValue(l.Subject, 0))
+	h.Set(HeaderStream, cleanValue(l.Stream, 0))
+	h.Set(HeaderSequence, strconv.FormatUint(l.Sequence, 10))
+	h.Set(HeaderConsumer, cleanValue(l.Consumer, 0))
+	if !l.FailedAt.IsZero() {
+		h.Set(HeaderFailedAt, formatTime(l.FailedAt))
+	}
+	if !l.Published.IsZero() {
+		h.Set(HeaderPublished, formatTime(l.Published))
+	}
+	h.Set(msgIDHeader, MsgID(l))
+	return h
+}
+
+// Original returns the headers of the original message as stored, from the
+// headers of its dead letter: the names Envelope moved under OriginalPrefix
+// are restored, and the envelope's own headers (Courier-*), its Nats-Msg-Id
+// and the server's Nats-* headers of the stored dead letter are left out.
+// Deciding which restored headers to republish (Nats-Expected-* made sense
+// only at the first publish) is the caller's.
+func Original(h nats.Header) nats.Header {
+	out := make(nats.Header, len(h))
+	for name, values := range h {
+		switch {
+		case strings.HasPrefix(name, OriginalPrefix):
+			name = name[len(OriginalPrefix):]
+		case isReserved(name):
+			continue
+		}
+		out[name] = append([]string(nil), values...)
+	}
+	return out
+}
+
+// MsgID returns the Nats-Msg-Id of l's dead letter. It is unique per original
+// message and consumer: consumer, stream, the stream's creation time and the
+// sequence (the creation time keeps it unique when a stream is deleted and
+// created again and its sequences restart). Publishing the same dead letter
+// again within the dead-letter stream's duplicate window stores it once.
+func MsgID(l Letter) string {
+	var created int64
+	if !l.StreamCreated.IsZero() {
+		created = l.StreamCreated.UnixNano()
+	}
+	return "courier-dlq:" + l.Consumer + ":" + l.Stream + ":" +
+		strconv.FormatInt(created, 10) + ":" + strconv.FormatUint(l.Sequence, 10)
+}
+
+// isReserved reports whether an original header name must be moved under
+// OriginalPrefix. NATS header names are case-sensitive and other clients may
+// send "nats-msg-id", so the prefixes match in any case.
+func isReserved(name string) bool {
+	return hasPrefixFold(name, "Nats-") || hasPrefixFold(name, "Courier-")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+func formatTime(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// truncMark ends a value cut short by cleanValue.
+const truncMark = "..."
+
+// cleanValue makes s a valid header value: invalid UTF-8 replaced, control
+// characters (newlines above all, which would end the header) replaced by
+// spaces, surrounding space trimmed (the NATS header parser trims it anyway),
+// and, when limit > 0, cut to at most limit bytes on a rune boundary, ending
+// in truncMark.
+func cleanValue(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	s = strings.TrimSpace(s)
+	if limit <= 0 || len(s) <= limit {
+		return s
+	}
+	cut := limit - len(truncMark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strings.TrimRightFunc(s[:cut], unicode.IsSpace) + truncMark
+}

@@ -8,6 +8,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -460,6 +462,19 @@ func (r *Runner) releaseOrDeadLetter(m jetstream.Msg, why string) {
 	r.release(m, why)
 }
 
+// maxStoredKey bounds what the dedup store holds per key; a longer key (an
+// odd publisher's header) is stored as its SHA-256.
+const maxStoredKey = 256
+
+// storeKey is the form of key the dedup store and in-flight set use.
+func storeKey(key string) string {
+	if len(key) <= maxStoredKey {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
 // failure is why a message is dead-lettered.
 type failure struct {
 	reason string
@@ -488,25 +503,26 @@ func (r *Runner) deliver(m jetstream.Msg) {
 	}
 
 	var fl *flight
+	skey := storeKey(key)
 	if r.dd != nil {
 		var dup bool
-		fl, dup, err = r.flights.claim(r.stop, key)
+		fl, dup, err = r.flights.claim(r.stop, skey)
 		if err != nil {
 			r.release(m, "shutting down while a delivery of the same key ran")
 			return
 		}
 		if !dup {
-			dup, err = r.dd.Seen(r.work, key)
+			dup, err = r.dd.Seen(r.work, skey)
 			if err != nil {
 				r.m.dedupErrors.WithLabelValues("check").Inc()
 				log.Error("dedup store check failed; message NAK'd, not sent unchecked", "error", err)
-				r.flights.finish(key, fl, false)
+				r.flights.finish(skey, fl, false)
 				r.nak(m, Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N))
 				return
 			}
 		}
 		if dup {
-			r.flights.finish(key, fl, true)
+			r.flights.finish(skey, fl, true)
 			r.track.remove(m)
 			if err := m.Ack(); err != nil {
 				log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
@@ -518,7 +534,7 @@ func (r *Runner) deliver(m jetstream.Msg) {
 	}
 
 	ok := r.attempt(m, meta, key, attempt, log)
-	r.flights.finish(key, fl, ok)
+	r.flights.finish(skey, fl, ok)
 }
 
 // attempt sends m to the app, waiting out app outages without spending the
@@ -550,7 +566,7 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 		switch Classify(err, r.o.Retryable) {
 		case Success:
 			if r.dd != nil {
-				if rerr := r.dd.Record(r.work, key); rerr != nil {
+				if rerr := r.dd.Record(r.work, storeKey(key)); rerr != nil {
 					// The effect happened: calling the app again would surely
 					// duplicate it, so the message is acked anyway.
 					r.m.dedupErrors.WithLabelValues("record").Inc()

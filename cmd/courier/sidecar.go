@@ -166,7 +166,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	var store *dedup.Store
 	if cfg.DedupEnabled() {
 		store, err = dedup.Open(cfg.DedupDir, dedup.Options{
-			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log.With("component", "dedup"), Registerer: reg,
+			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log, Registerer: reg,
 		})
 		if err != nil {
 			return err

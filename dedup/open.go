@@ -1,0 +1,320 @@
+package dedup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
+)
+
+// Badger sizing for a sidecar. Badger's defaults suit a database (64 MiB
+// memtables, five of them, a 256 MiB block cache, 1 GiB value-log files);
+// an idempotency key is a few dozen bytes with an empty value.
+const (
+	// A 2 MiB memtable holds ~20k keys and bounds one transaction to
+	// ~300 KiB (15% of it), far above a 256-key batch of ordinary keys.
+	// Measured recording 500k keys from 16 goroutines: 4 MiB memtables with
+	// 2 MiB tables cost ~16 MiB more RSS than 2 MiB with 1 MiB tables, for
+	// no throughput.
+	memTableSize = 2 << 20
+	numMemtables = 2
+	// Values this small or smaller live in the LSM tree, not the value log;
+	// ours are empty.
+	valueThreshold = 1 << 10
+	// Value-log files are mapped at twice their size; they stay nearly empty.
+	valueLogFileSize = 16 << 20
+	baseTableSize    = 1 << 20
+	// Uncompressed, unencrypted tables are read straight from their mapping,
+	// so no block cache is needed; the index cache bounds the memory taken by
+	// table indexes and bloom filters however many keys the TTL retains.
+	blockCacheSize          = 0
+	indexCacheSize          = 4 << 20
+	numLevelZeroTables      = 3
+	numLevelZeroTablesStall = 10
+	numCompactors           = 2
+)
+
+// Open opens (creating if needed, with mode 0700) the store in dir. The
+// caller must Close the Store.
+//
+// Its errors name the directory and say what to do: one wrapping ErrLocked
+// when another process or Store holds dir, one wrapping ErrCorrupt when dir
+// is usable but Badger cannot open the store in it, and one wrapping the
+// underlying error (such as fs.ErrPermission or syscall.ENOTDIR) when dir
+// cannot be created or written.
+func Open(dir string, opts Options) (*Store, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.GCInterval == 0 {
+		opts.GCInterval = DefaultGCInterval
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "dedup")
+
+	if err := prepareDir(dir); err != nil {
+		return nil, err
+	}
+	if err := checkTables(dir); err != nil {
+		return nil, err
+	}
+	db, err := openBadger(dir, log)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(dir, opts.Registerer)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("dedup store %s: register metrics: %w", dir, err)
+	}
+
+	scope := make([]byte, 0, len(opts.Scope)+2)
+	scope = append(scope, keyPrefix)
+	scope = append(scope, opts.Scope...)
+	scope = append(scope, 0)
+	s := &Store{
+		db:       db,
+		dir:      dir,
+		log:      log,
+		ttl:      opts.TTL,
+		scope:    scope,
+		maxBatch: opts.MaxBatch,
+		reqs:     make(chan *request, opts.MaxBatch),
+		stop:     make(chan struct{}),
+		m:        m,
+	}
+	s.wg.Add(2)
+	go s.commitLoop()
+	go s.gcLoop(opts.GCInterval)
+	log.Debug("dedup store open", "dir", dir, "ttl", opts.TTL, "scope", opts.Scope)
+	return s, nil
+}
+
+func (o Options) validate() error {
+	var errs []error
+	if o.TTL < time.Second {
+		errs = append(errs, fmt.Errorf("dedup: TTL %v: must be at least 1s (Badger keeps expiry in whole seconds)", o.TTL))
+	}
+	if strings.IndexByte(o.Scope, 0) >= 0 {
+		errs = append(errs, fmt.Errorf("dedup: scope %q: must not contain a NUL byte", o.Scope))
+	}
+	if o.GCInterval < 0 {
+		errs = append(errs, fmt.Errorf("dedup: GC interval %v: must not be negative", o.GCInterval))
+	}
+	if o.MaxBatch < 0 {
+		errs = append(errs, fmt.Errorf("dedup: max batch %d: must not be negative", o.MaxBatch))
+	}
+	return errors.Join(errs...)
+}
+
+// openError is an error of Open: a message written for the operator, and the
+// sentinel and cause it wraps for errors.Is.
+type openError struct {
+	msg   string
+	kind  error // ErrLocked, ErrCorrupt or nil
+	cause error
+}
+
+func (e *openError) Error() string { return e.msg }
+
+func (e *openError) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{e.kind, e.cause} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+func lockedError(dir string) error {
+	return &openError{
+		msg: fmt.Sprintf("dedup store %s is locked by another courier process "+
+			"(only one courier may use a directory; give each replica its own COURIER_DEDUP_DIR)", dir),
+		kind: ErrLocked,
+	}
+}
+
+// prepareDir creates dir and makes sure it can be used, so that what fails
+// afterwards in Badger can be told apart: a locked directory, or a store
+// Badger cannot read. Badger's own errors are flattened to text and cannot
+// be examined.
+func prepareDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return &openError{
+			msg: fmt.Sprintf("dedup store %s: cannot create the directory: %v "+
+				"(set COURIER_DEDUP_DIR to a directory courier can create and write)", dir, err),
+			cause: err,
+		}
+	}
+	if locked(dir) {
+		return lockedError(dir)
+	}
+	f, err := os.CreateTemp(dir, ".write-probe-*")
+	if err == nil {
+		_, err = f.Write([]byte{0})
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if rerr := os.Remove(f.Name()); err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return &openError{
+			msg: fmt.Sprintf("dedup store %s: the directory is not writable: %v "+
+				"(give courier's user write access to it, or set COURIER_DEDUP_DIR to a writable directory)", dir, err),
+			cause: err,
+		}
+	}
+	return nil
+}
+
+// openBadger opens Badger in a directory prepareDir accepted.
+func openBadger(dir string, log *slog.Logger) (db *badger.DB, err error) {
+	bo := badger.DefaultOptions(dir).
+		WithSyncWrites(false). // see Store's doc: survives kill -9, not power loss
+		WithLogger(badgerLogger{log.With("lib", "badger")}).
+		WithMetricsEnabled(false).  // Badger's metrics are process-global expvars
+		WithDetectConflicts(false). // one writer, and reads need no isolation
+		WithCompression(options.None).
+		// A damaged block becomes an error from Seen (the message is NAK'd)
+		// rather than a panic or a wrong answer; CRC32C per 4 KiB is cheap.
+		WithChecksumVerificationMode(options.OnBlockRead).
+		WithMemTableSize(memTableSize).
+		WithNumMemtables(numMemtables).
+		WithValueThreshold(valueThreshold).
+		WithValueLogFileSize(valueLogFileSize).
+		WithBaseTableSize(baseTableSize).
+		WithBlockCacheSize(blockCacheSize).
+		WithIndexCacheSize(indexCacheSize).
+		WithNumLevelZeroTables(numLevelZeroTables).
+		WithNumLevelZeroTablesStall(numLevelZeroTablesStall).
+		WithNumCompactors(numCompactors)
+
+	// Badger panics on some damage it finds while opening.
+	defer func() {
+		if p := recover(); p != nil {
+			db, err = nil, corruptError(dir, fmt.Errorf("badger panicked: %v", p))
+		}
+	}()
+	db, err = badger.Open(bo)
+	if err == nil {
+		return db, nil
+	}
+	// prepareDir found the directory writable and unlocked; if it is locked
+	// now, another process got there first. Otherwise Badger could not read
+	// what is in it.
+	if locked(dir) {
+		return nil, lockedError(dir)
+	}
+	return nil, corruptError(dir, err)
+}
+
+// checkTables makes sure Badger can find the index of every table in dir.
+// Badger reads a table's trailer (index, its length, checksum, its length,
+// from the end) in its own goroutines and panics, killing the process, when
+// a length points outside the file; past that point it verifies the index's
+// checksum and returns errors. A table cut short or overwritten is what a
+// damaged disk or a bad copy leaves, so catch it here with a clear error.
+// (A table a crash left half written is empty or zero at the end, which
+// passes, and Badger deletes it as it is not in the manifest.)
+func checkTables(dir string) error {
+	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil {
+		return nil // only a malformed pattern fails, and ours is constant
+	}
+	for _, name := range tables {
+		if err := checkTableTrailer(name); err != nil {
+			return corruptError(dir, fmt.Errorf("table %s: %w", filepath.Base(name), err))
+		}
+	}
+	return nil
+}
+
+// checkTableTrailer checks that the lengths at the end of a Badger table
+// (table/builder.go: ... index | index length | checksum | checksum length,
+// lengths as big-endian uint32) stay inside the file.
+func checkTableTrailer(name string) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := info.Size()
+	if size == 0 {
+		return nil
+	}
+	readLen := func(off int64) (int64, error) {
+		var b [4]byte
+		if off < 0 {
+			return 0, errTableTrailer
+		}
+		if _, err := f.ReadAt(b[:], off); err != nil {
+			return 0, err
+		}
+		return int64(binary.BigEndian.Uint32(b[:])), nil
+	}
+	checksumLen, err := readLen(size - 4)
+	if err != nil {
+		return err
+	}
+	indexLen, err := readLen(size - 8 - checksumLen)
+	if err != nil {
+		return err
+	}
+	if indexLen > size-8-checksumLen {
+		return errTableTrailer
+	}
+	return nil
+}
+
+// errTableTrailer says a table's trailer points outside it.
+var errTableTrailer = errors.New("index or checksum length points outside the file")
+
+func corruptError(dir string, err error) error {
+	return &openError{
+		msg: fmt.Sprintf("dedup store %s cannot be opened, it may be corrupt: %v "+
+			"(if the disk is not full, move the directory aside and restart courier: "+
+			"it starts with an empty store, so messages processed within the TTL may reach the app again)", dir, err),
+		kind:  ErrCorrupt,
+		cause: err,
+	}
+}
+
+// badgerLogger routes Badger's logs into slog. Badger's Info is chatty
+// housekeeping (compactions, replays), so it goes to Debug.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(format string, args ...any) { b.log(slog.LevelError, format, args) }
+func (b badgerLogger) Warningf(format string, args ...any) {
+	b.log(slog.LevelWarn, format, args)
+}
+func (b badgerLogger) Infof(format string, args ...any)  { b.log(slog.LevelDebug, format, args) }
+func (b badgerLogger) Debugf(format string, args ...any) { b.log(slog.LevelDebug, format, args) }
+
+func (b badgerLogger) log(level slog.Level, format string, args []any) {
+	ctx := context.Background()
+	if !b.l.Enabled(ctx, level) {
+		return
+	}
+	b.l.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(format, args...)))
+}

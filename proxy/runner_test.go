@@ -1,0 +1,186 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/proxy"
+)
+
+// flakyStore wraps a real Badger store with failures that cannot be produced
+// on demand for real: a store that errors on check or on record.
+type flakyStore struct {
+	*dedup.Store
+	seenFails   atomic.Int32 // fail this many Seen calls
+	recordFails atomic.Int32
+}
+
+var errStore = errors.New("disk on fire")
+
+func (f *flakyStore) Seen(ctx context.Context, key string) (bool, error) {
+	if f.seenFails.Add(-1) >= 0 {
+		return false, errStore
+	}
+	return f.Store.Seen(ctx, key)
+}
+
+func (f *flakyStore) Record(ctx context.Context, key string) error {
+	if f.recordFails.Add(-1) >= 0 {
+		return errStore
+	}
+	return f.Store.Record(ctx, key)
+}
+
+type dlqAdapter struct{ p *dlq.Publisher }
+
+func (d dlqAdapter) DeadLetter(ctx context.Context, l proxy.DeadLetter) error {
+	_, err := d.p.Publish(ctx, dlq.Letter{Subject: l.Subject, Data: l.Data, Header: l.Header, Stream: l.Stream,
+		Sequence: l.Sequence, Consumer: l.Consumer, Reason: l.Reason, Status: l.Status, Error: l.Error, Attempts: l.Attempts})
+	return err
+}
+
+type env struct {
+	js    jetstream.JetStream
+	cons  jetstream.Consumer
+	reg   *prometheus.Registry
+	calls atomic.Int32
+	url   string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{js: js, cons: cons, reg: prometheus.NewRegistry()}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	return e
+}
+
+func (e *env) run(t *testing.T, dd proxy.Deduper) (stop func()) {
+	t.Helper()
+	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, dd, proxy.Options{
+		AppURL: e.url, Stream: "S", Consumer: "c", MaxDeliver: 5, AckWait: 5 * time.Second,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Registerer: e.reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) settled(t *testing.T) bool {
+	info, err := e.cons.Info(context.Background())
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func openStore(t *testing.T) *dedup.Store {
+	t.Helper()
+	s, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A store that fails the check: the message is NAK'd, never sent unchecked,
+// and delivered once the store answers again.
+func TestStoreCheckErrorNaksNeverSendsUnchecked(t *testing.T) {
+	e := setup(t)
+	fs := &flakyStore{Store: openStore(t)}
+	fs.seenFails.Store(2)
+	e.run(t, fs)
+	if _, err := e.js.Publish(context.Background(), "s.x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "delivery after the store recovers", func() bool { return e.calls.Load() == 1 && e.settled(t) })
+	if got := counter(t, e.reg, "courier_dedup_errors_total", "check"); got != 2 {
+		t.Errorf("check errors counted %v, want 2", got)
+	}
+}
+
+// A store that fails to record after a 2xx: the message is acked anyway (the
+// effect happened), the failure counted.
+func TestStoreRecordErrorStillAcks(t *testing.T) {
+	e := setup(t)
+	fs := &flakyStore{Store: openStore(t)}
+	fs.recordFails.Store(1)
+	e.run(t, fs)
+	if _, err := e.js.Publish(context.Background(), "s.x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ack", func() bool { return e.calls.Load() == 1 && e.settled(t) })
+	if got := counter(t, e.reg, "courier_dedup_errors_total", "record"); got != 1 {
+		t.Errorf("record errors counted %v, want 1", got)
+	}
+}
+
+// counter reads a labelled counter from the registry.
+func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("metric %s{%s} not found", name, label)
+	return 0
+}

@@ -58,6 +58,7 @@ Usage:
   courier              run the sidecar (configured by environment variables)
   courier config       print every variable, its meaning, default and value in effect
   courier demo         run a self-contained demo on an embedded JetStream server
+  courier dlq          list, show, replay or purge dead letters ('courier dlq help')
   courier version      print version information
   courier help         print this help
 
@@ -78,6 +79,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runConfig(environ, stdout)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
+	case "dlq":
+		return runDLQ(ctx, args[1:], environ, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, versionString())
 		return nil

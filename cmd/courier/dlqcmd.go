@@ -1,0 +1,517 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/dlq"
+)
+
+const dlqUsage = `Usage:
+  courier dlq ls [--reason R] [--subject S] [--since DURATION|RFC3339] [--json]
+  courier dlq show [--json] SEQ
+  courier dlq replay [--reason R] [--subject S] [--since T] [--limit N] [--rate N] [--dry-run] [SEQ...]
+  courier dlq purge [--reason R] [--subject S] [--since T] [--limit N] --yes [SEQ...]
+
+The dead letters of COURIER_STREAM's consumer COURIER_CONSUMER, stored on
+COURIER_DLQ_SUBJECT, in the same environment as the sidecar (COURIER_APP_URL
+is not needed). The commands run beside a live sidecar: they open neither
+the admin address nor the dedup store.
+
+  ls       one row per dead letter: sequence, time stored, reason, last HTTP
+           status, original subject, attempts, error (--json: one object per
+           line, with the original's headers and body)
+  show     one dead letter: its envelope, the original's headers and body
+  replay   republish to the original subject the body and headers as the
+           publisher sent them, and remove each dead letter once its
+           republish is acknowledged. With no arguments it replays every
+           dead letter of this consumer. A republish the source stream
+           calls a duplicate of the original (its Nats-Msg-Id still inside
+           the duplicate window) keeps the dead letter and says when to
+           retry. Prints "replayed N, kept M (duplicate window), failed K";
+           exit status 0 when all were replayed, 1 when some were not.
+  purge    delete the selected dead letters for good; needs --yes.
+
+Filters (all must hold):
+  --reason R     Courier-Reason, such as rejected, exhausted, expired, max-deliveries
+  --subject S    original subject, NATS wildcards allowed (orders.*, orders.>)
+  --since T      stored within the last DURATION (1h30m) or since an RFC 3339 time
+  SEQ...         only these dead-letter stream sequences
+`
+
+// dlqPlaceholderAppURL stands in for COURIER_APP_URL, which config requires
+// and the dlq commands never use.
+const dlqPlaceholderAppURL = "http://courier-dlq.invalid/"
+
+// runDLQ runs `courier dlq ...`.
+func runDLQ(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return usageError("dlq needs a command: ls, show, replay or purge")
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	case "ls", "show", "replay", "purge":
+	default:
+		fmt.Fprint(stderr, dlqUsage)
+		return usageError("unknown dlq command %q", cmd)
+	}
+
+	fs := flag.NewFlagSet("courier dlq "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var (
+		f       dlqFilters
+		asJSON  bool
+		limit   int
+		rate    float64
+		dryRun  bool
+		confirm bool
+	)
+	if cmd != "show" {
+		fs.StringVar(&f.reason, "reason", "", "")
+		fs.StringVar(&f.subject, "subject", "", "")
+		fs.StringVar(&f.since, "since", "", "")
+	}
+	switch cmd {
+	case "ls", "show":
+		fs.BoolVar(&asJSON, "json", false, "")
+	case "replay":
+		fs.IntVar(&limit, "limit", 0, "")
+		fs.Float64Var(&rate, "rate", 0, "")
+		fs.BoolVar(&dryRun, "dry-run", false, "")
+	case "purge":
+		fs.IntVar(&limit, "limit", 0, "")
+		fs.BoolVar(&confirm, "yes", false, "")
+	}
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	}
+	if err != nil {
+		return usageError("dlq %s: %v (see 'courier dlq help')", cmd, err)
+	}
+
+	// Everything the user can get wrong is checked before connecting.
+	sel, err := f.selection(pos, time.Now())
+	if err != nil {
+		return usageError("dlq %s: %v", cmd, err)
+	}
+	switch {
+	case cmd == "ls" && len(pos) > 0:
+		return usageError("dlq ls takes no arguments, only flags (use 'courier dlq show SEQ' for one)")
+	case cmd == "show" && len(pos) != 1:
+		return usageError("dlq show takes exactly one dead-letter sequence")
+	case limit < 0:
+		return usageError("dlq %s: --limit must not be negative", cmd)
+	case rate < 0:
+		return usageError("dlq %s: --rate must not be negative", cmd)
+	case cmd == "purge" && !confirm:
+		return usageError("dlq purge deletes dead letters for good: add --yes to confirm (see first what is selected with 'courier dlq ls' and the same filters)")
+	}
+
+	cfg, err := loadConfig(dlqEnviron(environ))
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr).With("component", "dlq")
+	opts, err := natsOptions(cfg, log)
+	if err != nil {
+		return err
+	}
+	opts = append(opts, nats.Name("courier dlq "+cmd+" "+cfg.Stream+"/"+cfg.Consumer))
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
+	if err != nil {
+		if fatal := fatalConnectError(err); fatal != nil {
+			return fatal
+		}
+		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURL(cfg.NATSURL), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	q, err := dlq.Open(ctx, js, cfg.DLQSubject)
+	if errors.Is(err, dlq.ErrNoStream) {
+		return fmt.Errorf("no stream captures the dead-letter subject %q (COURIER_DLQ_SUBJECT): no dead letter was ever stored with this configuration (the sidecar creates the stream when it starts)", cfg.DLQSubject)
+	}
+	if err != nil {
+		return err
+	}
+	sel.Stream, sel.Consumer = cfg.Stream, cfg.Consumer
+
+	switch cmd {
+	case "ls":
+		return dlqList(ctx, q, sel, asJSON, stdout)
+	case "show":
+		return dlqShow(ctx, q, sel.Sequences[0], asJSON, stdout)
+	case "replay":
+		return dlqReplay(ctx, q, sel, dlq.ReplayOptions{Limit: limit, Rate: rate, DryRun: dryRun}, stdout, stderr)
+	default:
+		return dlqPurge(ctx, q, sel, limit, stdout, stderr)
+	}
+}
+
+// dlqEnviron fills COURIER_APP_URL with a placeholder when it is unset, so
+// that config.Load accepts an environment without it.
+func dlqEnviron(environ []string) []string {
+	if config.Environ(environ)["COURIER_APP_URL"] != "" {
+		return environ
+	}
+	out := make([]string, 0, len(environ)+1)
+	for _, kv := range environ {
+		if k, _, _ := strings.Cut(kv, "="); k != "COURIER_APP_URL" {
+			out = append(out, kv)
+		}
+	}
+	return append(out, "COURIER_APP_URL="+dlqPlaceholderAppURL)
+}
+
+// parseInterleaved parses flags and positional arguments in any order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// dlqFilters are the filter flags as given.
+type dlqFilters struct {
+	reason, subject, since string
+}
+
+// selection checks the filters and positional sequences and builds the
+// Selection (without the stream and consumer).
+func (f dlqFilters) selection(seqs []string, now time.Time) (dlq.Selection, error) {
+	sel := dlq.Selection{Reason: strings.TrimSpace(f.reason), Subject: strings.TrimSpace(f.subject)}
+	if sel.Subject != "" {
+		if err := dlq.CheckFilter(sel.Subject); err != nil {
+			return sel, fmt.Errorf("--subject: %w", err)
+		}
+	}
+	if s := strings.TrimSpace(f.since); s != "" {
+		since, err := parseSince(s, now)
+		if err != nil {
+			return sel, err
+		}
+		sel.Since = since
+	}
+	for _, s := range seqs {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n == 0 {
+			return sel, fmt.Errorf("%q is not a dead-letter sequence (a positive integer)", s)
+		}
+		sel.Sequences = append(sel.Sequences, n)
+	}
+	return sel, nil
+}
+
+// parseSince reads --since: a duration back from now, or an RFC 3339 time.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("--since %q: a duration must not be negative", s)
+		}
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("--since %q: expected a duration such as 1h30m or an RFC 3339 time such as 2025-06-01T12:00:00Z", s)
+}
+
+// dlqList writes the selected dead letters as a table, or as JSON lines.
+func dlqList(ctx context.Context, q *dlq.Queue, sel dlq.Selection, asJSON bool, stdout io.Writer) error {
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetEscapeHTML(false)
+		for d, err := range q.All(ctx, sel) {
+			if err != nil {
+				return err
+			}
+			if err := enc.Encode(letterJSON(d)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tREASON\tSTATUS\tSUBJECT\tATTEMPTS\tERROR")
+	var listErr error
+	for d, err := range q.All(ctx, sel) {
+		if err != nil {
+			listErr = err
+			break
+		}
+		status := "-"
+		if d.Status != 0 {
+			status = strconv.Itoa(d.Status)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", d.Sequence, d.Time.UTC().Format(time.RFC3339),
+			cell(d.Reason, 24), status, cell(d.Subject, 60), d.Attempts, cell(d.Error, 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return listErr
+}
+
+// cell makes s fit a table cell: no tabs or control characters, at most n
+// runes, "-" when empty.
+func cell(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if s == "" {
+		return "-"
+	}
+	if utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n-1]) + "…"
+	}
+	return s
+}
+
+// deadLetterJSON is the --json form of a dead letter.
+type deadLetterJSON struct {
+	Seq        uint64              `json:"seq"`
+	Time       time.Time           `json:"time"`
+	Reason     string              `json:"reason"`
+	Status     int                 `json:"status,omitempty"`
+	Subject    string              `json:"subject"`
+	Attempts   int                 `json:"attempts"`
+	Error      string              `json:"error,omitempty"`
+	Stream     string              `json:"stream"`
+	StreamSeq  uint64              `json:"stream_seq"`
+	Consumer   string              `json:"consumer"`
+	FailedAt   *time.Time          `json:"failed_at,omitempty"`
+	Published  *time.Time          `json:"published,omitempty"`
+	Headers    map[string][]string `json:"headers"`
+	Body       *string             `json:"body,omitempty"`
+	BodyBase64 *string             `json:"body_base64,omitempty"`
+}
+
+// letterJSON converts d. Headers are the original's as stored; the body is
+// text when it is valid UTF-8, else base64.
+func letterJSON(d *dlq.DeadLetter) deadLetterJSON {
+	j := deadLetterJSON{
+		Seq: d.Sequence, Time: d.Time.UTC(), Reason: d.Reason, Status: d.Status, Subject: d.Subject,
+		Attempts: d.Attempts, Error: d.Error, Stream: d.Stream, StreamSeq: d.StreamSequence, Consumer: d.Consumer,
+		Headers: dlq.Original(d.Header),
+	}
+	if !d.FailedAt.IsZero() {
+		t := d.FailedAt.UTC()
+		j.FailedAt = &t
+	}
+	if !d.Published.IsZero() {
+		t := d.Published.UTC()
+		j.Published = &t
+	}
+	if utf8.Valid(d.Data) {
+		s := string(d.Data)
+		j.Body = &s
+	} else {
+		s := base64.StdEncoding.EncodeToString(d.Data)
+		j.BodyBase64 = &s
+	}
+	return j
+}
+
+// dlqShow writes one dead letter in full.
+func dlqShow(ctx context.Context, q *dlq.Queue, seq uint64, asJSON bool, stdout io.Writer) error {
+	d, err := q.Show(ctx, seq)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(letterJSON(d))
+	}
+	fmt.Fprintf(stdout, "Dead letter %d (stream %s, subject %s)\n", d.Sequence, q.StreamName(), q.Subject())
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(stdout, "  %-10s %s\n", k, cell(v, 1<<20))
+		}
+	}
+	opt := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	row("stored", opt(d.Time))
+	row("reason", d.Reason)
+	if d.Status != 0 {
+		row("status", strconv.Itoa(d.Status))
+	}
+	row("error", d.Error)
+	row("attempts", strconv.Itoa(d.Attempts))
+	row("failed at", opt(d.FailedAt))
+	row("consumer", d.Consumer)
+	fmt.Fprintln(stdout, "Original")
+	row("subject", d.Subject)
+	row("stream", d.Stream)
+	row("sequence", strconv.FormatUint(d.StreamSequence, 10))
+	row("published", opt(d.Published))
+	h := dlq.Original(d.Header)
+	if len(h) == 0 {
+		fmt.Fprintln(stdout, "Headers: none")
+	} else {
+		fmt.Fprintln(stdout, "Headers")
+	}
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		for _, v := range h[name] {
+			fmt.Fprintf(stdout, "  %s: %s\n", name, v)
+		}
+	}
+	if isText(d.Data) {
+		fmt.Fprintf(stdout, "Body (%d bytes)\n%s", len(d.Data), d.Data)
+		if len(d.Data) > 0 && d.Data[len(d.Data)-1] != '\n' {
+			fmt.Fprintln(stdout)
+		}
+		return nil
+	}
+	_, err = fmt.Fprintf(stdout, "Body (%d bytes, not text: quoted)\n%s\n", len(d.Data), strconv.Quote(string(d.Data)))
+	return err
+}
+
+// isText reports whether b prints safely on a terminal as it is.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t' {
+			return false
+		}
+	}
+	return true
+}
+
+// dlqReplay replays the selection, a line per dead letter on stderr and the
+// summary on stdout.
+func dlqReplay(ctx context.Context, q *dlq.Queue, sel dlq.Selection, opts dlq.ReplayOptions, stdout, stderr io.Writer) error {
+	handled := 0
+	opts.Progress = func(r dlq.ReplayResult) {
+		handled++
+		d := r.Letter
+		switch r.Outcome {
+		case dlq.WouldReplay:
+			fmt.Fprintf(stderr, "would replay %d to %s (%s, %s)\n", d.Sequence, d.Subject, d.Reason, plural(d.Attempts, "attempt"))
+		case dlq.Replayed:
+			if r.Earlier {
+				fmt.Fprintf(stderr, "removed %d: already republished to %s by an earlier, interrupted replay (%s sequence %d)\n",
+					d.Sequence, d.Subject, r.Ack.Stream, r.Ack.Sequence)
+				return
+			}
+			fmt.Fprintf(stderr, "replayed %d to %s (%s sequence %d)\n", d.Sequence, d.Subject, r.Ack.Stream, r.Ack.Sequence)
+		case dlq.Kept:
+			fmt.Fprintf(stderr, "kept %d: stream %s calls the republish a duplicate of the original (sequence %d), whose Nats-Msg-Id is still inside its duplicate window; %s\n",
+				d.Sequence, r.Ack.Stream, r.Ack.Sequence, retryHint(r.RetryAt))
+		case dlq.Failed:
+			fmt.Fprintf(stderr, "failed %d: %v\n", d.Sequence, r.Err)
+		}
+	}
+	sum, err := q.Replay(ctx, sel, opts)
+	if opts.DryRun {
+		fmt.Fprintf(stdout, "dry run: would replay %d, nothing changed\n", sum.WouldReplay)
+	} else {
+		fmt.Fprintf(stdout, "replayed %d, kept %d (duplicate window), failed %d\n", sum.Replayed, sum.Kept, sum.Failed)
+		if sum.Kept > 1 {
+			fmt.Fprintf(stderr, "the kept dead letters can be replayed again %s\n", strings.TrimPrefix(retryHint(sum.RetryAt), "retry "))
+		}
+	}
+	switch {
+	case err != nil:
+		return err
+	case sum.Kept+sum.Failed > 0:
+		return &exitError{code: 1, err: fmt.Errorf("dlq replay: %d kept, %d failed", sum.Kept, sum.Failed)}
+	case missingSequences(sel, opts.Limit, handled):
+		return &exitError{code: 1, err: fmt.Errorf("dlq replay: %d of the %d sequences given hold no dead letter of this consumer matching the filters",
+			len(sel.Sequences)-handled, len(sel.Sequences))}
+	}
+	return nil
+}
+
+// dlqPurge purges the selection, a line per dead letter on stderr and the
+// summary on stdout.
+func dlqPurge(ctx context.Context, q *dlq.Queue, sel dlq.Selection, limit int, stdout, stderr io.Writer) error {
+	handled := 0
+	sum, err := q.Purge(ctx, sel, dlq.PurgeOptions{Limit: limit, Progress: func(r dlq.PurgeResult) {
+		handled++
+		if r.Err != nil {
+			fmt.Fprintf(stderr, "failed %d: %v\n", r.Letter.Sequence, r.Err)
+			return
+		}
+		fmt.Fprintf(stderr, "purged %d (%s, %s)\n", r.Letter.Sequence, r.Letter.Reason, r.Letter.Subject)
+	}})
+	fmt.Fprintf(stdout, "purged %d, failed %d\n", sum.Purged, sum.Failed)
+	switch {
+	case err != nil:
+		return err
+	case sum.Failed > 0:
+		return &exitError{code: 1, err: fmt.Errorf("dlq purge: %d failed", sum.Failed)}
+	case missingSequences(sel, limit, handled):
+		return &exitError{code: 1, err: fmt.Errorf("dlq purge: %d of the %d sequences given hold no dead letter of this consumer matching the filters",
+			len(sel.Sequences)-handled, len(sel.Sequences))}
+	}
+	return nil
+}
+
+// missingSequences reports whether sequences were given and fewer dead
+// letters than that were handled, without a limit to explain it.
+func missingSequences(sel dlq.Selection, limit, handled int) bool {
+	n := len(slices.Compact(slices.Sorted(slices.Values(sel.Sequences))))
+	return n > 0 && handled < n && (limit == 0 || handled < limit)
+}
+
+// retryHint says when a kept dead letter can be replayed.
+func retryHint(at time.Time) string {
+	if at.IsZero() {
+		return "retry later (the duplicate window is unknown)"
+	}
+	in := time.Until(at).Round(time.Second)
+	if in <= 0 {
+		return "retry now: the window has passed (" + at.UTC().Format(time.RFC3339) + ")"
+	}
+	return "retry after " + at.UTC().Format(time.RFC3339) + " (in " + in.String() + ")"
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return strconv.Itoa(n) + " " + word + "s"
+}

@@ -191,14 +191,18 @@ type Runner struct {
 	gate    *gate
 	prober  *prober
 
-	stop    context.Context // Run's context: ends fetching and waiting
-	work    context.Context // ends in-flight requests after the grace period
+	stop context.Context // Run's context: ends fetching and waiting
+	work context.Context // ends in-flight requests after the grace period
+	// halted ends once fetching has stopped. Messages are given back at
+	// shutdown only then: a NAK'd message could otherwise come straight
+	// back to the open pull and spend another delivery.
+	halted  context.Context
 	workers sync.WaitGroup
 
-	mu    sync.Mutex
-	held  []jetstream.Msg
-	bound atomic.Bool
-	fatal chan error
+	mu     sync.Mutex
+	held   []jetstream.Msg // fetched while the app was down, not started
+	parked int             // started, waiting in a worker for the app to return
+	bound  atomic.Bool
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -213,7 +217,6 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		m:       newMetrics(o.Registerer),
 		slots:   make(chan struct{}, o.MaxInflight),
 		flights: newFlights(),
-		fatal:   make(chan error, 1),
 	}
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
 	startUp := o.AppHealthURL == ""
@@ -265,7 +268,9 @@ func (r *Runner) Alive() error {
 func (r *Runner) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	r.stop, r.work = ctx, work
+	halted, halt := context.WithCancel(context.WithoutCancel(ctx))
+	defer halt()
+	r.stop, r.work, r.halted = ctx, work, halted
 
 	// The tracker outlives the stop signal: held and in-flight messages
 	// stay in progress until they are acked or NAK'd.
@@ -279,7 +284,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	fatal := r.consume(ctx)
 
 	// Shutdown order: fetching has stopped (consume returned). Release what
-	// waits for the app, then give in-flight requests the grace period.
+	// was held, then give in-flight requests the grace period.
+	halt()
 	r.releaseHeld()
 	done := make(chan struct{})
 	go func() { r.workers.Wait(); close(done) }()
@@ -296,66 +302,72 @@ func (r *Runner) Run(ctx context.Context) error {
 	return fatal
 }
 
+// fetchWait bounds how long one pull request waits for messages.
+//
+// courier pulls with Fetch, one request at a time, and always runs a request
+// to its end (batch complete, or the server's expiry) before deciding whether
+// to pull again. It never unsubscribes from an open request, as stopping or
+// draining a Consume does: a message the server has just sent to it would be
+// lost in transit, counted as delivered, and come back only after the ack
+// wait with an attempt spent, so an app outage would cost attempts and a
+// message on its last delivery would be given up on.
+const fetchWait = time.Second
+
 // consume runs the fetch loop until ctx ends or the consumer is gone,
 // pausing while the app is unavailable.
 func (r *Runner) consume(ctx context.Context) error {
 	retry := 100 * time.Millisecond
-	for {
+	for ctx.Err() == nil {
 		if err := r.gate.waitUp(ctx); err != nil {
 			return nil
 		}
 		if !r.dispatchHeld(ctx) {
 			return nil
 		}
-		cc, err := r.cons.Consume(r.onMsg,
-			jetstream.PullMaxMessages(r.o.MaxInflight),
-			jetstream.ConsumeErrHandler(r.onConsumeErr))
-		if err != nil {
-			r.log.Warn("cannot start consuming; retrying", "error", err, "in", retry.String())
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(retry):
+		batch, err := r.cons.Fetch(r.o.MaxInflight, jetstream.FetchMaxWait(fetchWait))
+		if err == nil {
+			r.bound.Store(true)
+			// onMsg starts each message, or holds it (app down, or
+			// stopping); the request ends by itself within fetchWait.
+			for m := range batch.Messages() {
+				r.onMsg(m)
 			}
-			retry = min(retry*2, 10*time.Second)
+			err = batch.Error()
+		}
+		if err == nil {
+			retry = 100 * time.Millisecond
 			continue
 		}
-		retry = 100 * time.Millisecond
-		r.bound.Store(true)
-		var fatal error
+		r.bound.Store(false)
+		if gone := r.consumerGone(ctx, err); gone != nil {
+			return gone
+		}
+		r.log.Warn("cannot fetch; retrying", "error", err, "in", retry.String())
 		select {
 		case <-ctx.Done():
-		case <-r.gate.Down():
-		case fatal = <-r.fatal:
+			return nil
+		case <-time.After(retry):
 		}
-		r.bound.Store(false)
-		// Drain hands buffered messages to onMsg, which holds them (app
-		// down) or NAKs them (stopping) rather than letting them wait out
-		// the ack wait and spend a delivery.
-		cc.Drain()
-		select {
-		case <-cc.Closed():
-		case <-time.After(5 * time.Second):
-			cc.Stop()
+		retry = min(retry*2, 10*time.Second)
+	}
+	return nil
+}
+
+// consumerGone returns an error if err means the consumer was deleted.
+func (r *Runner) consumerGone(ctx context.Context, err error) error {
+	if !errors.Is(err, jetstream.ErrConsumerDeleted) {
+		// A pull to a consumer that no longer exists finds no responders.
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
 		}
-		if fatal != nil {
-			return fatal
-		}
-		if ctx.Err() != nil {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, ierr := r.cons.Info(ictx); !errors.Is(ierr, jetstream.ErrConsumerNotFound) &&
+			!errors.Is(ierr, jetstream.ErrStreamNotFound) {
 			return nil
 		}
 	}
-}
-
-func (r *Runner) onConsumeErr(_ jetstream.ConsumeContext, err error) {
-	if errors.Is(err, jetstream.ErrConsumerDeleted) {
-		select {
-		case r.fatal <- fmt.Errorf("consumer %q on stream %q was deleted: %w", r.o.Consumer, r.o.Stream, err):
-		default:
-		}
-		return
-	}
-	r.log.Warn("consume error (courier keeps consuming)", "error", err)
+	return fmt.Errorf("consumer %q on stream %q was deleted: %w", r.o.Consumer, r.o.Stream, err)
 }
 
 // onMsg takes ownership of a fetched message. It runs on the consume
@@ -363,7 +375,7 @@ func (r *Runner) onConsumeErr(_ jetstream.ConsumeContext, err error) {
 func (r *Runner) onMsg(m jetstream.Msg) {
 	r.track.add(m)
 	if r.stop.Err() != nil {
-		r.release(m, "shutting down")
+		r.hold(m) // given back once the pull has ended
 		return
 	}
 	select {
@@ -376,7 +388,7 @@ func (r *Runner) onMsg(m jetstream.Msg) {
 	case r.slots <- struct{}{}:
 		r.start(m)
 	case <-r.stop.Done():
-		r.release(m, "shutting down")
+		r.hold(m)
 	case <-r.gate.Down():
 		r.hold(m)
 	}
@@ -395,18 +407,30 @@ func (r *Runner) start(m jetstream.Msg) {
 func (r *Runner) hold(m jetstream.Msg) {
 	r.mu.Lock()
 	r.held = append(r.held, m)
-	n := len(r.held)
+	r.heldChangedLocked()
 	r.mu.Unlock()
-	r.m.held.Set(float64(n))
+}
+
+// park counts a started message that waits for the app (d=1) or stopped
+// waiting (d=-1) among the held messages.
+func (r *Runner) park(d int) {
+	r.mu.Lock()
+	r.parked += d
+	r.heldChangedLocked()
+	r.mu.Unlock()
+}
+
+// heldChangedLocked updates the held-messages gauge; r.mu is held.
+func (r *Runner) heldChangedLocked() {
+	r.m.held.Set(float64(len(r.held) + r.parked))
 }
 
 // dispatchHeld starts the held messages, oldest first, before fetching more.
 func (r *Runner) dispatchHeld(ctx context.Context) bool {
-	for {
+	for ctx.Err() == nil {
 		r.mu.Lock()
 		if len(r.held) == 0 {
 			r.mu.Unlock()
-			r.m.held.Set(0)
 			return true
 		}
 		m := r.held[0]
@@ -418,22 +442,28 @@ func (r *Runner) dispatchHeld(ctx context.Context) bool {
 		}
 		r.mu.Lock()
 		r.held = r.held[1:]
-		n := len(r.held)
+		r.heldChangedLocked()
 		r.mu.Unlock()
-		r.m.held.Set(float64(n))
 		r.start(m)
 	}
+	return false
 }
 
-// releaseHeld gives back every held message at shutdown.
+// releaseHeld gives back every held message at shutdown: those held for an
+// app outage, and those the last pull brought after the stop signal.
 func (r *Runner) releaseHeld() {
 	r.mu.Lock()
 	held := r.held
 	r.held = nil
+	r.heldChangedLocked()
 	r.mu.Unlock()
-	r.m.held.Set(0)
+	up, _ := r.gate.State()
 	for _, m := range held {
-		r.releaseOrDeadLetter(m, "shutting down during an app outage")
+		if up {
+			r.release(m, "shutting down")
+		} else {
+			r.releaseOrDeadLetter(m, "shutting down during an app outage")
+		}
 	}
 }
 
@@ -506,7 +536,7 @@ func (r *Runner) deliver(m jetstream.Msg) {
 	skey := storeKey(key)
 	if r.dd != nil {
 		var dup bool
-		fl, dup, err = r.flights.claim(r.stop, skey)
+		fl, dup, err = r.flights.claim(r.halted, skey)
 		if err != nil {
 			r.release(m, "shutting down while a delivery of the same key ran")
 			return
@@ -582,14 +612,17 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 			return true
 
 		case Unavailable:
-			if r.stop.Err() != nil {
+			if r.halted.Err() != nil {
 				r.releaseOrDeadLetter(m, "shutting down during an app outage")
 				return false
 			}
 			r.gate.setDown(err.Error())
 			// Hold the message (the tracker keeps it in progress) until the
 			// app is back, then try again: the outage spent nothing.
-			if r.gate.waitUp(r.stop) != nil {
+			r.park(1)
+			werr := r.gate.waitUp(r.halted)
+			r.park(-1)
+			if werr != nil {
 				r.releaseOrDeadLetter(m, "shutting down during an app outage")
 				return false
 			}
@@ -669,7 +702,7 @@ func (r *Runner) deadLetter(m jetstream.Msg, meta *jetstream.MsgMetadata, log *s
 			return
 		}
 		select {
-		case <-r.stop.Done():
+		case <-r.halted.Done():
 			r.release(m, "shutting down before its dead letter could be stored")
 			return
 		case <-time.After(wait):

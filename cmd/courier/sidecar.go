@@ -129,7 +129,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		_ = adm.Shutdown(sctx)
 	}()
 	log.Info("courier starting", "version", version, "stream", cfg.Stream, "consumer", cfg.Consumer,
-		"app", cfg.AppURL, "admin", adm.Addr())
+		"app", cfg.Redacted().AppURL, "admin", adm.Addr())
 
 	// NATS: keep trying while the server is unreachable; stop on what
 	// retrying cannot fix (credentials, TLS).
@@ -160,6 +160,16 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
+	reg.MustRegister(dlq.NewDepthCollector(js, cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
+
+	// Max-deliveries catch: dead-letters what JetStream gave up on outside
+	// courier's sight, from its captured advisories. The deferred stop
+	// covers early returns; the shutdown order below stops it first.
+	stopGiveup, err := startGiveup(ctx, js, cfg, stream, log, reg)
+	if err != nil {
+		return err
+	}
+	defer stopGiveup()
 
 	// Dedup store.
 	var dd proxy.Deduper
@@ -216,9 +226,11 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 
 	// Shutdown order, once ctx ends: the runner stops fetching, NAKs what
 	// it has not started, lets in-flight requests finish within the grace
-	// period and acks them, NAKs the rest; then the store is closed; then
-	// the connection drained so every ack and NAK reaches the server.
+	// period and acks them, NAKs the rest; then the max-deliveries catch
+	// stops (finishing the advisory in hand); then the store is closed;
+	// then the connection drained so every ack and NAK reaches the server.
 	runErr := runner.Run(ctx)
+	stopGiveup()
 	ready.set(func() error { return errors.New("shutting down") })
 	if store != nil {
 		if err := store.Close(); err != nil {
@@ -260,6 +272,9 @@ func drain(nc *nats.Conn) error {
 
 // natsOptions maps the NATS_* variables to connection options.
 func natsOptions(cfg config.Config, log *slog.Logger) ([]nats.Option, error) {
+	if err := checkNATSFiles(cfg); err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{
 		nats.Name("courier " + cfg.Stream + "/" + cfg.Consumer),
 		nats.MaxReconnects(-1),

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/giveup"
+)
+
+// startGiveup sets up the max-deliveries catch (a stream capturing the
+// consumer's max-deliveries advisories and a durable consumer on it, retried
+// like the rest of start-up) and runs it until stop is called. stream is the
+// handle the delivery loop uses, so both derive the same dead-letter ids.
+// stop ends the catch, lets the advisory in hand finish, and waits; it may be
+// called more than once. When ctx ends during set-up, stop is a no-op and err
+// nil.
+func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer) (stop func(), err error) {
+	c, err := giveup.New(js, stream, cfg.Consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
+		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = retrySetup(ctx, log, func(ctx context.Context) error {
+		err := c.Setup(ctx)
+		if err != nil && !transientSetupError(err) {
+			return fmt.Errorf("messages JetStream gives up on could not be dead-lettered: %w", err)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return func() {}, nil
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(runCtx); err != nil {
+			log.Error("max-deliveries catch stopped", "error", err)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}, nil
+}

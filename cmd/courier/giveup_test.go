@@ -1,0 +1,301 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/giveup"
+)
+
+// Messages JetStream gives up on outside courier's sight (spec behaviour 8).
+// "Courier killed on every attempt" is played by a plain client that pulls
+// each delivery from courier's durable and never answers, as a killed
+// courier would; the sidecars under test are real, in-process.
+
+// giveUpEnv is courier's environment for these tests: two deliveries, a 1s
+// ack wait, so JetStream gives up within seconds.
+func giveUpEnv(h *harness, appURL string, extra ...string) []string {
+	return h.env(appURL, append([]string{"COURIER_MAX_DELIVER=2", "COURIER_ACK_WAIT=1s"}, extra...)...)
+}
+
+// primeGiveUp runs courier once, so that its durable and the stream
+// capturing its max-deliveries advisories exist, and stops it.
+func primeGiveUp(t *testing.T, h *harness, environ []string) {
+	t.Helper()
+	c := start(t, environ)
+	waitFor(t, 10*time.Second, "the advisory consumer", func() bool { return h.advisoryConsumer() != nil })
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// killEveryAttempt takes both deliveries of the next message from courier's
+// durable and never acks them, like a courier killed during each attempt.
+func (h *harness) killEveryAttempt() {
+	h.t.Helper()
+	for i := range 2 {
+		if n := h.pullAndDrop(3 * time.Second); n != 1 {
+			h.t.Fatalf("delivery %d: pulled %d messages, want 1", i+1, n)
+		}
+	}
+}
+
+// pullAndDrop pulls one message from courier's durable, waiting up to wait,
+// and never acks it. It returns how many it got.
+func (h *harness) pullAndDrop(wait time.Duration) int {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := h.js.Consumer(ctx, h.stream, "courier")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	return n
+}
+
+// advisoryConsumer returns the state of courier's consumer of captured
+// max-deliveries advisories, or nil.
+func (h *harness) advisoryConsumer() *jetstream.ConsumerInfo {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := h.js.Consumer(ctx, giveup.StreamName(h.stream, "courier"), giveup.ConsumerName("courier"))
+	if err != nil {
+		return nil
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil
+	}
+	return info
+}
+
+// advisoriesCaptured returns how many advisories the capture stream holds.
+func (h *harness) advisoriesCaptured() uint64 {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, giveup.StreamName(h.stream, "courier"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// advisoriesSettled reports whether every captured advisory was handled.
+func (h *harness) advisoriesSettled() bool {
+	info := h.advisoryConsumer()
+	return info != nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
+// original returns whether the stream still holds seq.
+func (h *harness) original(seq uint64) bool {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.stream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	_, err = s.GetMsg(ctx, seq)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		h.t.Fatal(err)
+	}
+	return err == nil
+}
+
+var giveUpHeaders = map[string]string{
+	"Content-Type": "application/json",
+	"X-Tenant":     "acme",
+	"Nats-Msg-Id":  "order-77",
+}
+
+const giveUpBody = "{\"id\":77}\x00 and binary"
+
+// checkMaxDeliveries checks that the DLQ holds exactly one dead letter, the
+// max-deliveries one of seq, published with giveUpHeaders and giveUpBody.
+func checkMaxDeliveries(t *testing.T, h *harness, seq uint64) {
+	t.Helper()
+	dls := h.deadLetters(dlqSubject)
+	if len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dls))
+	}
+	dl := dls[0]
+	if string(dl.Data) != giveUpBody {
+		t.Errorf("dead letter body = %q, want %q", dl.Data, giveUpBody)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		dlq.HeaderReason:   dlq.ReasonMaxDeliveries,
+		dlq.HeaderAttempts: "2",
+		dlq.HeaderSubject:  "orders.created",
+		dlq.HeaderStream:   h.stream,
+		dlq.HeaderSequence: strconv.FormatUint(seq, 10),
+		dlq.HeaderConsumer: "courier",
+		// The id the delivery loop would give this message's dead letter:
+		// one original, one dead letter, whoever stores it.
+		"Nats-Msg-Id": dlq.MsgID(dlq.Letter{Consumer: "courier", Stream: h.stream,
+			StreamCreated: s.CachedInfo().Created, Sequence: seq}),
+		"Courier-Original-Nats-Msg-Id": "order-77",
+		"Content-Type":                 "application/json",
+		"X-Tenant":                     "acme",
+	}
+	for k, v := range want {
+		if got := dl.Header.Get(k); got != v {
+			t.Errorf("dead letter %s = %q, want %q", k, got, v)
+		}
+	}
+	if got := dl.Header.Get(dlq.HeaderError); !strings.Contains(got, "gave up after 2 deliveries") {
+		t.Errorf("dead letter %s = %q", dlq.HeaderError, got)
+	}
+	if dl.Header.Get(dlq.HeaderStatus) != "" {
+		t.Errorf("dead letter %s = %q, want none (the app never answered)", dlq.HeaderStatus, dl.Header.Get(dlq.HeaderStatus))
+	}
+	// The original's headers as published: nothing of the server's.
+	orig := dlq.Original(dl.Header)
+	if len(orig) != len(giveUpHeaders) {
+		t.Errorf("original headers = %v, want %v", orig, giveUpHeaders)
+	}
+	for k, v := range giveUpHeaders {
+		if got := orig.Get(k); got != v {
+			t.Errorf("original header %s = %q, want %q", k, got, v)
+		}
+	}
+}
+
+// The advisory fires while courier is down: it is captured, and dead-lettered
+// once courier starts.
+func TestGiveUpAdvisoryFiredWhileCourierDown(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	environ := giveUpEnv(h, a.URL)
+	primeGiveUp(t, h, environ)
+
+	seq := h.publish("orders.created", giveUpBody, giveUpHeaders)
+	h.killEveryAttempt()
+	// The server gives up when it would deliver the message again: here
+	// to another client's pull, while no courier runs.
+	if n := h.pullAndDrop(3 * time.Second); n != 0 {
+		t.Fatalf("pulled %d messages after the last delivery, want none", n)
+	}
+	waitFor(t, 10*time.Second, "the advisory captured", func() bool { return h.advisoriesCaptured() == 1 })
+	if n := len(h.deadLetters(dlqSubject)); n != 0 {
+		t.Fatalf("%d dead letters while courier was down", n)
+	}
+
+	c := start(t, environ)
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+	checkMaxDeliveries(t, h, seq)
+	if n := a.count(); n != 0 {
+		t.Errorf("the app received %d requests, want none", n)
+	}
+	admin := adminAddr(t, c)
+	if v := metric(t, admin, `courier_giveup_advisories_total{result="dead_lettered"}`); v != 1 {
+		t.Errorf("courier_giveup_advisories_total{result=dead_lettered} = %v, want 1", v)
+	}
+	if err := c.stop(); err != nil {
+		t.Errorf("courier: %v", err)
+	}
+}
+
+// Courier killed on every attempt, then running again: the server gives up
+// on the message while courier is up, and courier dead-letters it without
+// calling the app. On a work-queue stream the original is then removed; on a
+// limits stream it stays.
+func TestGiveUpWhileCourierRuns(t *testing.T) {
+	tests := []struct {
+		name      string
+		retention jetstream.RetentionPolicy
+		removed   bool
+	}{
+		{"limits", jetstream.LimitsPolicy, false},
+		{"work queue", jetstream.WorkQueuePolicy, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, func(sc *jetstream.StreamConfig) { sc.Retention = tt.retention })
+			a := newApp(t, nil)
+			environ := giveUpEnv(h, a.URL)
+			primeGiveUp(t, h, environ)
+
+			seq := h.publish("orders.created", giveUpBody, giveUpHeaders)
+			h.killEveryAttempt()
+			start(t, environ)
+			waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+			waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+			checkMaxDeliveries(t, h, seq)
+			if n := a.count(); n != 0 {
+				t.Errorf("the app received %d requests, want none", n)
+			}
+			if tt.removed {
+				waitFor(t, 5*time.Second, "the original removed", func() bool { return !h.original(seq) })
+			} else if !h.original(seq) {
+				t.Errorf("original removed from a %s stream", tt.name)
+			}
+
+			// The catch does not stop the delivery loop: a fresh message
+			// still reaches the app.
+			h.publish("orders.created", "fresh", nil)
+			waitFor(t, 10*time.Second, "the fresh message delivered", func() bool { return a.count() == 1 })
+		})
+	}
+}
+
+// Two couriers on one durable: one dead letter.
+func TestGiveUpTwoCouriersOneDeadLetter(t *testing.T) {
+	h := newHarness(t, func(sc *jetstream.StreamConfig) { sc.Retention = jetstream.WorkQueuePolicy })
+	a := newApp(t, nil)
+	primeGiveUp(t, h, giveUpEnv(h, a.URL))
+
+	seq := h.publish("orders.created", giveUpBody, giveUpHeaders)
+	h.killEveryAttempt()
+	c1 := start(t, giveUpEnv(h, a.URL, "COURIER_DEDUP_DIR="+t.TempDir()))
+	c2 := start(t, giveUpEnv(h, a.URL, "COURIER_DEDUP_DIR="+t.TempDir()))
+	for _, c := range []*courier{c1, c2} {
+		waitFor(t, 10*time.Second, "both couriers catching advisories", func() bool {
+			return len(logLines(c, "catching max-deliveries advisories")) == 1
+		})
+	}
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+	waitFor(t, 5*time.Second, "the original removed", func() bool { return !h.original(seq) })
+	checkMaxDeliveries(t, h, seq)
+
+	var total float64
+	for _, c := range []*courier{c1, c2} {
+		admin := adminAddr(t, c)
+		total += metric(t, admin, `courier_giveup_advisories_total{result="dead_lettered"}`) +
+			metric(t, admin, `courier_giveup_advisories_total{result="duplicate"}`)
+	}
+	if total != 1 {
+		t.Errorf("advisories dead-lettered across both couriers = %v, want 1", total)
+	}
+	if n := a.count(); n != 0 {
+		t.Errorf("the app received %d requests, want none", n)
+	}
+}

@@ -1,0 +1,514 @@
+package giveup_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+const (
+	dlqSubject = "dlq.ORDERS.courier"
+	consumer   = "courier"
+)
+
+// ctx returns a context that ends with the test, or after d.
+func ctx(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	c, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return c
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// env is a server with stream ORDERS, its durable "courier" (ack wait 1s,
+// two deliveries) and a DLQ stream.
+type env struct {
+	t   *testing.T
+	srv *server.Server
+	js  jetstream.JetStream
+	src jetstream.Stream
+	pub *dlq.Publisher
+}
+
+func newEnv(t *testing.T, retention jetstream.RetentionPolicy) *env {
+	t.Helper()
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	if _, err := js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
+		Name: "ORDERS", Subjects: []string{"orders.>"}, Retention: retention, AllowDirect: true,
+	}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx(t, 5*time.Second), "ORDERS", jetstream.ConsumerConfig{
+		Durable: consumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 2,
+	}); err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+	if _, _, err := dlq.EnsureStream(ctx(t, 5*time.Second), js, dlqSubject, 1); err != nil {
+		t.Fatalf("dlq stream: %v", err)
+	}
+	src, err := js.Stream(ctx(t, 5*time.Second), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, srv: srv, js: js, src: src, pub: dlq.NewPublisher(js, dlqSubject)}
+}
+
+// catcher is a Catcher set up and its registry.
+type catcher struct {
+	*giveup.Catcher
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// newCatcher creates and sets up a Catcher; it does not run it.
+func (e *env) newCatcher(dl giveup.DeadLetterer) *catcher {
+	e.t.Helper()
+	if dl == nil {
+		dl = e.pub
+	}
+	reg := prometheus.NewRegistry()
+	c, err := giveup.New(e.js, e.src, consumer, dl, giveup.Options{
+		RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, AckWait: 2 * time.Second,
+		Registerer: reg,
+	})
+	if err != nil {
+		e.t.Fatalf("New: %v", err)
+	}
+	if err := c.Setup(ctx(e.t, 5*time.Second)); err != nil {
+		e.t.Fatalf("Setup: %v", err)
+	}
+	return &catcher{Catcher: c, reg: reg, stop: func() {}}
+}
+
+// run runs c until the test ends (or stop), failing the test if Run errs.
+func (c *catcher) run(t *testing.T) *catcher {
+	t.Helper()
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	var once sync.Once
+	c.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Errorf("Run did not return within 15s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(c.stop)
+	return c
+}
+
+// handled returns courier_giveup_advisories_total{result} of c.
+func (c *catcher) handled(result string) int {
+	mfs, err := c.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "courier_giveup_advisories_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "result" && lp.GetValue() == result {
+					return int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// publish stores a message on ORDERS and returns its sequence.
+func (e *env) publish(subject, body string, hdr nats.Header) uint64 {
+	e.t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = []byte(body)
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	ack, err := e.js.PublishMsg(ctx(e.t, 5*time.Second), m)
+	if err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+	return ack.Sequence
+}
+
+// exhaust takes every delivery of the next message from durable "courier"
+// and never acks it, like a courier killed during each attempt, then pulls
+// once more. nats-server v2.15.2 sends the max-deliveries advisory when it
+// would redeliver the message to a waiting pull request (its ack-wait timer
+// path counts one delivery short): the last pull is what courier's delivery
+// loop does when it runs again.
+func (e *env) exhaust() {
+	e.t.Helper()
+	cons, err := e.js.Consumer(ctx(e.t, 5*time.Second), "ORDERS", consumer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for i := range 3 {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(3*time.Second))
+		if err != nil {
+			e.t.Fatalf("fetch %d: %v", i+1, err)
+		}
+		n := 0
+		for range batch.Messages() {
+			n++
+		}
+		if want := min(1, 2-i); n != want {
+			e.t.Fatalf("fetch %d got %d messages (%v), want %d", i+1, n, batch.Error(), want)
+		}
+	}
+}
+
+// deadLetters returns what the DLQ stream holds.
+func (e *env) deadLetters() []*jetstream.RawStreamMsg {
+	e.t.Helper()
+	s, err := e.js.Stream(ctx(e.t, 5*time.Second), dlq.StreamName(dlqSubject))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx(e.t, 5*time.Second))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		if m, err := s.GetMsg(ctx(e.t, 5*time.Second), seq); err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// captured returns how many advisories the advisory stream holds.
+func (e *env) captured() uint64 {
+	e.t.Helper()
+	s, err := e.js.Stream(ctx(e.t, 5*time.Second), giveup.StreamName("ORDERS", consumer))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx(e.t, 5*time.Second))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// advisoryConsumer returns the state of the advisory consumer.
+func (e *env) advisoryConsumer() *jetstream.ConsumerInfo {
+	e.t.Helper()
+	c, err := e.js.Consumer(ctx(e.t, 5*time.Second), giveup.StreamName("ORDERS", consumer), giveup.ConsumerName(consumer))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := c.Info(ctx(e.t, 5*time.Second))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info
+}
+
+// settled reports whether every advisory was acked or terminated.
+func (e *env) settled() bool {
+	info := e.advisoryConsumer()
+	return info.NumPending == 0 && info.NumAckPending == 0
+}
+
+// sendAdvisory publishes a hand-made advisory on the captured subject.
+func (e *env) sendAdvisory(data []byte) {
+	e.t.Helper()
+	nc := e.js.Conn()
+	if err := nc.Publish(giveup.AdvisorySubject("ORDERS", consumer), data); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func advisoryJSON(seq, deliveries uint64, at time.Time) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"type": giveup.AdvisoryType, "id": fmt.Sprint("test-", seq), "timestamp": at,
+		"stream": "ORDERS", "consumer": consumer, "stream_seq": seq, "deliveries": deliveries,
+	})
+	return b
+}
+
+// originalExists reports whether ORDERS still holds seq.
+func (e *env) originalExists(seq uint64) bool {
+	e.t.Helper()
+	_, err := e.src.GetMsg(ctx(e.t, 5*time.Second), seq)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		e.t.Fatal(err)
+	}
+	return err == nil
+}
+
+func TestGiveUpCatcherDeadLetters(t *testing.T) {
+	tests := []struct {
+		name      string
+		retention jetstream.RetentionPolicy
+		removed   bool
+	}{
+		{"limits", jetstream.LimitsPolicy, false},
+		{"work queue", jetstream.WorkQueuePolicy, true},
+		{"interest", jetstream.InterestPolicy, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, tt.retention)
+			c := e.newCatcher(nil).run(t)
+			hdr := nats.Header{
+				"Content-Type":         {"application/json"},
+				"X-Tenant":             {"acme", "second"},
+				"Nats-Msg-Id":          {"order-7"},
+				"Nats-Expected-Stream": {"ORDERS"},
+			}
+			seq := e.publish("orders.created", `{"id":7}`, hdr)
+			e.exhaust()
+
+			waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+			waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+			dl := e.deadLetters()[0]
+			checkLetter(t, e, dl, seq, `{"id":7}`, hdr)
+			if got := e.originalExists(seq); got == tt.removed {
+				t.Errorf("original still in the stream: %v, want %v", got, !tt.removed)
+			}
+			if n := c.handled(giveup.ResultDeadLettered); n != 1 {
+				t.Errorf("dead_lettered = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// checkLetter checks a max-deliveries dead letter of seq.
+func checkLetter(t *testing.T, e *env, dl *jetstream.RawStreamMsg, seq uint64, body string, hdr nats.Header) {
+	t.Helper()
+	if string(dl.Data) != body {
+		t.Errorf("dead letter body = %q, want %q", dl.Data, body)
+	}
+	info, err := e.src.Info(ctx(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		dlq.HeaderReason:   dlq.ReasonMaxDeliveries,
+		dlq.HeaderAttempts: "2",
+		dlq.HeaderSubject:  "orders.created",
+		dlq.HeaderStream:   "ORDERS",
+		dlq.HeaderSequence: strconv.FormatUint(seq, 10),
+		dlq.HeaderConsumer: consumer,
+		"Nats-Msg-Id": dlq.MsgID(dlq.Letter{Consumer: consumer, Stream: "ORDERS",
+			StreamCreated: info.Created, Sequence: seq}),
+	}
+	for k, v := range want {
+		if got := dl.Header.Get(k); got != v {
+			t.Errorf("dead letter %s = %q, want %q", k, got, v)
+		}
+	}
+	if got := dl.Header.Get(dlq.HeaderError); !strings.Contains(got, "gave up after 2 deliveries") {
+		t.Errorf("dead letter %s = %q", dlq.HeaderError, got)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, dl.Header.Get(dlq.HeaderPublished)); err != nil {
+		t.Errorf("dead letter %s = %q: %v", dlq.HeaderPublished, dl.Header.Get(dlq.HeaderPublished), err)
+	}
+	// The original's headers, exactly as published: none of the server's
+	// direct-get headers.
+	orig := dlq.Original(dl.Header)
+	if len(orig) != len(hdr) {
+		t.Errorf("original headers = %v, want %v", orig, hdr)
+	}
+	for k, v := range hdr {
+		if !slices.Equal(orig[k], v) {
+			t.Errorf("original header %s = %q, want %q", k, orig[k], v)
+		}
+	}
+}
+
+func TestGiveUpCatcherAdvisoryFiredWhileDown(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	c := e.newCatcher(nil) // set up (capturing), not running
+	seq := e.publish("orders.created", "late", nil)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "the advisory captured", func() bool { return e.captured() == 1 })
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters before the catcher ran", n)
+	}
+	c.run(t)
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	checkLetter(t, e, e.deadLetters()[0], seq, "late", nil)
+	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+}
+
+func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	a := e.newCatcher(nil).run(t)
+	b := e.newCatcher(nil).run(t)
+	seq := e.publish("orders.created", "twice", nil)
+	// The same advisory three times (as a server would send it again if
+	// an ack were lost): two copies, then the real one.
+	adv := advisoryJSON(seq, 2, time.Now().Add(time.Minute))
+	e.sendAdvisory(adv)
+	e.sendAdvisory(adv)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "three advisories handled", func() bool {
+		total := 0
+		for _, c := range []*catcher{a, b} {
+			total += c.handled(giveup.ResultDeadLettered) + c.handled(giveup.ResultDuplicate)
+		}
+		return total == 3
+	})
+	waitFor(t, 5*time.Second, "the advisories acked", e.settled)
+	if n := len(e.deadLetters()); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+	if n := a.handled(giveup.ResultDeadLettered) + b.handled(giveup.ResultDeadLettered); n != 1 {
+		t.Errorf("dead_lettered = %d across replicas, want 1", n)
+	}
+}
+
+func TestGiveUpCatcherNothingToDeadLetter(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	c := e.newCatcher(nil).run(t)
+	// A sequence the stream never held.
+	e.sendAdvisory(advisoryJSON(999, 2, time.Now()))
+	// A message stored after the advisory fired: the stream was created
+	// again, and the sequence is another message.
+	seq := e.publish("orders.created", "newer", nil)
+	e.sendAdvisory(advisoryJSON(seq, 2, time.Now().Add(-time.Hour)))
+	waitFor(t, 10*time.Second, "two advisories gone", func() bool { return c.handled(giveup.ResultGone) == 2 })
+	waitFor(t, 5*time.Second, "the advisories acked", e.settled)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+func TestGiveUpCatcherMalformed(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	c := e.newCatcher(nil).run(t)
+	seq := e.publish("orders.created", "x", nil)
+	wrongType, _ := json.Marshal(map[string]any{"type": "io.nats.jetstream.advisory.v1.nak", "stream": "ORDERS", "consumer": consumer, "stream_seq": seq})
+	wrongConsumer, _ := json.Marshal(map[string]any{"type": giveup.AdvisoryType, "stream": "ORDERS", "consumer": "other", "stream_seq": seq})
+	noSeq, _ := json.Marshal(map[string]any{"type": giveup.AdvisoryType, "stream": "ORDERS", "consumer": consumer})
+	for _, data := range [][]byte{[]byte("not json"), wrongType, wrongConsumer, noSeq} {
+		e.sendAdvisory(data)
+	}
+	waitFor(t, 10*time.Second, "four advisories terminated", func() bool { return c.handled(giveup.ResultMalformed) == 4 })
+	waitFor(t, 5*time.Second, "the advisories settled", e.settled)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// flaky fails its first n publishes.
+type flaky struct {
+	dl    giveup.DeadLetterer
+	fails atomic.Int32
+}
+
+func (f *flaky) Publish(ctx context.Context, l dlq.Letter) (*jetstream.PubAck, error) {
+	if f.fails.Add(-1) >= 0 {
+		return nil, errors.New("dlq down")
+	}
+	return f.dl.Publish(ctx, l)
+}
+
+func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
+	e := newEnv(t, jetstream.WorkQueuePolicy)
+	f := &flaky{dl: e.pub}
+	f.fails.Store(3)
+	c := e.newCatcher(f).run(t)
+	seq := e.publish("orders.created", "kept", nil)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	if n := c.handled(giveup.ResultRetry); n != 3 {
+		t.Errorf("retry = %d, want 3", n)
+	}
+	if e.originalExists(seq) {
+		t.Errorf("original still in the work-queue stream")
+	}
+}
+
+func TestGiveUpCatcherKeepsOriginalUntilStored(t *testing.T) {
+	e := newEnv(t, jetstream.WorkQueuePolicy)
+	f := &flaky{dl: e.pub}
+	f.fails.Store(1 << 30) // never stores
+	c := e.newCatcher(f).run(t)
+	seq := e.publish("orders.created", "kept", nil)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "a few failed tries", func() bool { return c.handled(giveup.ResultRetry) >= 3 })
+	c.stop()
+	if !e.originalExists(seq) {
+		t.Errorf("original removed although its dead letter was never stored")
+	}
+	if info := e.advisoryConsumer(); uint64(info.NumAckPending)+info.NumPending != 1 {
+		t.Errorf("advisory consumer: %d pending, %d ack pending; want the advisory kept", info.NumPending, info.NumAckPending)
+	}
+}
+
+func TestGiveUpCatcherRunStops(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	reg := prometheus.NewRegistry()
+	c, err := giveup.New(e.js, e.src, consumer, e.pub, giveup.Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx(t, time.Second)); err == nil {
+		t.Errorf("Run before Setup succeeded")
+	}
+	if err := c.Setup(ctx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Setup(ctx(t, 5*time.Second)); err != nil {
+		t.Errorf("Setup again: %v", err)
+	}
+	rctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	if err := c.Run(rctx); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Run took %s to stop", took)
+	}
+	if _, err := giveup.New(e.js, e.src, consumer, e.pub, giveup.Options{Registerer: reg}); err == nil {
+		t.Errorf("New registered its metrics twice on one registry")
+	}
+}

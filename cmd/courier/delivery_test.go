@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
 )
 
 const dlqSubject = "dlq.ORDERS.courier"
@@ -495,5 +497,25 @@ func TestDLQSubjectInsideConsumedStreamRefused(t *testing.T) {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		t.Fatalf("want exit 1, got exit %d", ee.code)
+	}
+}
+
+func TestJetStreamDisabledExit1(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.JetStream = false }})
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), nil, []string{
+			"NATS_URL=" + srv.ClientURL(), "COURIER_STREAM=ORDERS", "COURIER_APP_URL=http://127.0.0.1:1/",
+			"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(),
+		}, io.Discard, io.Discard)
+	}()
+	select {
+	case err := <-done:
+		var out bytes.Buffer
+		if code := exitCode(err, &out); code != 1 || !strings.Contains(out.String(), "JetStream is not enabled") {
+			t.Fatalf("exit %d: %q", code, out.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("courier kept retrying a server without JetStream")
 	}
 }

@@ -412,6 +412,18 @@ func transientSetupError(err error) bool {
 // setup checks the stream, makes sure dead letters are kept, and creates or
 // updates the durable consumer.
 func setup(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (jetstream.Stream, jetstream.Consumer, error) {
+	// A server without JetStream answers API requests with "no
+	// responders", which elsewhere means "not ready yet": ask plainly.
+	if _, err := js.AccountInfo(ctx); err != nil {
+		switch {
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+			return nil, nil, errors.New("JetStream is not enabled on the NATS server: enable it (`jetstream: enabled` in the server configuration, or `nats-server -js`); courier needs it")
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+			return nil, nil, errors.New("JetStream is not enabled for this NATS account: give the account JetStream limits; courier needs it")
+		default:
+			return nil, nil, err
+		}
+	}
 	stream, err := js.Stream(ctx, cfg.Stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):

@@ -224,9 +224,13 @@ func (c *Catcher) Run(ctx context.Context) error {
 
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		began := time.Now()
 		err := c.consume(ctx, cons)
 		if ctx.Err() != nil {
 			break
+		}
+		if time.Since(began) > time.Minute {
+			wait = 100 * time.Millisecond // it had been working: retry soon
 		}
 		c.log.Warn("consuming advisories failed; retrying", "error", err, "in", wait.String())
 		select {
@@ -452,9 +456,17 @@ func (c *Catcher) settle(ctx context.Context, m jetstream.Msg, result string, lo
 	sctx, cancel := context.WithTimeout(ctx, c.o.StepTimeout)
 	defer cancel()
 	if err := m.DoubleAck(sctx); err != nil {
-		// It comes back after the ack wait and is handled again: the dead
-		// letter's Nats-Msg-Id stores it once.
-		log.Warn("cannot ack handled advisory; it comes back and is handled again", "error", err)
+		c.mu.Lock()
+		acks := "$JS.ACK." + c.capture + "."
+		c.mu.Unlock()
+		if perr := permissionDenied(c.js, err, acks); perr != nil {
+			// Every advisory would come back for ever: say what to grant.
+			log.Error("no permission to ack advisories: grant courier's user publish to "+acks+">", "error", perr)
+		} else {
+			// It comes back after the ack wait and is handled again: the
+			// dead letter's Nats-Msg-Id stores it once.
+			log.Warn("cannot ack handled advisory; it comes back and is handled again", "error", err)
+		}
 	}
 	c.count(result)
 }

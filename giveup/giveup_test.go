@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,6 +63,12 @@ func newEnv(t *testing.T, retention jetstream.RetentionPolicy) *env {
 	t.Helper()
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
+	return newEnvOn(t, srv, js, retention)
+}
+
+// newEnvOn sets up env's streams and consumer on srv through js.
+func newEnvOn(t *testing.T, srv *server.Server, js jetstream.JetStream, retention jetstream.RetentionPolicy) *env {
+	t.Helper()
 	if _, err := js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
 		Name: "ORDERS", Subjects: []string{"orders.>"}, Retention: retention, AllowDirect: true,
 	}); err != nil {
@@ -511,4 +518,71 @@ func TestGiveUpCatcherRunStops(t *testing.T) {
 	if _, err := giveup.New(e.js, e.src, consumer, e.pub, giveup.Options{Registerer: reg}); err == nil {
 		t.Errorf("New registered its metrics twice on one registry")
 	}
+}
+
+// With the permissions of a user limited to courier's own stream, the
+// advisories cannot be acked: the log says what to grant.
+func TestGiveUpCatcherAckDenied(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "admin", Password: "pw"},
+			{Username: "app", Password: "pw", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", "$JS.ACK.ORDERS.>", dlqSubject}},
+			}},
+		}
+	}})
+	connect := func(user string) jetstream.JetStream {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, "pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	e := newEnvOn(t, srv, connect("admin"), jetstream.LimitsPolicy)
+	js := connect("app")
+	src, err := js.Stream(ctx(t, 5*time.Second), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	c, err := giveup.New(js, src, consumer, dlq.NewPublisher(js, dlqSubject), giveup.Options{
+		Registerer: reg, StepTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Setup(ctx(t, 5*time.Second)); err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	(&catcher{Catcher: c, reg: reg}).run(t)
+	e.publish("orders.created", "x", nil)
+	e.exhaust()
+	want := "grant courier's user publish to $JS.ACK." + giveup.StreamName("ORDERS", consumer) + ".>"
+	waitFor(t, 15*time.Second, "the error naming the grant", func() bool { return strings.Contains(logs.String(), want) })
+	if n := len(e.deadLetters()); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

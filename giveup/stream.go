@@ -104,10 +104,15 @@ func StreamConfig(stream, consumer string, replicas int, maxAge time.Duration) j
 		maxAge = DefaultMaxAge
 	}
 	return jetstream.StreamConfig{
-		Name:              StreamName(stream, consumer),
-		Description:       "courier: max-deliveries advisories of consumer " + consumer + " on stream " + stream,
-		Subjects:          []string{AdvisorySubject(stream, consumer)},
-		Retention:         jetstream.LimitsPolicy,
+		Name:        StreamName(stream, consumer),
+		Description: "courier: max-deliveries advisories of consumer " + consumer + " on stream " + stream,
+		Subjects:    []string{AdvisorySubject(stream, consumer)},
+		// Work-queue retention: an advisory is removed once courier has
+		// acked it, so a durable created again later cannot replay old
+		// advisories (and store their dead letters a second time once the
+		// DLQ's duplicate window has passed). MaxAge still bounds what an
+		// absent courier leaves behind.
+		Retention:         jetstream.WorkQueuePolicy,
 		Storage:           jetstream.FileStorage,
 		Replicas:          replicas,
 		Discard:           jetstream.DiscardOld,

@@ -84,7 +84,7 @@ func TestGiveUpEnsureStreamCreates(t *testing.T) {
 	}
 	c := info.Config
 	if c.Name != "COURIER_ADVISORIES_ORDERS_COURIER" || !slices.Equal(c.Subjects, []string{giveup.AdvisorySubject("ORDERS", "courier")}) ||
-		c.Storage != jetstream.FileStorage || c.Retention != jetstream.LimitsPolicy || c.Replicas != 1 ||
+		c.Storage != jetstream.FileStorage || c.Retention != jetstream.WorkQueuePolicy || c.Replicas != 1 ||
 		c.MaxAge != giveup.DefaultMaxAge || c.Duplicates != giveup.DuplicateWindow || c.MaxMsgs != -1 || c.MaxBytes != -1 {
 		t.Errorf("created stream config = %+v", c)
 	}
@@ -152,7 +152,7 @@ func TestGiveUpSetupCannotCreate(t *testing.T) {
 		want     []string
 	}{
 		{
-			name:  "stream",
+			name:     "stream",
 			allow:    []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.>"},
 			replicas: 3,
 			want: []string{"no permission", "nats stream add COURIER_ADVISORIES_ORDERS_COURIER",
@@ -160,7 +160,7 @@ func TestGiveUpSetupCannotCreate(t *testing.T) {
 				"--max-age=168h0m0s", "--replicas=3", `"max_age":604800000000000`},
 		},
 		{
-			name:  "consumer",
+			name:     "consumer",
 			allow:    []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.CREATE.>"},
 			replicas: 1,
 			want: []string{"no permission", "nats consumer add COURIER_ADVISORIES_ORDERS_COURIER courier-giveup-courier",

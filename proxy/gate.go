@@ -153,11 +153,19 @@ func (p *prober) run(ctx context.Context) {
 			next = wait
 			wait = min(wait*2, p.maxWait)
 		}
+		// While up, a request that finds the app unreachable closes the
+		// gate: probe at once rather than at the next interval.
+		var wake <-chan struct{}
+		if ok {
+			wake = p.gate.Down()
+		}
 		t := time.NewTimer(next)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-wake:
+			t.Stop()
 		case <-t.C:
 		}
 	}
@@ -168,13 +176,16 @@ func (p *prober) run(ctx context.Context) {
 func (p *prober) probe(ctx context.Context) (bool, string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	// The app's own address must accept connections even when a health
+	// URL answers: a health endpoint served elsewhere (another port, another
+	// process) cannot vouch for the app.
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", p.appAddr)
+	if err != nil {
+		return false, "app not accepting connections: " + err.Error()
+	}
+	_ = c.Close()
 	if p.healthURL == "" {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", p.appAddr)
-		if err != nil {
-			return false, "app not accepting connections: " + err.Error()
-		}
-		_ = c.Close()
 		return true, ""
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.healthURL, nil)

@@ -203,6 +203,7 @@ type Runner struct {
 	held   []jetstream.Msg // fetched while the app was down, not started
 	parked int             // started, waiting in a worker for the app to return
 	bound  atomic.Bool
+	wasUp  atomic.Bool // the app has been available at least once
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -223,6 +224,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.gate = newGate(startUp, "waiting for the app's health URL to answer 2xx", o.Now, r.gateChanged)
 	if startUp {
 		r.m.appUp.Set(1)
+		r.wasUp.Store(true)
 	}
 	probeClient := &http.Client{Timeout: 5 * time.Second, CheckRedirect: o.Client.CheckRedirect}
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
@@ -232,10 +234,17 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 func (r *Runner) gateChanged(up bool, reason string, downFor time.Duration) {
 	if up {
 		r.m.appUp.Set(1)
+		if !r.wasUp.Swap(true) {
+			// Gated start-up: the app was never unavailable, only not yet
+			// known to be healthy.
+			r.log.Info("app healthy: fetching", "waited", downFor.Round(time.Millisecond).String())
+			return
+		}
 		r.m.outage.Add(downFor.Seconds())
 		r.log.Info("app available again", "down_for", downFor.Round(time.Millisecond).String())
 		return
 	}
+	r.wasUp.Store(true)
 	r.m.appUp.Set(0)
 	r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
 }
@@ -260,11 +269,11 @@ func (r *Runner) Alive() error {
 	return nil
 }
 
-// Run consumes until ctx ends, then shuts down in order: stop fetching, NAK
-// what was fetched but not started, let in-flight requests finish within the
-// grace period (and ack them), NAK the rest. It returns nil after a clean
-// shutdown, or an error the runner cannot recover from (the consumer was
-// deleted).
+// Run consumes until ctx ends, then shuts down in order: stop fetching (the
+// pull open at that moment runs out, within fetchWait), NAK what was fetched
+// but not started, let in-flight requests finish within the grace period
+// (and ack them), NAK the rest. It returns nil after a clean shutdown, or an
+// error the runner cannot recover from (the consumer was deleted).
 func (r *Runner) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()

@@ -10,7 +10,6 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	inflight    prometheus.Gauge
-	held        prometheus.Gauge
 	appUp       prometheus.Gauge
 	outage      prometheus.Counter
 	dlqErrors   prometheus.Counter
@@ -42,10 +41,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "courier_inflight_requests",
 			Help: "Requests to the app running now.",
 		}),
-		held: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "courier_held_messages",
-			Help: "Messages held in progress while the app is unavailable.",
-		}),
 		appUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "courier_app_available",
 			Help: "1 while the app is available, 0 while it is known to be unavailable.",
@@ -74,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, o := range []string{"delivered", "duplicate", "retried", "dead_lettered", "released"} {
 		m.messages.WithLabelValues(o)
 	}
-	reg.MustRegister(m.messages, m.deadLetters, m.requests, m.latency, m.inflight, m.held,
+	reg.MustRegister(m.messages, m.deadLetters, m.requests, m.latency, m.inflight,
 		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped)
 	return m
 }

@@ -185,7 +185,6 @@ type Runner struct {
 	log  *slog.Logger
 	m    *metrics
 
-	slots   chan struct{}
 	track   *tracker
 	flights *flights
 	gate    *gate
@@ -199,11 +198,13 @@ type Runner struct {
 	halted  context.Context
 	workers sync.WaitGroup
 
-	mu     sync.Mutex
-	held   []jetstream.Msg // fetched while the app was down, not started
-	parked int             // started, waiting in a worker for the app to return
+	// ready queues fetched messages (tracked from arrival) for the
+	// workers; taken wakes the fetch loop when a worker takes one.
+	ready  chan jetstream.Msg
+	taken  chan struct{}
 	bound  atomic.Bool
-	wasUp  atomic.Bool // the app has been available at least once
+	parked atomic.Int64 // workers waiting for the app with a message
+	wasUp  atomic.Bool  // the app has been available at least once
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -216,9 +217,14 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		cons: cons, dl: dl, dd: dd, o: o,
 		log:     o.Logger.With("component", "proxy"),
 		m:       newMetrics(o.Registerer),
-		slots:   make(chan struct{}, o.MaxInflight),
+		ready:   make(chan jetstream.Msg, max(2*o.MaxInflight, 16)),
+		taken:   make(chan struct{}, 1),
 		flights: newFlights(),
 	}
+	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "courier_held_messages",
+		Help: "Messages held in progress while the app is unavailable.",
+	}, r.heldMessages))
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
 	startUp := o.AppHealthURL == ""
 	r.gate = newGate(startUp, "waiting for the app's health URL to answer 2xx", o.Now, r.gateChanged)
@@ -290,12 +296,21 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
 	defer func() { stopLoops(); loopsDone.Wait() }()
 
+	r.workers.Add(r.o.MaxInflight)
+	for range r.o.MaxInflight {
+		go r.worker()
+	}
+
 	fatal := r.consume(ctx)
 
-	// Shutdown order: fetching has stopped (consume returned). Release what
-	// was held, then give in-flight requests the grace period.
+	// Shutdown order: fetching has stopped (consume returned, its last pull
+	// ended). Give back what is queued, then give in-flight requests the
+	// grace period.
 	halt()
-	r.releaseHeld()
+	close(r.ready)
+	for m := range r.ready {
+		r.giveBack(m)
+	}
 	done := make(chan struct{})
 	go func() { r.workers.Wait(); close(done) }()
 	grace := time.NewTimer(r.o.ShutdownGrace)
@@ -323,23 +338,33 @@ func (r *Runner) Run(ctx context.Context) error {
 const fetchWait = time.Second
 
 // consume runs the fetch loop until ctx ends or the consumer is gone,
-// pausing while the app is unavailable.
+// pausing while the app is unavailable. Every fetched message is tracked (kept
+// in progress) the moment it arrives and queued for the workers; the loop
+// pulls only as many as the queue has room for, and only in batches of at
+// least half of it, so a fetch (one subscription each) serves many messages.
 func (r *Runner) consume(ctx context.Context) error {
 	retry := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if err := r.gate.waitUp(ctx); err != nil {
 			return nil
 		}
-		if !r.dispatchHeld(ctx) {
-			return nil
+		room := cap(r.ready) - len(r.ready)
+		if room < max(cap(r.ready)/2, 1) {
+			select {
+			case <-r.taken:
+			case <-ctx.Done():
+				return nil
+			}
+			continue
 		}
-		batch, err := r.cons.Fetch(r.o.MaxInflight, jetstream.FetchMaxWait(fetchWait))
+		batch, err := r.cons.Fetch(room, jetstream.FetchMaxWait(fetchWait))
 		if err == nil {
 			r.bound.Store(true)
-			// onMsg starts each message, or holds it (app down, or
-			// stopping); the request ends by itself within fetchWait.
+			// The request ends by itself within fetchWait; only this loop
+			// sends to ready, so there is always room.
 			for m := range batch.Messages() {
-				r.onMsg(m)
+				r.track.add(m)
+				r.ready <- m
 			}
 			err = batch.Error()
 		}
@@ -379,101 +404,61 @@ func (r *Runner) consumerGone(ctx context.Context, err error) error {
 	return fmt.Errorf("consumer %q on stream %q was deleted: %w", r.o.Consumer, r.o.Stream, err)
 }
 
-// onMsg takes ownership of a fetched message. It runs on the consume
-// goroutine; blocking here (all workers busy) is what bounds fetching.
-func (r *Runner) onMsg(m jetstream.Msg) {
-	r.track.add(m)
-	if r.stop.Err() != nil {
-		r.hold(m) // given back once the pull has ended
-		return
-	}
-	select {
-	case <-r.gate.Down():
-		r.hold(m)
-		return
-	default:
-	}
-	select {
-	case r.slots <- struct{}{}:
-		r.start(m)
-	case <-r.stop.Done():
-		r.hold(m)
-	case <-r.gate.Down():
-		r.hold(m)
-	}
-}
-
-// start runs m on a worker; the caller holds a slot.
-func (r *Runner) start(m jetstream.Msg) {
-	r.workers.Add(1)
-	go func() {
-		defer r.workers.Done()
-		defer func() { <-r.slots }()
-		r.deliver(m)
-	}()
-}
-
-func (r *Runner) hold(m jetstream.Msg) {
-	r.mu.Lock()
-	r.held = append(r.held, m)
-	r.heldChangedLocked()
-	r.mu.Unlock()
-}
-
-// park counts a started message that waits for the app (d=1) or stopped
-// waiting (d=-1) among the held messages.
-func (r *Runner) park(d int) {
-	r.mu.Lock()
-	r.parked += d
-	r.heldChangedLocked()
-	r.mu.Unlock()
-}
-
-// heldChangedLocked updates the held-messages gauge; r.mu is held.
-func (r *Runner) heldChangedLocked() {
-	r.m.held.Set(float64(len(r.held) + r.parked))
-}
-
-// dispatchHeld starts the held messages, oldest first, before fetching more.
-func (r *Runner) dispatchHeld(ctx context.Context) bool {
-	for ctx.Err() == nil {
-		r.mu.Lock()
-		if len(r.held) == 0 {
-			r.mu.Unlock()
-			return true
-		}
-		m := r.held[0]
-		r.mu.Unlock()
+// worker delivers queued messages until the queue is closed. While the app is
+// unavailable it waits (the message stays tracked, in progress); once courier
+// is stopping it gives messages back instead of starting them.
+func (r *Runner) worker() {
+	defer r.workers.Done()
+	for m := range r.ready {
 		select {
-		case r.slots <- struct{}{}:
-		case <-ctx.Done():
-			return false
+		case r.taken <- struct{}{}:
+		default:
 		}
-		r.mu.Lock()
-		r.held = r.held[1:]
-		r.heldChangedLocked()
-		r.mu.Unlock()
-		r.start(m)
+		if r.stop.Err() == nil && !r.appUp() {
+			r.park(1)
+			_ = r.gate.waitUp(r.stop)
+			r.park(-1)
+		}
+		if r.stop.Err() != nil {
+			r.giveBack(m)
+			continue
+		}
+		r.deliver(m)
 	}
-	return false
 }
 
-// releaseHeld gives back every held message at shutdown: those held for an
-// app outage, and those the last pull brought after the stop signal.
-func (r *Runner) releaseHeld() {
-	r.mu.Lock()
-	held := r.held
-	r.held = nil
-	r.heldChangedLocked()
-	r.mu.Unlock()
+func (r *Runner) appUp() bool {
 	up, _ := r.gate.State()
-	for _, m := range held {
-		if up {
-			r.release(m, "shutting down")
-		} else {
-			r.releaseOrDeadLetter(m, "shutting down during an app outage")
-		}
+	return up
+}
+
+// park counts a message that waits for the app (d=1) or stopped waiting
+// (d=-1) among the held messages.
+func (r *Runner) park(d int64) {
+	r.parked.Add(d)
+}
+
+// heldMessages is what courier holds for the app: messages waiting in
+// workers, and, while the app is away, those queued behind them.
+func (r *Runner) heldMessages() float64 {
+	n := r.parked.Load()
+	if !r.appUp() {
+		n += int64(len(r.ready))
 	}
+	return float64(n)
+}
+
+// giveBack returns a message courier will not start, once fetching has
+// stopped (a NAK'd message could otherwise come straight back to the open
+// pull and spend another delivery). During an app outage a message on its
+// last allowed delivery is dead-lettered rather than given up on.
+func (r *Runner) giveBack(m jetstream.Msg) {
+	<-r.halted.Done()
+	if r.appUp() {
+		r.release(m, "shutting down")
+		return
+	}
+	r.releaseOrDeadLetter(m, "shutting down during an app outage")
 }
 
 // release NAKs m without delay so another instance can take it at once.
@@ -531,7 +516,7 @@ func (r *Runner) deliver(m jetstream.Msg) {
 	}
 	attempt := int(meta.NumDelivered)
 	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
-	log := r.log.With("subject", m.Subject(), "seq", meta.Sequence.Stream, "key", key, "attempt", attempt)
+	log := &msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: attempt}
 
 	if r.o.MaxAge > 0 {
 		if age := r.o.Now().Sub(meta.Timestamp); age > r.o.MaxAge {
@@ -578,7 +563,7 @@ func (r *Runner) deliver(m jetstream.Msg) {
 
 // attempt sends m to the app, waiting out app outages without spending the
 // attempt, and settles it. It reports whether the app answered 2xx.
-func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, log *slog.Logger) bool {
+func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, log *msgLog) bool {
 	h, dropped := BuildHeaders(m, meta, key)
 	for _, d := range dropped {
 		r.m.dropped.Inc()
@@ -700,7 +685,7 @@ func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
 // deadLetter stores m's dead letter, then terminates m. While the dead letter
 // cannot be stored, m is held in progress and the store is retried; at
 // shutdown it is released instead, never dropped.
-func (r *Runner) deadLetter(m jetstream.Msg, meta *jetstream.MsgMetadata, log *slog.Logger, f failure) {
+func (r *Runner) deadLetter(m jetstream.Msg, meta *jetstream.MsgMetadata, log *msgLog, f failure) {
 	wait := 200 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(r.work, 10*time.Second)
@@ -751,3 +736,26 @@ func (r *Runner) deadLetterOnce(ctx context.Context, m jetstream.Msg, meta *jets
 	r.m.deadLetters.WithLabelValues(f.reason).Inc()
 	return true
 }
+
+// msgLog logs about one message. Its attributes are added only to lines that
+// are written: a Logger.With per message costs CPU even when nothing is.
+type msgLog struct {
+	l       *slog.Logger
+	subject string
+	seq     uint64
+	key     string
+	attempt int
+}
+
+func (ml *msgLog) log(level slog.Level, msg string, args ...any) {
+	ctx := context.Background()
+	if !ml.l.Enabled(ctx, level) {
+		return
+	}
+	ml.l.Log(ctx, level, msg, append([]any{"subject", ml.subject, "seq", ml.seq, "key", ml.key, "attempt", ml.attempt}, args...)...)
+}
+
+func (ml *msgLog) Debug(msg string, args ...any) { ml.log(slog.LevelDebug, msg, args...) }
+func (ml *msgLog) Info(msg string, args ...any)  { ml.log(slog.LevelInfo, msg, args...) }
+func (ml *msgLog) Warn(msg string, args ...any)  { ml.log(slog.LevelWarn, msg, args...) }
+func (ml *msgLog) Error(msg string, args ...any) { ml.log(slog.LevelError, msg, args...) }

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// The body of every benchmark message starts with a fixed header, so that the
+// app can tell which message it got and when it was published without
+// relying on headers that only courier sends. The rest is filler.
+const (
+	offRun    = 0  // uint64: the tally the message belongs to
+	offID     = 8  // uint64: 0-based message index within the tally
+	offSent   = 16 // int64: publish time, Unix nanoseconds
+	bodyFixed = 24 // minimum body size
+)
+
+// newBody returns a size-byte message body for message id of run, stamped
+// with sent.
+func newBody(size int, run, id uint64, sent time.Time) []byte {
+	b := make([]byte, max(size, bodyFixed))
+	binary.BigEndian.PutUint64(b[offRun:], run)
+	binary.BigEndian.PutUint64(b[offID:], id)
+	binary.BigEndian.PutUint64(b[offSent:], uint64(sent.UnixNano()))
+	for i := bodyFixed; i < len(b); i++ {
+		b[i] = 'x'
+	}
+	return b
+}
+
+// tally records what the app received for one measured phase. Safe for
+// concurrent use.
+type tally struct {
+	run      uint64
+	n        int
+	seen     []atomic.Bool
+	lat      []atomic.Int64 // receive time minus publish time, ns
+	distinct atomic.Int64
+	requests atomic.Int64
+	strays   atomic.Int64 // requests that belong to no message of this tally
+	first    atomic.Int64 // Unix ns of the first distinct message
+	last     atomic.Int64 // Unix ns of the n-th distinct message
+	done     chan struct{}
+}
+
+func newTally(run uint64, n int) *tally {
+	return &tally{run: run, n: n, seen: make([]atomic.Bool, n), lat: make([]atomic.Int64, n),
+		done: make(chan struct{})}
+}
+
+// Done is closed once every message of the tally has been received.
+func (t *tally) Done() <-chan struct{} { return t.done }
+
+// receive records one request carrying body, received at now.
+func (t *tally) receive(body []byte, now time.Time) {
+	t.requests.Add(1)
+	if len(body) < bodyFixed || binary.BigEndian.Uint64(body[offRun:]) != t.run {
+		t.strays.Add(1)
+		return
+	}
+	id := binary.BigEndian.Uint64(body[offID:])
+	if id >= uint64(t.n) || !t.seen[id].CompareAndSwap(false, true) {
+		return // a duplicate: requests - distinct counts it
+	}
+	sent := int64(binary.BigEndian.Uint64(body[offSent:]))
+	t.lat[id].Store(now.UnixNano() - sent)
+	t.first.CompareAndSwap(0, now.UnixNano())
+	// Exactly one request brings the count to n: that one closes done.
+	if t.distinct.Add(1) == int64(t.n) {
+		t.last.Store(now.UnixNano())
+		close(t.done)
+	}
+}
+
+// latencies returns the recorded latencies of messages [from, n).
+func (t *tally) latencies(from int) []time.Duration {
+	out := make([]time.Duration, 0, t.n-from)
+	for i := from; i < t.n; i++ {
+		if t.seen[i].Load() {
+			out = append(out, time.Duration(t.lat[i].Load()))
+		}
+	}
+	return out
+}
+
+// app is the instant local HTTP app every variant POSTs to: it reads the
+// body, records it in the current tally and answers 200 at once.
+type app struct {
+	srv     *http.Server
+	ln      net.Listener
+	current atomic.Pointer[tally]
+	served  chan error
+}
+
+// startApp listens on a random loopback port and serves until close.
+func startApp() (*app, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	a := &app{ln: ln, served: make(chan error, 1)}
+	a.srv = &http.Server{Handler: http.HandlerFunc(a.handle), ReadHeaderTimeout: 10 * time.Second}
+	go func() { a.served <- a.srv.Serve(ln) }()
+	return a, nil
+}
+
+// URL is where the app accepts messages.
+func (a *app) URL() string { return "http://" + a.ln.Addr().String() + "/messages" }
+
+// measure makes t the tally that receives from now on.
+func (a *app) measure(t *tally) { a.current.Store(t) }
+
+func (a *app) handle(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	if t := a.current.Load(); t != nil {
+		t.receive(body, now)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// close stops the app and waits for its server goroutine.
+func (a *app) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.srv.Shutdown(ctx); err != nil {
+		_ = a.srv.Close()
+	}
+	<-a.served // http.ErrServerClosed: nothing to report at exit
+}

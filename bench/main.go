@@ -1,0 +1,609 @@
+// Command bench measures courier as it is deployed, as its own process, and
+// prints the figures: its drain rate for N preloaded messages against an
+// instant local app at several in-flight limits, its resident memory idle and
+// while draining, and the latency it adds at a paced rate well below
+// capacity (latency while draining a backlog is queueing, not overhead).
+// Every figure is set beside a minimal forwarder (./bench/forwarder:
+// consume, POST, ack, nothing else) run the same way, and courier is run
+// with dedup off and on.
+//
+// Run it from the module root:
+//
+//	go run ./bench [-n 20000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3]
+//
+// It builds courier and the forwarder into a temporary directory, starts an
+// embedded nats-server and the app inside its own process, and starts and
+// stops the process under test once per measurement. It prints figures and
+// asserts nothing: how fast is fast enough is for the reader to judge.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if ctx.Err() != nil {
+		err = errors.New("interrupted; every process it started is stopped")
+	}
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command's flags.
+type options struct {
+	n        int           // messages preloaded per drain
+	inflight []int         // in-flight limits to drain at
+	size     int           // message body size
+	rate     float64       // paced publish rate of the latency phase, msgs/s
+	latencyN int           // messages of the latency phase
+	repeat   int           // drains per variant and limit; the median is shown
+	timeout  time.Duration // bound on one drain or latency phase
+	courier  string        // a prebuilt courier binary; empty builds ./cmd/courier
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	var inflight string
+	fs.IntVar(&o.n, "n", 20000, "messages preloaded per drain")
+	fs.StringVar(&inflight, "inflight", "1,16,64", "comma-separated in-flight limits to drain at")
+	fs.IntVar(&o.size, "size", 256, fmt.Sprintf("message body size in bytes (at least %d)", bodyFixed))
+	fs.Float64Var(&o.rate, "rate", 200, "paced publish rate of the latency phase, msgs/s")
+	fs.IntVar(&o.latencyN, "latency-n", 2000, "messages published in the latency phase")
+	fs.IntVar(&o.repeat, "repeat", 3, "drains per variant and in-flight limit (the median is shown)")
+	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, f := range strings.Split(inflight, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 {
+			return o, fmt.Errorf("-inflight: %q is not a positive integer", f)
+		}
+		o.inflight = append(o.inflight, v)
+	}
+	switch {
+	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
+		return o, errors.New("-n, -latency-n and -repeat must be positive")
+	case o.size < bodyFixed:
+		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
+	case o.rate <= 0:
+		return o, errors.New("-rate must be positive")
+	}
+	return o, nil
+}
+
+// focusInflight is the in-flight limit of the dedup target, the info-logs
+// run and the latency phase.
+const focusInflight = 16
+
+// consumerName is the durable every process under test consumes.
+const consumerName = "bench"
+
+// variant is one process under test.
+type variant int
+
+const (
+	baseline    variant = iota // the minimal forwarder
+	dedupOff                   // courier with COURIER_DEDUP_TTL=0
+	dedupOn                    // courier with its dedup store (default TTL)
+	dedupOnInfo                // dedupOn logging at info (a line per message) to /dev/null
+)
+
+func (v variant) String() string {
+	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, info logs"}[v]
+}
+
+func (v variant) courier() bool { return v != baseline }
+func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo }
+func (v variant) info() bool    { return v == dedupOnInfo }
+
+// bench holds what every measurement shares. It is used by one goroutine.
+type bench struct {
+	o         options
+	dir       string // temporary root: binaries, JetStream store, dedup stores, logs
+	courier   string // binary
+	forwarder string // binary
+	broker    *broker
+	app       *app
+	baseEnv   []string // the environment without NATS_* and COURIER_*
+	runs      uint64   // measurements started; names streams and tags bodies
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "courier-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	b := &bench{o: o, dir: dir, baseEnv: cleanEnv(os.Environ())}
+	fmt.Fprintln(stderr, "bench: building courier and the forwarder")
+	if err := b.build(ctx); err != nil {
+		return err
+	}
+	if b.broker, err = startBroker(filepath.Join(dir, "jetstream")); err != nil {
+		return err
+	}
+	defer b.broker.close()
+	if b.app, err = startApp(); err != nil {
+		return err
+	}
+	defer b.app.close()
+
+	rep := &report{o: o}
+	rep.machine = machine(ctx, b.courier)
+
+	// Idle memory: each variant started against an empty stream.
+	for _, v := range []variant{baseline, dedupOff, dedupOn} {
+		r, err := b.idle(ctx, v)
+		if err != nil {
+			return err
+		}
+		rep.idle = append(rep.idle, r)
+	}
+
+	// Drains, interleaved round by round, each round starting with the next
+	// variant, so that drift of the machine and any effect of what ran just
+	// before spread over every variant.
+	total := o.repeat * len(o.inflight) * 3
+	if slices.Contains(o.inflight, focusInflight) {
+		total += o.repeat
+	}
+	for round := range o.repeat {
+		for _, inflight := range o.inflight {
+			vs := []variant{baseline, dedupOff, dedupOn}
+			if inflight == focusInflight {
+				vs = append(vs, dedupOnInfo)
+			}
+			k := round % len(vs)
+			vs = slices.Concat(vs[k:], vs[:k])
+			for _, v := range vs {
+				r, err := b.drain(ctx, v, inflight)
+				if err != nil {
+					return err
+				}
+				rep.drains = append(rep.drains, r)
+				fmt.Fprintf(stderr, "bench: drain %d/%d: %-30s %3d in flight: %8.0f msgs/s%s\n",
+					len(rep.drains), total, v, inflight, r.rate(), noteIf(r.err))
+			}
+		}
+	}
+
+	// Latency at a paced rate well below capacity.
+	for _, v := range []variant{baseline, dedupOn} {
+		r, err := b.latency(ctx, v, focusInflight)
+		if err != nil {
+			return err
+		}
+		rep.latency = append(rep.latency, r)
+		fmt.Fprintf(stderr, "bench: latency: %-30s p50 %s p99 %s%s\n", v, r.pct(0.50), r.pct(0.99), noteIf(r.err))
+	}
+	rep.print(stdout)
+	return nil
+}
+
+func noteIf(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " (" + err.Error() + ")"
+}
+
+// cleanEnv drops the variables courier and the forwarder read, so that the
+// caller's environment cannot change what is measured.
+func cleanEnv(environ []string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+		return strings.HasPrefix(kv, "NATS_") || strings.HasPrefix(kv, "COURIER_")
+	})
+}
+
+// build compiles courier and the forwarder into b.dir.
+func (b *bench) build(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomodPath := strings.TrimSpace(string(gomod))
+	if gomodPath == "" || gomodPath == os.DevNull {
+		return errors.New("run the benchmark inside courier's module (go run ./bench from its root)")
+	}
+	root := filepath.Dir(gomodPath)
+	b.forwarder = filepath.Join(b.dir, "forwarder")
+	builds := map[string]string{"./bench/forwarder": b.forwarder}
+	if b.o.courier != "" {
+		if b.courier, err = filepath.Abs(b.o.courier); err != nil {
+			return err
+		}
+	} else {
+		b.courier = filepath.Join(b.dir, "courier")
+		builds["./cmd/courier"] = b.courier
+	}
+	for pkg, out := range builds {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", pkg, err, msg)
+		}
+	}
+	return nil
+}
+
+// next names a fresh stream and subject for one measurement, and the tag its
+// message bodies carry.
+func (b *bench) next() (run uint64, stream, subject string) {
+	b.runs++
+	return b.runs, fmt.Sprintf("BENCH%d", b.runs), fmt.Sprintf("bench.%d", b.runs)
+}
+
+// launch starts v consuming stream with the given in-flight limit. Courier's
+// warnings and errors go to a log file, returned so the caller can read it;
+// at info level its logs go to /dev/null, as the cost of writing them is
+// what that variant measures.
+func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*child, string, error) {
+	env := append(slices.Clone(b.baseEnv),
+		"NATS_URL="+b.broker.URL(),
+		"COURIER_STREAM="+stream,
+		"COURIER_CONSUMER="+consumerName,
+		"COURIER_APP_URL="+b.app.URL(),
+		"COURIER_MAX_INFLIGHT="+strconv.Itoa(inflight),
+	)
+	bin := b.forwarder
+	if v.courier() {
+		bin = b.courier
+		level := "warn"
+		if v.info() {
+			level = "info"
+		}
+		env = append(env,
+			"COURIER_MAX_ACK_PENDING="+strconv.Itoa(max(1000, 4*inflight)),
+			"COURIER_ADMIN_ADDR=127.0.0.1:0",
+			"COURIER_LOG_LEVEL="+level,
+			"COURIER_DEDUP_DIR="+b.dedupDir(run),
+		)
+		if !v.dedup() {
+			env = append(env, "COURIER_DEDUP_TTL=0")
+		}
+	}
+	var logPath string
+	var logFile *os.File
+	if !v.info() {
+		logPath = filepath.Join(b.dir, fmt.Sprintf("run%d.log", run))
+		f, err := os.Create(logPath)
+		if err != nil {
+			return nil, "", err
+		}
+		defer f.Close() // the child has its own copy
+		logFile = f
+	}
+	c, err := startChild(bin, env, logFile)
+	return c, logPath, err
+}
+
+func (b *bench) dedupDir(run uint64) string {
+	return filepath.Join(b.dir, fmt.Sprintf("dedup%d", run))
+}
+
+// stopGrace is how long a process under test gets to exit after SIGTERM:
+// courier's default shutdown grace (25s) and a little more.
+const stopGrace = 30 * time.Second
+
+// finish stops c, removes what the measurement left on disk and the
+// server, and returns c's exit error and the log's first lines.
+func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string) (stopErr error, logLines int, logHead []string) {
+	stopErr = c.stop(stopGrace)
+	b.app.measure(nil)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := b.broker.deleteStreams(dctx); err != nil {
+		stopErr = errors.Join(stopErr, fmt.Errorf("deleting streams: %w", err))
+	}
+	_ = os.RemoveAll(b.dedupDir(run))
+	if logPath != "" {
+		if data, err := os.ReadFile(logPath); err == nil {
+			lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+			if len(lines) == 1 && lines[0] == "" {
+				lines = nil
+			}
+			logLines = len(lines)
+			logHead = lines[:min(3, len(lines))]
+		}
+		_ = os.Remove(logPath)
+	}
+	return stopErr, logLines, logHead
+}
+
+// drainResult is one drain of N preloaded messages.
+type drainResult struct {
+	v        variant
+	inflight int
+	n        int
+	elapsed  time.Duration // process start → every message received and acked
+	startup  time.Duration // process start → first message received
+	steady   time.Duration // first → last message received
+	cpu      time.Duration // the process's CPU time, start-up included
+	hostCPU  time.Duration // the bench process's (nats-server and app) meanwhile
+	peakRSS  int64         // sampled every 50ms
+	hwm      int64         // VmHWM at the end
+	rssAnon  int64         // RssAnon at the end: the heap, stacks, Badger's memtables
+	rssFile  int64         // RssFile at the end: the binary and mapped files (Badger's tables)
+	requests int64         // requests the app received
+	distinct int64         // messages among them
+	strays   int64         // requests carrying no message of this drain
+	logLines int
+	logHead  []string
+	err      error // an anomaly: timeout, early exit, exit status
+}
+
+// rate is messages per second from process start until all were acked.
+func (r drainResult) rate() float64 { return float64(r.distinct) / r.elapsed.Seconds() }
+
+// steadyRate is messages per second from the first received to the last.
+func (r drainResult) steadyRate() float64 {
+	if r.steady <= 0 {
+		return 0
+	}
+	return float64(r.distinct-1) / r.steady.Seconds()
+}
+
+// drain preloads o.n messages, starts v, and measures how long it takes to
+// deliver and ack them all. An error is returned only when the benchmark
+// itself cannot go on; the process's misbehaviour is recorded in the result.
+func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult, error) {
+	r := drainResult{v: v, inflight: inflight, n: b.o.n}
+	run, stream, subject := b.next()
+	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
+	defer cancel()
+	if err := b.broker.createStream(pctx, stream, subject); err != nil {
+		return r, err
+	}
+	if err := b.broker.preload(pctx, stream, subject, run, b.o.n, b.o.size); err != nil {
+		return r, err
+	}
+	t := newTally(run, b.o.n)
+	b.app.measure(t)
+
+	hostBefore := selfCPU()
+	c, logPath, err := b.launch(v, run, stream, inflight)
+	if err != nil {
+		return r, err
+	}
+	defer c.stop(stopGrace) // on every path; a no-op after finish
+	rss := sampleRSS(c, 50*time.Millisecond)
+	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
+	defer cancelRun()
+	select {
+	case <-t.Done():
+		r.err = b.broker.waitSettled(rctx, stream, consumerName)
+	case <-c.Exited():
+		r.err = fmt.Errorf("exited before draining: %v", c.err)
+	case <-rctx.Done():
+		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), b.o.n)
+	}
+	r.elapsed = time.Since(c.started)
+	r.hostCPU = selfCPU() - hostBefore
+	r.cpu, _ = c.cpu()
+	r.hwm, _ = c.hwm()
+	r.rssAnon, r.rssFile = c.rssParts()
+	r.peakRSS = rss.stop()
+	r.requests, r.distinct, r.strays = t.requests.Load(), t.distinct.Load(), t.strays.Load()
+	if first := t.first.Load(); first != 0 {
+		r.startup = time.Unix(0, first).Sub(c.started)
+		if last := t.last.Load(); last != 0 {
+			r.steady = time.Duration(last - first)
+		}
+	}
+	stopErr, lines, head := b.finish(ctx, c, run, logPath)
+	r.err = errors.Join(r.err, stopErr)
+	r.logLines, r.logHead = lines, head
+	if ctx.Err() != nil {
+		return r, ctx.Err()
+	}
+	return r, nil
+}
+
+// idleResult is a process's memory after start-up, with nothing to do.
+type idleResult struct {
+	v   variant
+	rss int64
+	hwm int64
+	err error
+}
+
+// idle starts v against an empty stream, waits until its consumer exists and
+// one second more, and reads its resident memory.
+func (b *bench) idle(ctx context.Context, v variant) (idleResult, error) {
+	r := idleResult{v: v}
+	run, stream, subject := b.next()
+	ctx2, cancel := context.WithTimeout(ctx, b.o.timeout)
+	defer cancel()
+	if err := b.broker.createStream(ctx2, stream, subject); err != nil {
+		return r, err
+	}
+	c, logPath, err := b.launch(v, run, stream, focusInflight)
+	if err != nil {
+		return r, err
+	}
+	defer c.stop(stopGrace)
+	if _, err := b.broker.waitConsumer(ctx2, stream, consumerName); err != nil {
+		r.err = err
+	} else {
+		select {
+		case <-time.After(time.Second):
+		case <-ctx2.Done():
+		}
+		r.rss, _ = c.rss()
+		r.hwm, _ = c.hwm()
+	}
+	stopErr, _, _ := b.finish(ctx, c, run, logPath)
+	r.err = errors.Join(r.err, stopErr)
+	return r, ctx.Err()
+}
+
+// latencyResult is the latency phase of one variant.
+type latencyResult struct {
+	v        variant
+	inflight int
+	achieved float64         // publish rate actually reached, msgs/s
+	lat      []time.Duration // publish → app, sorted
+	err      error
+}
+
+// pct is the q-quantile of the latencies (nearest rank).
+func (r latencyResult) pct(q float64) time.Duration {
+	return percentile(r.lat, q)
+}
+
+// latencyWarmup messages are delivered before the paced phase, so that
+// connections are open and the process warm.
+const latencyWarmup = 100
+
+// latency starts v on an empty stream, publishes o.latencyN messages paced at
+// o.rate, each stamped with its publish time, and records when the app
+// receives each.
+func (b *bench) latency(ctx context.Context, v variant, inflight int) (latencyResult, error) {
+	r := latencyResult{v: v, inflight: inflight}
+	run, stream, subject := b.next()
+	publishing := time.Duration(float64(b.o.latencyN) / b.o.rate * float64(time.Second))
+	rctx, cancel := context.WithTimeout(ctx, b.o.timeout+publishing)
+	defer cancel()
+	if err := b.broker.createStream(rctx, stream, subject); err != nil {
+		return r, err
+	}
+	t := newTally(run, latencyWarmup+b.o.latencyN)
+	b.app.measure(t)
+	c, logPath, err := b.launch(v, run, stream, inflight)
+	if err != nil {
+		return r, err
+	}
+	defer c.stop(stopGrace)
+
+	r.achieved, r.err = b.pace(rctx, t, run, stream, subject)
+	if r.err == nil {
+		select {
+		case <-t.Done():
+			r.err = b.broker.waitSettled(rctx, stream, consumerName)
+		case <-c.Exited():
+			r.err = fmt.Errorf("exited early: %v", c.err)
+		case <-rctx.Done():
+			r.err = fmt.Errorf("timed out with %d/%d received", t.distinct.Load(), t.n)
+		}
+	}
+	r.lat = t.latencies(latencyWarmup)
+	slices.Sort(r.lat)
+	stopErr, _, _ := b.finish(ctx, c, run, logPath)
+	r.err = errors.Join(r.err, stopErr)
+	return r, ctx.Err()
+}
+
+// pace waits for the consumer, delivers the warm-up messages, then publishes
+// the measured ones at o.rate on a fixed schedule (a late publish does not
+// shift the ones after it). It returns the publish rate reached.
+func (b *bench) pace(ctx context.Context, t *tally, run uint64, stream, subject string) (float64, error) {
+	if _, err := b.broker.waitConsumer(ctx, stream, consumerName); err != nil {
+		return 0, err
+	}
+	for id := range latencyWarmup {
+		if err := b.broker.publish(ctx, subject, run, id, b.o.size); err != nil {
+			return 0, err
+		}
+	}
+	for t.distinct.Load() < latencyWarmup {
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("warm-up: %d/%d received: %w", t.distinct.Load(), latencyWarmup, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	interval := time.Duration(float64(time.Second) / b.o.rate)
+	begin := time.Now()
+	for i := range b.o.latencyN {
+		if wait := time.Until(begin.Add(time.Duration(i) * interval)); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		if err := b.broker.publish(ctx, subject, run, latencyWarmup+i, b.o.size); err != nil {
+			return 0, err
+		}
+	}
+	// The last publish is due (n-1) intervals after the first.
+	return float64(b.o.latencyN-1) / time.Since(begin).Seconds(), nil
+}
+
+// selfCPU is the CPU time this process (the embedded server and the app)
+// has used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// machine describes where the figures come from.
+func machine(ctx context.Context, courierBin string) []string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 && f[0] == "MemTotal:" {
+			if kib, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				mem = fmt.Sprintf(", %.1f GiB RAM", float64(kib)/(1<<20))
+			}
+		}
+	}
+	goVersion := runtime.Version()
+	if out, err := exec.CommandContext(ctx, "go", "version").Output(); err == nil {
+		goVersion = strings.TrimSpace(string(out))
+	}
+	courierVersion := "?"
+	if out, err := exec.CommandContext(ctx, courierBin, "version").Output(); err == nil {
+		courierVersion = strings.TrimSpace(string(out))
+	}
+	return []string{
+		fmt.Sprintf("machine:  nproc %d (GOMAXPROCS %d), %s%s, %s/%s",
+			runtime.NumCPU(), runtime.GOMAXPROCS(0), model, mem, runtime.GOOS, runtime.GOARCH),
+		"go:       " + goVersion,
+		"courier:  " + courierVersion,
+	}
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A consumer setting the server refuses to change is reported plainly.
+func TestConsumerSettingServerRefusesExit1(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "courier", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := run(ctx, nil, h.env("http://127.0.0.1:1/", "COURIER_DELIVER_POLICY=new"), io.Discard, io.Discard)
+	var out bytes.Buffer
+	if code := exitCode(err, &out); code != 1 {
+		t.Fatalf("exit %d, want 1: %q", code, out.String())
+	}
+	line := out.String()
+	for _, want := range []string{`durable consumer "courier"`, "COURIER_DELIVER_POLICY", "deliver policy"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("error does not say %q: %q", want, line)
+		}
+	}
+}
+
+// Settings the server can change on a live durable are applied.
+func TestConsumerUpdatedInPlace(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVER=3", "COURIER_ACK_WAIT=7s"))
+	waitFor(t, 10*time.Second, "the consumer", func() bool { return h.consumerInfo("courier") != nil })
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	start(t, h.env(a.URL, "COURIER_MAX_DELIVER=4", "COURIER_ACK_WAIT=9s", "COURIER_MAX_ACK_PENDING=500"))
+	waitFor(t, 10*time.Second, "the consumer updated", func() bool {
+		info := h.consumerInfo("courier")
+		return info != nil && info.Config.MaxDeliver == 4 && info.Config.AckWait == 9*time.Second && info.Config.MaxAckPending == 500
+	})
+	info := h.consumerInfo("courier")
+	if info.Config.AckPolicy != jetstream.AckExplicitPolicy || len(info.Config.BackOff) != 0 || info.Config.InactiveThreshold != 0 {
+		t.Errorf("consumer config: %+v", info.Config)
+	}
+}
+
+// The README's first command: the demo runs, shows its story and stops by
+// itself.
+func TestDemoRunsAndStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("demo takes a few seconds")
+	}
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(context.Background(), []string{"demo"}, nil, &stdout, &stderr) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("demo did not stop by itself")
+	}
+	out := stdout.String()
+	for _, want := range []string{"→ 200", "→ 429 Retry-After: 1", "→ 422", "sent to the app 1 time(s)", "every message settled"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	logs := stderr.String()
+	for _, want := range []string{"retry_after=true", "dead-lettered", "delivered"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("demo logs lack %q:\n%s", want, logs)
+		}
+	}
+}

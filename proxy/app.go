@@ -210,11 +210,13 @@ func Post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 
 func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (err error, resend bool) {
 	var (
+		askedConn       bool // the transport went for a connection
 		gotConn, reused bool
 		wroteErr        error
 		wrote           bool
 	)
 	trace := &httptrace.ClientTrace{
+		GetConn: func(string) { askedConn = true },
 		GotConn: func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			wrote, wroteErr = true, i.Err
@@ -228,11 +230,23 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 	// POST carrying an Idempotency-Key, after the app may have read it.
 	req.GetBody = nil
 	req.Header = h
+	if req.Body == http.NoBody {
+		// An empty body is http.NoBody, which the transport deems replayable
+		// when an Idempotency-Key header is present, GetBody or not, and would
+		// then resend after the app read the request and dropped the
+		// connection. Field names are case-insensitive: sent in lower case,
+		// the transport's exact-name check does not see them.
+		req.Header = hideReplayKeys(h)
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.
 		switch {
+		case !askedConn:
+			// Refused before any connection was sought (a header the
+			// transport will not send): about this request, not the app.
+			return &AppError{Kind: KindTransport, Err: err}, false
 		case !gotConn:
 			return &AppError{Kind: KindUnreachable, Err: err}, false
 		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
@@ -258,6 +272,26 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		RetryAfter: resp.Header.Get("Retry-After"),
 		Body:       cleanSnippet(snippet[:n]),
 	}, false
+}
+
+// hideReplayKeys returns h with the header names that make net/http resend a
+// body-less POST on its own written in lower case.
+func hideReplayKeys(h http.Header) http.Header {
+	keys := []string{"Idempotency-Key", "X-Idempotency-Key"}
+	var out http.Header
+	for _, k := range keys {
+		if vs, ok := h[k]; ok {
+			if out == nil {
+				out = h.Clone()
+			}
+			delete(out, k)
+			out[strings.ToLower(k)] = vs
+		}
+	}
+	if out == nil {
+		return h
+	}
+	return out
 }
 
 func isTimeout(err error) bool {

@@ -93,7 +93,12 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 	}
 	h.Set(HeaderIdempotencyKey, key)
 	h.Set(HeaderAttempt, strconv.FormatUint(meta.NumDelivered, 10))
-	h.Set(HeaderSubject, m.Subject())
+	// NATS allows control characters in a subject; HTTP does not in a value.
+	if subj := m.Subject(); validFieldValue(subj) {
+		h.Set(HeaderSubject, subj)
+	} else {
+		h.Set(HeaderSubject, strconv.Quote(subj))
+	}
 	h.Set(HeaderStream, meta.Stream)
 	h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
 	h.Set(HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))

@@ -195,7 +195,10 @@ type Runner struct {
 	// halted ends once fetching has stopped. Messages are given back at
 	// shutdown only then: a NAK'd message could otherwise come straight
 	// back to the open pull and spend another delivery.
-	halted  context.Context
+	halted context.Context
+	// quit ends with stop or once fetching has stopped for any reason (the
+	// consumer was deleted): workers then start nothing more.
+	quit    context.Context
 	workers sync.WaitGroup
 
 	// ready queues fetched messages (tracked from arrival) for the
@@ -285,7 +288,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelWork()
 	halted, halt := context.WithCancel(context.WithoutCancel(ctx))
 	defer halt()
-	r.stop, r.work, r.halted = ctx, work, halted
+	quit, cancelQuit := context.WithCancel(ctx)
+	defer cancelQuit()
+	r.stop, r.work, r.halted, r.quit = ctx, work, halted, quit
 
 	// The tracker outlives the stop signal: held and in-flight messages
 	// stay in progress until they are acked or NAK'd.
@@ -307,6 +312,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// ended). Give back what is queued, then give in-flight requests the
 	// grace period.
 	halt()
+	cancelQuit()
 	close(r.ready)
 	for m := range r.ready {
 		r.giveBack(m)
@@ -414,12 +420,12 @@ func (r *Runner) worker() {
 		case r.taken <- struct{}{}:
 		default:
 		}
-		if r.stop.Err() == nil && !r.appUp() {
+		if r.quit.Err() == nil && !r.appUp() {
 			r.park(1)
-			_ = r.gate.waitUp(r.stop)
+			_ = r.gate.waitUp(r.quit)
 			r.park(-1)
 		}
-		if r.stop.Err() != nil {
+		if r.quit.Err() != nil {
 			r.giveBack(m)
 			continue
 		}
@@ -577,9 +583,10 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 		took := time.Since(began)
 		r.m.inflight.Dec()
 		cancel()
-		if r.work.Err() != nil {
+		if err != nil && r.work.Err() != nil {
 			// Abandoned at the end of the grace period: the attempt is spent
-			// either way; give the message back at once.
+			// either way; give the message back at once. (A 2xx that came
+			// in, its body cut off by the cancel, is still acked below.)
 			r.release(m, "shutdown grace period over")
 			return false
 		}
@@ -590,7 +597,12 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 		switch Classify(err, r.o.Retryable) {
 		case Success:
 			if r.dd != nil {
-				if rerr := r.dd.Record(r.work, storeKey(key)); rerr != nil {
+				// Not r.work: a 2xx that arrived as the grace period ended
+				// is recorded all the same.
+				rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.work), 10*time.Second)
+				rerr := r.dd.Record(rctx, storeKey(key))
+				rcancel()
+				if rerr != nil {
 					// The effect happened: calling the app again would surely
 					// duplicate it, so the message is acked anyway.
 					r.m.dedupErrors.WithLabelValues("record").Inc()

@@ -66,6 +66,10 @@ func (t *tracker) run(ctx context.Context) {
 		now := t.now()
 		t.beat.Store(now.UnixNano())
 		due = due[:0]
+		// The signals are sent under the lock: a worker removes a message
+		// (taking the lock) before it acks or NAKs it, so no in-progress
+		// signal can follow a NAK and turn its delay into a full ack wait.
+		// Sending is a buffered publish, quick even for many messages.
 		t.mu.Lock()
 		for m, last := range t.msgs {
 			if now.Sub(last) >= t.ackWait/2 {
@@ -73,13 +77,12 @@ func (t *tracker) run(ctx context.Context) {
 				due = append(due, m)
 			}
 		}
-		t.mu.Unlock()
 		for _, m := range due {
-			// A message acked meanwhile answers ErrMsgAlreadyAckd: harmless.
 			if m.InProgress() == nil {
 				t.sent()
 			}
 		}
+		t.mu.Unlock()
 	}
 }
 

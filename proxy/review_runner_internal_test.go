@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// fakeMsg is a JetStream message whose settlement is recorded.
+type fakeMsg struct {
+	jetstream.Msg
+	seq     uint64
+	subject string
+	mu      sync.Mutex
+	settled string
+}
+
+func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{Stream: "S", Consumer: "c", NumDelivered: 1,
+		Sequence: jetstream.SequencePair{Stream: m.seq, Consumer: m.seq}, Timestamp: time.Now()}, nil
+}
+func (m *fakeMsg) Data() []byte         { return []byte("x") }
+func (m *fakeMsg) Headers() nats.Header { return nats.Header{} }
+func (m *fakeMsg) Subject() string {
+	if m.subject != "" {
+		return m.subject
+	}
+	return "s.x"
+}
+func (m *fakeMsg) set(s string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.settled != "" {
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	m.settled = s
+	return nil
+}
+func (m *fakeMsg) Ack() error                       { return m.set("ack") }
+func (m *fakeMsg) Nak() error                       { return m.set("nak") }
+func (m *fakeMsg) NakWithDelay(time.Duration) error { return m.set("nak") }
+func (m *fakeMsg) Term() error                      { return m.set("term") }
+func (m *fakeMsg) TermWithReason(string) error      { return m.set("term") }
+func (m *fakeMsg) InProgress() error                { return nil }
+func (m *fakeMsg) state() string                    { m.mu.Lock(); defer m.mu.Unlock(); return m.settled }
+
+type fakeBatch struct {
+	ch  chan jetstream.Msg
+	err error
+}
+
+func (b *fakeBatch) Messages() <-chan jetstream.Msg { return b.ch }
+func (b *fakeBatch) Error() error                   { return b.err }
+
+// fakeConsumer hands out the batches the test sends; the consumer is
+// reported deleted once gone is set.
+type fakeConsumer struct {
+	jetstream.Consumer
+	batches chan *fakeBatch
+}
+
+func (c *fakeConsumer) Fetch(int, ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, ok := <-c.batches
+	if !ok {
+		return nil, jetstream.ErrConsumerDeleted
+	}
+	return b, nil
+}
+
+func (c *fakeConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
+	return nil, jetstream.ErrConsumerNotFound
+}
+
+type nopDL struct{}
+
+func (nopDL) DeadLetter(context.Context, DeadLetter) error { return nil }
+
+func refusedURL(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr + "/"
+}
+
+// The consumer is deleted while the app is down and a worker holds a queued
+// message waiting for the app: Run must still return (with the error), not
+// wait for an app that may never come back.
+func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
+	fc := &fakeConsumer{batches: make(chan *fakeBatch)}
+	r, err := New(fc, nopDL{}, nil, Options{
+		AppURL: refusedURL(t), Stream: "S", Consumer: "c", MaxInflight: 2,
+		ShutdownGrace: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+
+	b := &fakeBatch{ch: make(chan jetstream.Msg)}
+	fc.batches <- b
+	m1, m2 := &fakeMsg{seq: 1}, &fakeMsg{seq: 2}
+	b.ch <- m1 // refused: the gate closes, m1 is held
+	waitUntil(t, "the app marked unavailable", func() bool { return !r.appUp() })
+	b.ch <- m2 // taken by the second worker while the app is down
+	waitUntil(t, "both messages held", func() bool { return r.parked.Load() == 2 })
+	b.err = jetstream.ErrConsumerDeleted
+	close(b.ch)
+
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil after the consumer was deleted")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the consumer was deleted during an app outage")
+	}
+	for _, m := range []*fakeMsg{m1, m2} {
+		if m.state() != "nak" {
+			t.Errorf("message %d settled %q, want nak", m.seq, m.state())
+		}
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -60,31 +59,10 @@ func (p *Publisher) Publish(ctx context.Context, l Letter) (*jetstream.PubAck, e
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return nil, fmt.Errorf("dlq: publish dead letter to %q: no stream captures the subject: %w", p.subject, err)
 		}
-		if perr := permissionDenied(p.js, err, `"`+p.subject+`"`); perr != nil {
+		if perr := PermissionDenied(p.js, err, `"`+p.subject+`"`); perr != nil {
 			return nil, fmt.Errorf("dlq: publish dead letter to %q: %w (%w)", p.subject, perr, err)
 		}
 		return nil, fmt.Errorf("dlq: publish dead letter to %q: %w", p.subject, err)
 	}
 	return ack, nil
-}
-
-// permissionDenied returns the connection's permissions violation when err
-// is the time-out of a request the server refused for lack of permission.
-// The server answers such a publish with an asynchronous -ERR and drops it, so
-// the request only times out; the violation, naming the subject, is the
-// connection's last error. quotedSubject is matched against its text, the
-// only place the subject appears.
-func permissionDenied(js jetstream.JetStream, err error, quotedSubject string) error {
-	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-		return nil
-	}
-	nc := js.Conn()
-	if nc == nil {
-		return nil
-	}
-	last := nc.LastError()
-	if last == nil || !errors.Is(last, nats.ErrPermissionViolation) || !strings.Contains(last.Error(), quotedSubject) {
-		return nil
-	}
-	return last
 }

@@ -2,14 +2,12 @@ package dlq
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -42,19 +40,23 @@ const (
 
 	streamPrefix     = "COURIER_DLQ_"
 	maxStreamNameLen = 64
-	// errCodeSubjectOverlap is the server's JSStreamSubjectOverlapErr, which
-	// nats.go does not name.
-	errCodeSubjectOverlap jetstream.ErrorCode = 10065
 )
 
 // StreamName returns the name of the stream EnsureStream creates for subject:
-// "COURIER_DLQ_" and the subject uppercased, every character other than a
-// letter, digit, '-' or '_' replaced by '_'. Names longer than 64 characters
-// are cut and end in a hash of the whole subject, so they stay distinct.
+// "COURIER_DLQ_" followed by the subject, made safe by SafeStreamName (a name
+// cut to 64 characters ends in a hash of the subject).
 func StreamName(subject string) string {
+	return SafeStreamName(streamPrefix, subject, subject)
+}
+
+// SafeStreamName returns prefix and key, uppercased, every character other
+// than a letter, digit, '-' or '_' replaced by '_', as a stream name. Names
+// longer than 64 characters are cut and end in a hash of unique, which
+// identifies key, so that they stay distinct. prefix must be a valid name.
+func SafeStreamName(prefix, key, unique string) string {
 	var b strings.Builder
-	b.WriteString(streamPrefix)
-	for _, r := range subject {
+	b.WriteString(prefix)
+	for _, r := range key {
 		switch {
 		case r >= 'a' && r <= 'z':
 			b.WriteRune(r - 'a' + 'A')
@@ -69,7 +71,7 @@ func StreamName(subject string) string {
 		return name
 	}
 	h := fnv.New32a()
-	h.Write([]byte(subject))
+	h.Write([]byte(unique))
 	return fmt.Sprintf("%s_%08X", name[:maxStreamNameLen-9], h.Sum32())
 }
 
@@ -172,106 +174,22 @@ func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 // StreamConfig(subject, replicas) is created and returned with created true.
 //
 // Errors wrap ErrUnsuitableStream when the capturing stream would not keep
-// dead letters, and ErrCannotCreateStream when none exists and none can be
-// created (no permission, JetStream not enabled), its text giving the stream
-// configuration to create; neither goes away by retrying. Other errors (a
+// dead letters, and ErrCannotCreateStream and a *SetupError when none exists
+// and none can be created (no permission, JetStream not enabled, the name
+// taken), its text giving the stream configuration to create; neither goes
+// away by retrying. Other errors (a
 // time-out, a lost connection) may. subject must be a literal subject: dead
 // letters are published to it.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, subject string, replicas int) (*jetstream.StreamInfo, bool, error) {
 	if err := checkSubject(subject); err != nil {
 		return nil, false, err
 	}
-	name, err := js.StreamNameBySubject(ctx, subject)
-	switch {
-	case err == nil:
-		info, err := existing(ctx, js, name, subject)
-		return info, false, err
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, false, setupError(js, err, "STREAM.NAMES", "look up the stream capturing", StreamConfig(subject, replicas))
+	info, created, err := EnsureCapture(ctx, js, StreamConfig(subject, replicas), CheckStream)
+	var serr *SetupError
+	if errors.As(err, &serr) {
+		return nil, false, fmt.Errorf("%w: %w", ErrCannotCreateStream, err)
 	}
-
-	cfg := StreamConfig(subject, replicas)
-	s, err := js.CreateStream(ctx, cfg)
-	if err == nil {
-		return s.CachedInfo(), true, nil
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectOverlap {
-		// Another instance created a stream capturing the subject since
-		// the look-up: use it if it will do.
-		if name, lerr := js.StreamNameBySubject(ctx, subject); lerr == nil {
-			info, err := existing(ctx, js, name, subject)
-			return info, false, err
-		}
-	}
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, false, fmt.Errorf("%w: a stream named %q exists but does not capture %q (add the subject to it, or create a stream capturing it: %s): %w",
-			ErrCannotCreateStream, cfg.Name, subject, howToCreate(cfg), err)
-	}
-	return nil, false, setupError(js, err, "STREAM.CREATE."+cfg.Name, "create a stream capturing", cfg)
-}
-
-// existing fetches and checks the stream named name, which captures subject.
-func existing(ctx context.Context, js jetstream.JetStream, name, subject string) (*jetstream.StreamInfo, error) {
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: stream %q capturing %q: %w", name, subject, err)
-	}
-	info := s.CachedInfo()
-	if _, err := CheckStream(info.Config); err != nil {
-		return nil, fmt.Errorf("%w (it captures the dead-letter subject %q)", err, subject)
-	}
-	return info, nil
-}
-
-// setupError explains a failed JetStream API request of EnsureStream. Denied
-// permission and JetStream being off wrap ErrCannotCreateStream and say what
-// to create; anything else is returned wrapped as it is. api is the tail of
-// the request's subject (after any API prefix), as the server's permissions
-// violation names it.
-func setupError(js jetstream.JetStream, err error, api, doing string, cfg jetstream.StreamConfig) error {
-	subject := cfg.Subjects[0]
-	var why error
-	switch {
-	case errors.Is(err, nats.ErrNoResponders),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-		why = fmt.Errorf("JetStream is not enabled for this server or account (enable it): %w", err)
-	default:
-		if perr := permissionDenied(js, err, api+`"`); perr != nil {
-			why = fmt.Errorf("no permission (grant it, or have an administrator create the stream): %w", perr)
-		}
-	}
-	if why == nil {
-		return fmt.Errorf("dlq: %s %q: %w", doing, subject, err)
-	}
-	return fmt.Errorf("%w: cannot %s %q: %w; the stream needed is: %s", ErrCannotCreateStream, doing, subject, why, howToCreate(cfg))
-}
-
-// howToCreate renders cfg as a nats CLI command and as the JetStream API's
-// JSON, for an operator to create the stream by hand.
-func howToCreate(cfg jetstream.StreamConfig) string {
-	cmd := fmt.Sprintf("nats stream add %s --subjects=%s --storage=file --retention=limits --discard=old --replicas=%d --dupe-window=%s --max-age=0 --max-msgs=-1 --max-bytes=-1 --max-msgs-per-subject=-1 --max-msg-size=-1 --allow-direct --defaults",
-		cfg.Name, strings.Join(cfg.Subjects, ","), cfg.Replicas, cfg.Duplicates)
-	doc, err := json.Marshal(map[string]any{
-		"name":                 cfg.Name,
-		"subjects":             cfg.Subjects,
-		"retention":            "limits",
-		"storage":              "file",
-		"num_replicas":         cfg.Replicas,
-		"discard":              "old",
-		"max_age":              0,
-		"max_msgs":             cfg.MaxMsgs,
-		"max_bytes":            cfg.MaxBytes,
-		"max_msgs_per_subject": cfg.MaxMsgsPerSubject,
-		"max_msg_size":         cfg.MaxMsgSize,
-		"duplicate_window":     cfg.Duplicates.Nanoseconds(),
-		"allow_direct":         cfg.AllowDirect,
-	})
-	if err != nil {
-		return cmd
-	}
-	return cmd + " (API config " + string(doc) + ")"
+	return info, created, err
 }
 
 // checkSubject rejects subjects dead letters cannot be published to.

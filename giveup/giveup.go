@@ -459,7 +459,7 @@ func (c *Catcher) settle(ctx context.Context, m jetstream.Msg, result string, lo
 		c.mu.Lock()
 		acks := "$JS.ACK." + c.capture + "."
 		c.mu.Unlock()
-		if perr := permissionDenied(c.js, err, acks); perr != nil {
+		if perr := dlq.PermissionDenied(c.js, err, acks); perr != nil {
 			// Every advisory would come back for ever: say what to grant.
 			log.Error("no permission to ack advisories: grant courier's user publish to "+acks+">", "error", perr)
 		} else {

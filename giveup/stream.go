@@ -2,15 +2,14 @@ package giveup
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
 )
 
 // Errors of EnsureStream and Catcher.Setup, for errors.Is. Both mean
@@ -44,12 +43,8 @@ const (
 	// is the server's default, stated so the config is complete.
 	DuplicateWindow = 2 * time.Minute
 
-	streamPrefix     = "COURIER_ADVISORIES_"
-	consumerPrefix   = "courier-giveup-"
-	maxStreamNameLen = 64
-	// errCodeSubjectOverlap is the server's JSStreamSubjectOverlapErr, which
-	// nats.go does not name.
-	errCodeSubjectOverlap jetstream.ErrorCode = 10065
+	streamPrefix   = "COURIER_ADVISORIES_"
+	consumerPrefix = "courier-giveup-"
 )
 
 // AdvisorySubject returns the subject on which JetStream announces that
@@ -59,30 +54,11 @@ func AdvisorySubject(stream, consumer string) string {
 }
 
 // StreamName returns the name of the stream EnsureStream creates for the
-// advisories of consumer on stream: "COURIER_ADVISORIES_", the stream name,
-// "_" and the consumer name, uppercased, every character other than a letter,
-// digit, '-' or '_' replaced by '_'. Names longer than 64 characters are cut
-// and end in a hash of both names, so they stay distinct.
+// advisories of consumer on stream: "COURIER_ADVISORIES_" followed by the
+// stream name, "_" and the consumer name, made safe by dlq.SafeStreamName (a
+// name cut to 64 characters ends in a hash of both names).
 func StreamName(stream, consumer string) string {
-	var b strings.Builder
-	b.WriteString(streamPrefix)
-	for _, r := range stream + "_" + consumer {
-		switch {
-		case r >= 'a' && r <= 'z':
-			b.WriteRune(r - 'a' + 'A')
-		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	name := b.String()
-	if len(name) <= maxStreamNameLen {
-		return name
-	}
-	h := fnv.New32a()
-	h.Write([]byte(stream + "\x00" + consumer))
-	return fmt.Sprintf("%s_%08X", name[:maxStreamNameLen-9], h.Sum32())
+	return dlq.SafeStreamName(streamPrefix, stream+"_"+consumer, stream+"\x00"+consumer)
 }
 
 // ConsumerName returns the name of the durable consumer through which the
@@ -172,53 +148,17 @@ func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 // with created true.
 //
 // Errors wrap ErrUnsuitableStream when the capturing stream would not keep
-// advisories, and ErrCannotCreate when none exists and none can be created
-// (no permission, JetStream not enabled, the name taken), its text giving the
-// stream to create; neither goes away by retrying. Other errors (a time-out,
-// a lost connection) may.
+// advisories, and ErrCannotCreate and a *dlq.SetupError when none exists and
+// none can be created (no permission, JetStream not enabled, the name taken),
+// its text giving the stream to create; neither goes away by retrying.
+// Other errors (a time-out, a lost connection) may.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int, maxAge time.Duration) (*jetstream.StreamInfo, bool, error) {
-	cfg := StreamConfig(stream, consumer, replicas, maxAge)
-	subject := cfg.Subjects[0]
-	name, err := js.StreamNameBySubject(ctx, subject)
-	switch {
-	case err == nil:
-		info, err := existing(ctx, js, name, subject)
-		return info, false, err
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, false, setupError(js, err, "STREAM.NAMES", "look up the stream capturing "+quote(subject), howToCreateStream(cfg))
+	info, created, err := dlq.EnsureCapture(ctx, js, StreamConfig(stream, consumer, replicas, maxAge), CheckStream)
+	var serr *dlq.SetupError
+	if errors.As(err, &serr) {
+		return nil, false, fmt.Errorf("%w: %w", ErrCannotCreate, err)
 	}
-
-	s, err := js.CreateStream(ctx, cfg)
-	if err == nil {
-		return s.CachedInfo(), true, nil
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectOverlap {
-		// Another replica created a stream capturing the subject since
-		// the look-up: use it if it will do.
-		if name, lerr := js.StreamNameBySubject(ctx, subject); lerr == nil {
-			info, err := existing(ctx, js, name, subject)
-			return info, false, err
-		}
-	}
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, false, fmt.Errorf("%w: a stream named %q exists but does not capture %q (add the subject to it, or create a stream capturing it: %s): %w",
-			ErrCannotCreate, cfg.Name, subject, howToCreateStream(cfg), err)
-	}
-	return nil, false, setupError(js, err, "STREAM.CREATE."+cfg.Name+`"`, "create a stream capturing "+quote(subject), howToCreateStream(cfg))
-}
-
-// existing fetches and checks the stream named name, which captures subject.
-func existing(ctx context.Context, js jetstream.JetStream, name, subject string) (*jetstream.StreamInfo, error) {
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("giveup: stream %q capturing %q: %w", name, subject, err)
-	}
-	info := s.CachedInfo()
-	if _, err := CheckStream(info.Config); err != nil {
-		return nil, fmt.Errorf("%w (it captures the max-deliveries advisories %q)", err, subject)
-	}
-	return info, nil
+	return info, created, err
 }
 
 // consumerConfig is the durable consumer on the advisory stream, shared by
@@ -239,83 +179,18 @@ func consumerConfig(stream, consumer string, ackWait time.Duration) jetstream.Co
 }
 
 // ensureConsumer creates or updates the durable consumer on the advisory
-// stream named streamName.
+// stream named streamName. Errors wrap ErrCannotCreate and a *dlq.SetupError
+// when retrying will not help.
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, streamName string, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, streamName, cc)
 	if err == nil {
 		return cons, nil
 	}
-	return nil, setupError(js, err, "CONSUMER.CREATE."+streamName+"."+cc.Durable,
-		fmt.Sprintf("create or update consumer %q on stream %q", cc.Durable, streamName), howToCreateConsumer(streamName, cc))
-}
-
-// setupError explains a failed JetStream API request of the set-up. Denied
-// permission and JetStream being off wrap ErrCannotCreate and say what to
-// create; anything else is returned wrapped as it is, so that a time-out
-// stays a time-out. api is the part of the request's subject (after any API
-// prefix) that the server's permissions violation names.
-func setupError(js jetstream.JetStream, err error, api, doing, howTo string) error {
-	var why error
-	switch {
-	case errors.Is(err, nats.ErrNoResponders),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-		why = fmt.Errorf("JetStream is not enabled for this server or account (enable it): %w", err)
-	default:
-		if perr := permissionDenied(js, err, api); perr != nil {
-			why = fmt.Errorf("no permission (grant it, or have an administrator create it): %w", perr)
-		}
+	doing := fmt.Sprintf("create or update consumer %q on stream %q", cc.Durable, streamName)
+	if serr := dlq.ExplainSetup(js, err, "CONSUMER.CREATE."+streamName+"."+cc.Durable, doing, howToCreateConsumer(streamName, cc)); serr != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCannotCreate, serr)
 	}
-	if why == nil {
-		return fmt.Errorf("giveup: %s: %w", doing, err)
-	}
-	return fmt.Errorf("%w: cannot %s: %w; what is needed: %s", ErrCannotCreate, doing, why, howTo)
-}
-
-// permissionDenied returns the connection's permissions violation when err
-// is the time-out of a request the server refused for lack of permission.
-// The server answers such a request with an asynchronous -ERR and drops it,
-// so the request only times out; the violation, naming the subject, is the
-// connection's last error, and api is matched against its text, the only
-// place the subject appears.
-func permissionDenied(js jetstream.JetStream, err error, api string) error {
-	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-		return nil
-	}
-	nc := js.Conn()
-	if nc == nil {
-		return nil
-	}
-	last := nc.LastError()
-	if last == nil || !errors.Is(last, nats.ErrPermissionViolation) || !strings.Contains(last.Error(), api) {
-		return nil
-	}
-	return last
-}
-
-// howToCreateStream renders cfg as a nats CLI command and as the JetStream
-// API's JSON, for an operator to create the stream by hand.
-func howToCreateStream(cfg jetstream.StreamConfig) string {
-	cmd := fmt.Sprintf("nats stream add %s --subjects='%s' --storage=file --retention=limits --discard=old --replicas=%d --max-age=%s --dupe-window=%s --max-msgs=-1 --max-bytes=-1 --max-msgs-per-subject=-1 --max-msg-size=-1 --defaults",
-		cfg.Name, strings.Join(cfg.Subjects, ","), cfg.Replicas, cfg.MaxAge, cfg.Duplicates)
-	doc, err := json.Marshal(map[string]any{
-		"name":                 cfg.Name,
-		"subjects":             cfg.Subjects,
-		"retention":            "limits",
-		"storage":              "file",
-		"num_replicas":         cfg.Replicas,
-		"discard":              "old",
-		"max_age":              cfg.MaxAge.Nanoseconds(),
-		"max_msgs":             cfg.MaxMsgs,
-		"max_bytes":            cfg.MaxBytes,
-		"max_msgs_per_subject": cfg.MaxMsgsPerSubject,
-		"max_msg_size":         cfg.MaxMsgSize,
-		"duplicate_window":     cfg.Duplicates.Nanoseconds(),
-	})
-	if err != nil {
-		return cmd
-	}
-	return cmd + " (API config " + string(doc) + ")"
+	return nil, fmt.Errorf("giveup: %s: %w", doing, err)
 }
 
 // howToCreateConsumer renders cc as a nats CLI command, for an operator to
@@ -324,5 +199,3 @@ func howToCreateConsumer(streamName string, cc jetstream.ConsumerConfig) string 
 	return fmt.Sprintf("nats consumer add %s %s --pull --filter='%s' --ack=explicit --deliver=all --max-deliver=-1 --wait=%s --max-pending=%d --defaults",
 		streamName, cc.Durable, cc.FilterSubject, cc.AckWait, cc.MaxAckPending)
 }
-
-func quote(s string) string { return `"` + s + `"` }

@@ -156,7 +156,7 @@ func TestGiveUpSetupCannotCreate(t *testing.T) {
 			allow:    []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.>"},
 			replicas: 3,
 			want: []string{"no permission", "nats stream add COURIER_ADVISORIES_ORDERS_COURIER",
-				"--subjects='$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.courier'", "--storage=file", "--retention=limits",
+				"--subjects='$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.courier'", "--storage=file", "--retention=workqueue",
 				"--max-age=168h0m0s", "--replicas=3", `"max_age":604800000000000`},
 		},
 		{

@@ -203,11 +203,14 @@ type Runner struct {
 
 	// ready queues fetched messages (tracked from arrival) for the
 	// workers; taken wakes the fetch loop when a worker takes one.
-	ready  chan jetstream.Msg
-	taken  chan struct{}
-	bound  atomic.Bool
-	parked atomic.Int64 // workers waiting for the app with a message
-	wasUp  atomic.Bool  // the app has been available at least once
+	ready chan jetstream.Msg
+	taken chan struct{}
+	// recs hands delivered messages to the recorders (dedup on).
+	recs      chan recJob
+	recorders sync.WaitGroup
+	bound     atomic.Bool
+	parked    atomic.Int64 // workers waiting for the app with a message
+	wasUp     atomic.Bool  // the app has been available at least once
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -222,6 +225,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		m:       newMetrics(o.Registerer),
 		ready:   make(chan jetstream.Msg, max(2*o.MaxInflight, 16)),
 		taken:   make(chan struct{}, 1),
+		recs:    make(chan recJob, o.MaxInflight),
 		flights: newFlights(),
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -305,6 +309,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	for range r.o.MaxInflight {
 		go r.worker()
 	}
+	if r.dd != nil {
+		r.recorders.Add(r.o.MaxInflight)
+		for range r.o.MaxInflight {
+			go r.recorder()
+		}
+	}
+	// After the workers (below): the recorders finish what they were given.
+	defer func() { close(r.recs); r.recorders.Wait() }()
 
 	fatal := r.consume(ctx)
 
@@ -563,13 +575,20 @@ func (r *Runner) deliver(m jetstream.Msg) {
 		}
 	}
 
-	ok := r.attempt(m, meta, key, attempt, log)
-	r.flights.finish(skey, fl, ok)
+	r.attempt(m, meta, key, attempt, log, skey, fl)
 }
 
 // attempt sends m to the app, waiting out app outages without spending the
-// attempt, and settles it. It reports whether the app answered 2xx.
-func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, log *msgLog) bool {
+// attempt, and settles it; the flight fl of skey ends with its outcome. After
+// a 2xx with dedup on, recording the key and the ack are handed to a
+// recorder, so the worker takes the next message while the key commits.
+func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, log *msgLog, skey string, fl *flight) {
+	ok := false
+	defer func() {
+		if !ok {
+			r.flights.finish(skey, fl, false)
+		}
+	}()
 	h, dropped := BuildHeaders(m, meta, key)
 	for _, d := range dropped {
 		r.m.dropped.Inc()
@@ -588,7 +607,7 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 			// either way; give the message back at once. (A 2xx that came
 			// in, its body cut off by the cancel, is still acked below.)
 			r.release(m, "shutdown grace period over")
-			return false
+			return
 		}
 		res := resultLabel(err)
 		r.m.requests.WithLabelValues(res).Inc()
@@ -596,31 +615,19 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 
 		switch Classify(err, r.o.Retryable) {
 		case Success:
+			ok = true
 			if r.dd != nil {
-				// Not r.work: a 2xx that arrived as the grace period ended
-				// is recorded all the same.
-				rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.work), 10*time.Second)
-				rerr := r.dd.Record(rctx, storeKey(key))
-				rcancel()
-				if rerr != nil {
-					// The effect happened: calling the app again would surely
-					// duplicate it, so the message is acked anyway.
-					r.m.dedupErrors.WithLabelValues("record").Inc()
-					log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", rerr)
-				}
+				r.recs <- recJob{m: m, skey: skey, fl: fl, log: log, took: took}
+				return
 			}
-			r.track.remove(m)
-			if aerr := m.Ack(); aerr != nil {
-				log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", aerr)
-			}
-			r.m.messages.WithLabelValues("delivered").Inc()
-			log.Info("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
-			return true
+			r.acked(m, log, took)
+			r.flights.finish(skey, fl, true)
+			return
 
 		case Unavailable:
 			if r.halted.Err() != nil {
 				r.releaseOrDeadLetter(m, "shutting down during an app outage")
-				return false
+				return
 			}
 			r.gate.setDown(err.Error())
 			// Hold the message (the tracker keeps it in progress) until the
@@ -630,31 +637,74 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 			r.park(-1)
 			if werr != nil {
 				r.releaseOrDeadLetter(m, "shutting down during an app outage")
-				return false
+				return
 			}
 			if r.o.MaxAge > 0 && r.o.Now().Sub(meta.Timestamp) > r.o.MaxAge {
 				r.deadLetter(m, meta, log, failure{reason: ReasonExpired,
 					err: fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)})
-				return false
+				return
 			}
 			continue
 
 		case Transient:
 			if attempt >= r.o.MaxDeliver {
 				r.deadLetter(m, meta, log, failure{reason: ReasonExhausted, err: err})
-				return false
+				return
 			}
 			delay, fromApp := r.retryDelay(err, attempt)
 			r.nak(m, delay)
 			log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
 				"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
-			return false
+			return
 
 		default: // Permanent
 			r.deadLetter(m, meta, log, failure{reason: ReasonRejected, err: err})
-			return false
+			return
 		}
 	}
+}
+
+// recJob is a delivery the app answered 2xx, waiting for its key to be
+// recorded before it is acked.
+type recJob struct {
+	m    jetstream.Msg
+	skey string
+	fl   *flight
+	log  *msgLog
+	took time.Duration
+}
+
+// recorder records keys of delivered messages, then acks them and ends their
+// flights, until recs is closed. Several run at once, so the store commits
+// their keys together.
+func (r *Runner) recorder() {
+	defer r.recorders.Done()
+	for j := range r.recs {
+		// Not r.work: a 2xx that arrived as the grace period ended is
+		// recorded all the same.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), 10*time.Second)
+		err := r.dd.Record(ctx, j.skey)
+		cancel()
+		if err != nil {
+			// The effect happened: calling the app again would surely
+			// duplicate it, so the message is acked anyway.
+			r.m.dedupErrors.WithLabelValues("record").Inc()
+			j.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
+		}
+		r.acked(j.m, j.log, j.took)
+		r.flights.finish(j.skey, j.fl, true)
+	}
+}
+
+// acked acks a message the app answered 2xx (its key recorded, if dedup is
+// on).
+func (r *Runner) acked(m jetstream.Msg, log *msgLog, took time.Duration) {
+	r.track.remove(m)
+	if err := m.Ack(); err != nil {
+		log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
+	}
+	r.m.messages.WithLabelValues("delivered").Inc()
+	log.Info("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
 }
 
 func statusAttr(err error) slog.Attr {

@@ -83,3 +83,26 @@ func TestDemoRunsAndStops(t *testing.T) {
 		}
 	}
 }
+
+// A message older than COURIER_MAX_AGE is dead-lettered as expired and never
+// reaches the app; a fresh one is delivered.
+func TestExpiredMessageNeverReachesApp(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	h.publish("orders.old", "stale", nil)
+	// Age is measured on the wall clock from the stream timestamp.
+	time.Sleep(1200 * time.Millisecond)
+	h.publish("orders.new", "fresh", nil)
+	start(t, h.env(a.URL, "COURIER_MAX_AGE=1s"))
+	waitFor(t, 10*time.Second, "both settled", func() bool { return h.settled("courier") && a.count() == 1 })
+	if a.requests()[0].Body != "fresh" {
+		t.Errorf("app got %q", a.requests()[0].Body)
+	}
+	dls := h.deadLetters(dlqSubject)
+	if len(dls) != 1 || string(dls[0].Data) != "stale" || dls[0].Header.Get("Courier-Reason") != "expired" {
+		t.Fatalf("dead letters: %d", len(dls))
+	}
+	if !strings.Contains(dls[0].Header.Get("Courier-Error"), "COURIER_MAX_AGE") {
+		t.Errorf("Courier-Error = %q", dls[0].Header.Get("Courier-Error"))
+	}
+}

@@ -12,7 +12,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o /out/courier ./cmd/courier
+RUN CGO_ENABLED=0 go build -trimpath -tags nodemo -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o /out/courier ./cmd/courier
 # The dedup directory, owner-only like the one courier creates itself; copied
 # with the nonroot owner so that a fresh volume mounted there starts writable.
 RUN mkdir -m 0700 /out/data

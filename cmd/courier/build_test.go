@@ -96,9 +96,15 @@ func TestDockerfileBuild(t *testing.T) {
 		for _, s := range bi.Settings {
 			settings[s.Key] = s.Value
 		}
-		for k, want := range map[string]string{"CGO_ENABLED": "0", "-trimpath": "true"} {
+		for k, want := range map[string]string{"CGO_ENABLED": "0", "-trimpath": "true", "-tags": "nodemo"} {
 			if settings[k] != want {
 				t.Errorf("build setting %s = %q, want %q", k, settings[k], want)
+			}
+		}
+		// The image carries no embedded NATS server: that is the demo's.
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/nats-io/nats-server/v2" {
+				t.Errorf("the image's binary links %s", d.Path)
 			}
 		}
 	})

@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/config"
-	"github.com/courierhq/courier/demo"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
 )
@@ -73,17 +70,4 @@ func registerBuildInfo(reg prometheus.Registerer) {
 	})
 	bi.Set(1)
 	reg.MustRegister(bi)
-}
-
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		return usageError("demo takes no arguments")
-	}
-	err := demo.Run(ctx, func(ctx context.Context, environ []string) error {
-		return runSidecar(ctx, environ, stderr)
-	}, demo.Options{Out: stdout})
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
 }

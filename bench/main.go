@@ -250,7 +250,9 @@ func (b *bench) build(ctx context.Context) error {
 		builds["./cmd/courier"] = b.courier
 	}
 	for pkg, out := range builds {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		// As deployed: the image builds courier with -tags nodemo (no
+		// embedded server for the demo); the forwarder has no such tag.
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "nodemo", "-o", out, pkg)
 		cmd.Dir = root
 		if msg, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build %s: %w\n%s", pkg, err, msg)

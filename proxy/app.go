@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -215,8 +216,16 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		wroteErr        error
 		wrote           bool
 	)
+	// connected is set from the dialling goroutine, which may outlive Do
+	// when the request is cancelled mid-dial: hence atomic.
+	var connected atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GetConn: func(string) { askedConn = true },
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				connected.Store(true)
+			}
+		},
 		GotConn: func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			wrote, wroteErr = true, i.Err
@@ -246,6 +255,12 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		case !askedConn:
 			// Refused before any connection was sought (a header the
 			// transport will not send): about this request, not the app.
+			return &AppError{Kind: KindTransport, Err: err}, false
+		case !gotConn && connected.Load():
+			// The app accepted the connection but the TLS handshake failed
+			// (a certificate courier does not trust): a fault of the set-up
+			// that holding messages would not cure, and the probe's plain
+			// connection would call the app back at once.
 			return &AppError{Kind: KindTransport, Err: err}, false
 		case !gotConn:
 			return &AppError{Kind: KindUnreachable, Err: err}, false

@@ -178,3 +178,18 @@ func TestPostNoSilentResend(t *testing.T) {
 		t.Fatalf("app saw %d requests, want 2 (no resend)", got)
 	}
 }
+
+// A TLS app whose certificate courier does not trust answered the
+// connection: that is not an outage (the probe would call it back at once).
+func TestPostTLSHandshakeFailureIsNotUnreachable(t *testing.T) {
+	app := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer app.Close()
+	err := Post(context.Background(), NewClient(ClientOptions{}), app.URL, http.Header{}, []byte("x"))
+	var ae *AppError
+	if !errors.As(err, &ae) || ae.Kind != KindTransport {
+		t.Fatalf("want a transport error, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("error should name the certificate problem: %v", err)
+	}
+}

@@ -130,6 +130,10 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	}()
 	log.Info("courier starting", "version", version, "stream", cfg.Stream, "consumer", cfg.Consumer,
 		"app", cfg.Redacted().AppURL, "admin", adm.Addr())
+	for _, name := range config.UnknownVars(config.Environ(environ)) {
+		// Most likely a typo of a real variable, whose default is in effect.
+		log.Warn("unknown variable ignored (see `courier config` for the real ones)", "variable", name)
+	}
 
 	// NATS: keep trying while the server is unreachable; stop on what
 	// retrying cannot fix (credentials, TLS).

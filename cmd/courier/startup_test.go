@@ -106,3 +106,13 @@ func TestExpiredMessageNeverReachesApp(t *testing.T) {
 		t.Errorf("Courier-Error = %q", dls[0].Header.Get("Courier-Error"))
 	}
 }
+
+// A misspelt COURIER_ variable is named in the log, not silently ignored.
+func TestUnknownVariableWarned(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVERY=3"))
+	waitFor(t, 10*time.Second, "the warning", func() bool {
+		return strings.Contains(c.logs.String(), `"variable":"COURIER_MAX_DELIVERY"`)
+	})
+}

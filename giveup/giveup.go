@@ -60,6 +60,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// OnDeadLetter, when set, is called once for each dead letter the
+	// Catcher stores (not for one already stored), so it can be counted
+	// with the others.
+	OnDeadLetter func()
 }
 
 func (o *Options) defaults() {
@@ -404,6 +408,9 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	log.Info("dead-lettered a message JetStream gave up on", "reason", dlq.ReasonMaxDeliveries, "duplicate", ack.Duplicate)
+	if !ack.Duplicate && c.o.OnDeadLetter != nil {
+		c.o.OnDeadLetter()
+	}
 	c.settle(work, m, result, log)
 }
 

@@ -18,16 +18,16 @@ type metrics struct {
 	dropped     prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics registers the loop's collectors on reg. deadLetters, when not
+// nil, is a courier_dead_letters_total{reason} vector the caller registered
+// and shares with other components that store dead letters.
+func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *metrics {
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_messages_total",
 			Help: "Messages by how their delivery ended: delivered (acked after a 2xx), duplicate (acked, key already processed), retried (NAK'd with a delay), dead_lettered (terminated after its dead letter was stored), released (NAK'd at shutdown).",
 		}, []string{"outcome"}),
-		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_dead_letters_total",
-			Help: "Dead letters stored, by reason.",
-		}, []string{"reason"}),
+		deadLetters: deadLetters,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_app_requests_total",
 			Help: "Requests to the app (attempts) by result: 2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable.",
@@ -69,7 +69,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, o := range []string{"delivered", "duplicate", "retried", "dead_lettered", "released"} {
 		m.messages.WithLabelValues(o)
 	}
-	reg.MustRegister(m.messages, m.deadLetters, m.requests, m.latency, m.inflight,
+	if m.deadLetters == nil {
+		m.deadLetters = NewDeadLetterCounter()
+		reg.MustRegister(m.deadLetters)
+	}
+	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
 		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped)
 	return m
 }
@@ -96,4 +100,14 @@ func resultLabel(err error) string {
 	default:
 		return "5xx"
 	}
+}
+
+// NewDeadLetterCounter returns courier_dead_letters_total{reason}, for the
+// caller to register and share (Options.DeadLetterCounter) with every
+// component that stores dead letters.
+func NewDeadLetterCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "courier_dead_letters_total",
+		Help: "Dead letters stored, by reason.",
+	}, []string{"reason"})
 }

@@ -114,6 +114,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; default a private registry.
 	Registerer prometheus.Registerer
+	// DeadLetterCounter, when set, is the registered
+	// courier_dead_letters_total vector (NewDeadLetterCounter) to count
+	// dead letters on, shared with other components; default one of the
+	// runner's own.
+	DeadLetterCounter *prometheus.CounterVec
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -222,7 +227,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r := &Runner{
 		cons: cons, dl: dl, dd: dd, o: o,
 		log:     o.Logger.With("component", "proxy"),
-		m:       newMetrics(o.Registerer),
+		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
 		ready:   make(chan jetstream.Msg, max(2*o.MaxInflight, 16)),
 		taken:   make(chan struct{}, 1),
 		recs:    make(chan recJob, o.MaxInflight),

@@ -21,9 +21,9 @@ import (
 // stop ends the catch, lets the advisory in hand finish, and waits; it may be
 // called more than once. When ctx ends during set-up, stop is a no-op and err
 // nil.
-func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer) (stop func(), err error) {
+func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer, onDeadLetter func()) (stop func(), err error) {
 	c, err := giveup.New(js, stream, cfg.Consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
-		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg,
+		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg, OnDeadLetter: onDeadLetter,
 	})
 	if err != nil {
 		return nil, err

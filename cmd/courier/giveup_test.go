@@ -218,6 +218,10 @@ func TestGiveUpAdvisoryFiredWhileCourierDown(t *testing.T) {
 	if v := metric(t, admin, `courier_giveup_advisories_total{result="dead_lettered"}`); v != 1 {
 		t.Errorf("courier_giveup_advisories_total{result=dead_lettered} = %v, want 1", v)
 	}
+	// Counted with every other dead letter, by reason.
+	if v := metric(t, admin, `courier_dead_letters_total{reason="max-deliveries"}`); v != 1 {
+		t.Errorf(`courier_dead_letters_total{reason="max-deliveries"} = %v, want 1`, v)
+	}
 	if err := c.stop(); err != nil {
 		t.Errorf("courier: %v", err)
 	}

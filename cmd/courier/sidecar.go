@@ -169,7 +169,12 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	// Max-deliveries catch: dead-letters what JetStream gave up on outside
 	// courier's sight, from its captured advisories. The deferred stop
 	// covers early returns; the shutdown order below stops it first.
-	stopGiveup, err := startGiveup(ctx, js, cfg, stream, log, reg)
+	// One count of dead letters by reason, whoever stores them.
+	deadLetterCount := proxy.NewDeadLetterCounter()
+	reg.MustRegister(deadLetterCount)
+	stopGiveup, err := startGiveup(ctx, js, cfg, stream, log, reg, func() {
+		deadLetterCount.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
+	})
 	if err != nil {
 		return err
 	}
@@ -210,6 +215,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		ShutdownGrace:     cfg.ShutdownGrace,
 		Logger:            log,
 		Registerer:        reg,
+		DeadLetterCounter: deadLetterCount,
 	})
 	if err != nil {
 		if store != nil {

@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natstest"
 )
 
 // A consumer setting the server refuses to change is reported plainly.
@@ -115,4 +119,88 @@ func TestUnknownVariableWarned(t *testing.T) {
 	waitFor(t, 10*time.Second, "the warning", func() bool {
 		return strings.Contains(c.logs.String(), `"variable":"COURIER_MAX_DELIVERY"`)
 	})
+}
+
+// NATS unreachable at start: courier keeps trying, /readyz fails and
+// /healthz does not; once the server is there, it consumes.
+func TestNATSUnreachableAtStartRetries(t *testing.T) {
+	// The stream and a message are stored first, then the server is
+	// stopped: when it comes back on the same port, everything is there.
+	store := t.TempDir()
+	first := natstest.NewServer(t, natstest.Options{StoreDir: store})
+	port := first.Addr().(*net.TCPAddr).Port
+	func() {
+		_, js := natstest.Connect(t, first)
+		ctx := context.Background()
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, "orders.created", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	natstest.Stop(first)
+
+	a := newApp(t, nil)
+	c := start(t, []string{
+		fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", port), "COURIER_STREAM=ORDERS", "COURIER_APP_URL=" + a.URL,
+		"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(), "COURIER_LOG_FORMAT=json",
+	})
+	admin := adminAddr(t, c)
+	waitFor(t, 10*time.Second, "a retry logged", func() bool { return len(logLines(c, "NATS unreachable")) > 0 })
+	if code, body := get(t, "http://"+admin+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
+		t.Errorf("/readyz = %d %q, want 503 naming NATS", code, body)
+	}
+	if code, _ := get(t, "http://"+admin+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d: an unreachable server must not get courier restarted", code)
+	}
+
+	natstest.Start(t, natstest.Options{Port: port, StoreDir: store})
+	waitFor(t, 30*time.Second, "delivery once NATS is there", func() bool { return a.count() == 1 })
+	waitFor(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+}
+
+// A broker restart mid-stream: courier reconnects and goes on; every message
+// is delivered.
+func TestBrokerRestartMidStream(t *testing.T) {
+	store := t.TempDir()
+	srv := natstest.NewServer(t, natstest.Options{StoreDir: store})
+	port := srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { natstest.Stop(srv) })
+	nc, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if _, err := js.Publish(ctx, "orders.created", []byte(fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish(0, 10)
+	a := newApp(t, nil)
+	c := start(t, []string{
+		"NATS_URL=" + srv.ClientURL(), "COURIER_STREAM=ORDERS", "COURIER_APP_URL=" + a.URL,
+		"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(), "COURIER_LOG_FORMAT=json",
+	})
+	waitFor(t, 10*time.Second, "the first ten", func() bool { return a.count() == 10 })
+
+	natstest.Stop(srv)
+	srv = natstest.NewServer(t, natstest.Options{Port: port, StoreDir: store})
+	waitFor(t, 15*time.Second, "the test's client back", func() bool { return nc.IsConnected() })
+	publish(10, 20)
+	waitFor(t, 30*time.Second, "the next ten after the restart", func() bool { return a.count() >= 20 })
+	seen := map[string]bool{}
+	for _, r := range a.requests() {
+		seen[r.Body] = true
+	}
+	if len(seen) != 20 {
+		t.Errorf("app saw %d distinct messages, want 20", len(seen))
+	}
+	if err := c.stop(); err != nil {
+		t.Errorf("courier: %v", err)
+	}
 }

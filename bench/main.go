@@ -322,7 +322,7 @@ const stopGrace = 30 * time.Second
 
 // finish stops c, removes what the measurement left on disk and the
 // server, and returns c's exit error and the log's first lines.
-func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string) (stopErr error, logLines int, logHead []string) {
+func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string) (logLines int, logHead []string, stopErr error) {
 	stopErr = c.stop(stopGrace)
 	b.app.measure(nil)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -342,7 +342,7 @@ func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string
 		}
 		_ = os.Remove(logPath)
 	}
-	return stopErr, logLines, logHead
+	return logLines, logHead, stopErr
 }
 
 // drainResult is one drain of N preloaded messages.
@@ -425,7 +425,7 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 			r.steady = time.Duration(last - first)
 		}
 	}
-	stopErr, lines, head := b.finish(ctx, c, run, logPath)
+	lines, head, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
 	r.logLines, r.logHead = lines, head
 	if ctx.Err() != nil {
@@ -467,7 +467,7 @@ func (b *bench) idle(ctx context.Context, v variant) (idleResult, error) {
 		r.rss, _ = c.rss()
 		r.hwm, _ = c.hwm()
 	}
-	stopErr, _, _ := b.finish(ctx, c, run, logPath)
+	_, _, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
 	return r, ctx.Err()
 }
@@ -523,7 +523,7 @@ func (b *bench) latency(ctx context.Context, v variant, inflight int) (latencyRe
 	}
 	r.lat = t.latencies(latencyWarmup)
 	slices.Sort(r.lat)
-	stopErr, _, _ := b.finish(ctx, c, run, logPath)
+	_, _, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
 	return r, ctx.Err()
 }

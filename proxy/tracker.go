@@ -40,12 +40,6 @@ func (t *tracker) remove(m jetstream.Msg) {
 	t.mu.Unlock()
 }
 
-func (t *tracker) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.msgs)
-}
-
 // tickEvery is how often the tracker looks: a quarter of the ack wait, so no
 // message goes longer than three quarters of it without a signal.
 func (t *tracker) tickEvery() time.Duration {

@@ -69,7 +69,7 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 		}
 	}
 	if format == "text" {
-		return slog.New(tint.NewHandler(w, &tint.Options{Level: level, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}))
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}))
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }

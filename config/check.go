@@ -407,6 +407,26 @@ func (c *checker) checkDedup(cfg *Config) {
 			c.add("COURIER_DEDUP_TTL", "must be at least 1s, as the store keeps time in whole seconds (0 turns dedup off)")
 		}
 	}
+	cfg.DedupStore = strings.ToLower(strings.TrimSpace(cfg.DedupStore))
+	if cfg.DedupStore != "badger" && cfg.DedupStore != "kv" {
+		c.add("COURIER_DEDUP_STORE", "must be badger or kv")
+	}
+	if !validBucket(cfg.DedupBucket) {
+		c.add("COURIER_DEDUP_BUCKET", "not a valid key-value bucket name: letters, digits, - and _ only")
+	}
+}
+
+// validBucket reports whether s is a JetStream key-value bucket name.
+func validBucket(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *checker) checkOperations(cfg *Config) {

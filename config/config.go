@@ -63,6 +63,10 @@ type Config struct {
 	IdempotencyHeader string        `env:"COURIER_IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	DedupDir          string        `env:"COURIER_DEDUP_DIR" envDefault:"./courier-data"`
 	DedupTTL          time.Duration `env:"COURIER_DEDUP_TTL" envDefault:"24h"`
+	// DedupStore is "badger" (an embedded store per courier) or "kv" (a
+	// JetStream key-value bucket shared by every courier of the durable).
+	DedupStore  string `env:"COURIER_DEDUP_STORE" envDefault:"badger"`
+	DedupBucket string `env:"COURIER_DEDUP_BUCKET" envDefault:"COURIER_DEDUP"`
 
 	// Operations.
 	AdminAddr     string        `env:"COURIER_ADMIN_ADDR" envDefault:":9464"`

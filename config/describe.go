@@ -75,6 +75,8 @@ func specs() []spec {
 		{"COURIER_IDEMPOTENCY_HEADER", "header that carries the idempotency key", "Idempotency-Key", false, func(c Config) string { return c.IdempotencyHeader }},
 		{"COURIER_DEDUP_DIR", "Badger directory", "./courier-data", false, func(c Config) string { return c.DedupDir }},
 		{"COURIER_DEDUP_TTL", "how long a processed key is remembered; 0 = no dedup", "24h", false, func(c Config) string { return formatDuration(c.DedupTTL) }},
+		{"COURIER_DEDUP_STORE", "badger (embedded, one per courier) or kv (a JetStream bucket shared by replicas)", "badger", false, func(c Config) string { return c.DedupStore }},
+		{"COURIER_DEDUP_BUCKET", "key-value bucket of the kv store (keys scoped by stream and consumer)", "COURIER_DEDUP", false, func(c Config) string { return c.DedupBucket }},
 		{"COURIER_ADMIN_ADDR", "address of /healthz, /readyz, /metrics", ":9464", false, func(c Config) string { return c.AdminAddr }},
 		{"COURIER_LOG_LEVEL", "debug, info, warn or error", "info", false, func(c Config) string { return c.LogLevel }},
 		{"COURIER_LOG_FORMAT", "text (tint) or json", "text on a terminal, else json", false, func(c Config) string { return c.LogFormat }},

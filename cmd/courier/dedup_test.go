@@ -155,3 +155,24 @@ func TestSecondCourierOnSameDirFails(t *testing.T) {
 		t.Errorf("error must name the directory and the lock: %q", out.String())
 	}
 }
+
+// With the shared key-value store, two couriers on one durable (each with
+// its own directory) call the app once for a key, whichever gets it.
+func TestSharedKVStoreAcrossCouriers(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	})
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
+	for i := 0; i < 10; i++ {
+		// One at a time, so each copy after the first finds its key
+		// recorded, on whichever courier it lands.
+		h.publish("orders.created", fmt.Sprint("copy ", i), map[string]string{"Idempotency-Key": fmt.Sprint("k", i%2)})
+		waitFor(t, 10*time.Second, "the copy acked", func() bool { return h.settled("courier") })
+	}
+	if a.calls("k0") != 1 || a.calls("k1") != 1 {
+		t.Errorf("app calls: k0 %d, k1 %d; want 1 each", a.calls("k0"), a.calls("k1"))
+	}
+}

@@ -166,12 +166,13 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	}
 	reg.MustRegister(dlq.NewDepthCollector(js, cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
 
-	// Max-deliveries catch: dead-letters what JetStream gave up on outside
-	// courier's sight, from its captured advisories. The deferred stop
-	// covers early returns; the shutdown order below stops it first.
 	// One count of dead letters by reason, whoever stores them.
 	deadLetterCount := proxy.NewDeadLetterCounter()
 	reg.MustRegister(deadLetterCount)
+
+	// Max-deliveries catch: dead-letters what JetStream gave up on outside
+	// courier's sight, from its captured advisories. The deferred stop
+	// covers early returns; the shutdown order below stops it first.
 	stopGiveup, err := startGiveup(ctx, js, cfg, stream, log, reg, func() {
 		deadLetterCount.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
 	})
@@ -183,7 +184,22 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	// Dedup store.
 	var dd proxy.Deduper
 	var store *dedup.Store
-	if cfg.DedupEnabled() {
+	switch {
+	case cfg.DedupEnabled() && cfg.DedupStore == "kv":
+		// Shared by every courier of the durable; created like the other
+		// streams courier makes, retried while JetStream does not answer.
+		var kv *dedup.KV
+		err = retrySetup(ctx, log, func(ctx context.Context) error {
+			var err error
+			kv, err = dedup.OpenKV(ctx, js, cfg.DedupBucket, cfg.Stream+"/"+cfg.Consumer, cfg.DedupTTL, cfg.StreamReplicas)
+			return err
+		})
+		if err != nil || kv == nil {
+			return err
+		}
+		dd = kv
+		log.Info("dedup keys in a shared key-value bucket", "bucket", cfg.DedupBucket, "ttl", cfg.DedupTTL.String())
+	case cfg.DedupEnabled():
 		store, err = dedup.Open(cfg.DedupDir, dedup.Options{
 			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log, Registerer: reg,
 		})
@@ -191,7 +207,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 			return err
 		}
 		dd = store
-	} else {
+	default:
 		log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
 	}
 

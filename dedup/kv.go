@@ -1,0 +1,93 @@
+package dedup
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// KV is a key store shared by several couriers: processed keys live in a
+// JetStream key-value bucket whose TTL is the dedup TTL, so replicas of one
+// consumer recognise each other's keys. It assumes only what a bucket offers
+// atomically: create-if-absent, with the bucket's TTL. Each check and each
+// record is a round trip to the server, so it is slower than Store; use it
+// when more than one courier consumes the same durable. Safe for concurrent
+// use; it holds no resources of its own (the connection is the caller's).
+type KV struct {
+	kv    jetstream.KeyValue
+	scope string
+}
+
+// errCodeStreamWrongLastSequence is the code a replicated bucket may answer
+// a create with when the key exists (on the path where the old one expired):
+// the same meaning as ErrKeyExists (10071).
+const errCodeStreamWrongLastSequence = 10164
+
+// OpenKV creates or updates the bucket, file-backed with the given replicas
+// and TTL (whole seconds, at least 1s), and returns a store on it scoped by
+// scope (typically stream/consumer).
+func OpenKV(ctx context.Context, js jetstream.JetStream, bucket, scope string, ttl time.Duration, replicas int) (*KV, error) {
+	if ttl < time.Second {
+		return nil, fmt.Errorf("dedup: KV TTL %s: must be at least 1s", ttl)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: "courier: processed idempotency keys",
+		History:     1,
+		TTL:         ttl,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: key-value bucket %q: %w", bucket, err)
+	}
+	return &KV{kv: kv, scope: base64.RawURLEncoding.EncodeToString([]byte(scope))}, nil
+}
+
+// kvKey maps a key to a valid bucket key: bucket keys allow only
+// [-/_=.A-Za-z0-9], which base64url covers.
+func (s *KV) kvKey(key string) (string, error) {
+	if key == "" {
+		return "", ErrEmptyKey
+	}
+	return s.scope + "." + base64.RawURLEncoding.EncodeToString([]byte(key)), nil
+}
+
+// Seen reports whether key was recorded and has not expired.
+func (s *KV) Seen(ctx context.Context, key string) (bool, error) {
+	k, err := s.kvKey(key)
+	if err != nil {
+		return false, err
+	}
+	_, err = s.kv.Get(ctx, k)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("dedup: check key: %w", err)
+	}
+}
+
+// Record records key; a key another courier recorded first is recorded.
+func (s *KV) Record(ctx context.Context, key string) error {
+	k, err := s.kvKey(key)
+	if err != nil {
+		return err
+	}
+	_, err = s.kv.Create(ctx, k, nil)
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil, errors.Is(err, jetstream.ErrKeyExists):
+		return nil
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamWrongLastSequence:
+		return nil
+	default:
+		return fmt.Errorf("dedup: record key: %w", err)
+	}
+}

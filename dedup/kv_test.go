@@ -1,0 +1,88 @@
+package dedup_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+func TestKVSharedStore(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	a, err := dedup.OpenKV(ctx, js, "COURIER_DEDUP_TEST", "ORDERS/courier", time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second courier on the same bucket and scope sees the first's keys.
+	b, err := dedup.OpenKV(ctx, js, "COURIER_DEDUP_TEST", "ORDERS/courier", time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := dedup.OpenKV(ctx, js, "COURIER_DEDUP_TEST", "ORDERS/other", time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "order 7: any bytes \x00 at all"
+	if seen, err := b.Seen(ctx, key); err != nil || seen {
+		t.Fatalf("fresh key: seen %v, %v", seen, err)
+	}
+	if err := a.Record(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if seen, err := b.Seen(ctx, key); err != nil || !seen {
+		t.Fatalf("key recorded by another courier: seen %v, %v", seen, err)
+	}
+	if seen, _ := other.Seen(ctx, key); seen {
+		t.Error("scopes must not share keys")
+	}
+	// Recording a key that exists (a race between replicas) is fine.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Record(ctx, "raced"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := a.Record(ctx, key); err != nil {
+		t.Errorf("record of an existing key: %v", err)
+	}
+	if _, err := a.Seen(ctx, ""); err == nil {
+		t.Error("empty key accepted")
+	}
+}
+
+func TestKVKeysExpire(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	kv, err := dedup.OpenKV(ctx, js, "COURIER_DEDUP_TTL", "S/c", time.Second, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Record(ctx, "brief"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		seen, err := kv.Seen(ctx, "brief")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("key not forgotten after the bucket's TTL")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

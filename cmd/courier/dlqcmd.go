@@ -145,7 +145,7 @@ func runDLQ(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		if fatal := fatalConnectError(err); fatal != nil {
 			return fatal
 		}
-		return fmt.Errorf("cannot connect to NATS at %s: %w", redactURL(cfg.NATSURL), err)
+		return fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

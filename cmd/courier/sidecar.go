@@ -358,7 +358,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger) (*nats.Co
 		if fatal := fatalConnectError(err); fatal != nil {
 			return nil, fatal
 		}
-		log.Warn("NATS unreachable; retrying", "url", redactURL(cfg.NATSURL), "error", err, "in", wait.String())
+		log.Warn("NATS unreachable; retrying", "url", cfg.Redacted().NATSURL, "error", err, "in", wait.String())
 		select {
 		case <-ctx.Done():
 			return nil, nil
@@ -391,18 +391,6 @@ func fatalConnectError(err error) error {
 		return fmt.Errorf("TLS handshake with NATS failed: check NATS_CA, NATS_CERT and NATS_KEY: %w", err)
 	}
 	return nil
-}
-
-func redactURL(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		if at := strings.LastIndex(p, "@"); at >= 0 {
-			if scheme := strings.Index(p, "://"); scheme >= 0 && scheme < at {
-				parts[i] = p[:scheme+3] + "[redacted]" + p[at:]
-			}
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // retrySetup runs f until it succeeds, fails for good, or ctx ends. Errors

@@ -16,6 +16,27 @@ type metrics struct {
 	dedupErrors *prometheus.CounterVec
 	inProgress  prometheus.Counter
 	dropped     prometheus.Counter
+
+	// The children every message touches, looked up once: a vector's
+	// WithLabelValues hashes its labels on each call.
+	delivered, duplicate, retried, deadLettered, released prometheus.Counter
+	result                                                map[string]resultMetrics // by request result
+}
+
+// resultMetrics are one request result's children.
+type resultMetrics struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
+}
+
+// request counts one request with the given result and duration.
+func (m *metrics) request(result string, seconds float64) {
+	rm, ok := m.result[result]
+	if !ok {
+		rm = resultMetrics{m.requests.WithLabelValues(result), m.latency.WithLabelValues(result)}
+	}
+	rm.requests.Inc()
+	rm.latency.Observe(seconds)
 }
 
 // newMetrics registers the loop's collectors on reg. deadLetters, when not
@@ -66,8 +87,14 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
 		}),
 	}
-	for _, o := range []string{"delivered", "duplicate", "retried", "dead_lettered", "released"} {
-		m.messages.WithLabelValues(o)
+	m.delivered = m.messages.WithLabelValues("delivered")
+	m.duplicate = m.messages.WithLabelValues("duplicate")
+	m.retried = m.messages.WithLabelValues("retried")
+	m.deadLettered = m.messages.WithLabelValues("dead_lettered")
+	m.released = m.messages.WithLabelValues("released")
+	m.result = make(map[string]resultMetrics)
+	for _, r := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
+		m.result[r] = resultMetrics{m.requests.WithLabelValues(r), m.latency.WithLabelValues(r)}
 	}
 	if m.deadLetters == nil {
 		m.deadLetters = NewDeadLetterCounter()

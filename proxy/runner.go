@@ -490,7 +490,7 @@ func (r *Runner) release(m jetstream.Msg, why string) {
 	if err := m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		r.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", m.Subject(), "error", err)
 	}
-	r.m.messages.WithLabelValues("released").Inc()
+	r.m.released.Inc()
 	r.log.Debug("message released", "subject", m.Subject(), "why", why)
 }
 
@@ -574,7 +574,7 @@ func (r *Runner) deliver(m jetstream.Msg) {
 			if err := m.Ack(); err != nil {
 				log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
 			}
-			r.m.messages.WithLabelValues("duplicate").Inc()
+			r.m.duplicate.Inc()
 			log.Debug("duplicate acked without calling the app")
 			return
 		}
@@ -614,9 +614,7 @@ func (r *Runner) attempt(m jetstream.Msg, meta *jetstream.MsgMetadata, key strin
 			r.release(m, "shutdown grace period over")
 			return
 		}
-		res := resultLabel(err)
-		r.m.requests.WithLabelValues(res).Inc()
-		r.m.latency.WithLabelValues(res).Observe(took.Seconds())
+		r.m.request(resultLabel(err), took.Seconds())
 
 		switch Classify(err, r.o.Retryable) {
 		case Success:
@@ -708,7 +706,7 @@ func (r *Runner) acked(m jetstream.Msg, log *msgLog, took time.Duration) {
 	if err := m.Ack(); err != nil {
 		log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
 	}
-	r.m.messages.WithLabelValues("delivered").Inc()
+	r.m.delivered.Inc()
 	log.Info("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
 }
 
@@ -746,7 +744,7 @@ func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
 	if err != nil {
 		r.log.Warn("NAK failed; the message comes back after the ack wait", "subject", m.Subject(), "error", err)
 	}
-	r.m.messages.WithLabelValues("retried").Inc()
+	r.m.retried.Inc()
 }
 
 // deadLetter stores m's dead letter, then terminates m. While the dead letter
@@ -799,7 +797,7 @@ func (r *Runner) deadLetterOnce(ctx context.Context, m jetstream.Msg, meta *jets
 		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
 		r.log.Warn("cannot terminate dead-lettered message", "subject", dl.Subject, "error", err)
 	}
-	r.m.messages.WithLabelValues("dead_lettered").Inc()
+	r.m.deadLettered.Inc()
 	r.m.deadLetters.WithLabelValues(f.reason).Inc()
 	return true
 }

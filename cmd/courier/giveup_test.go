@@ -72,33 +72,13 @@ func (h *harness) pullAndDrop(wait time.Duration) int {
 // max-deliveries advisories, or nil.
 func (h *harness) advisoryConsumer() *jetstream.ConsumerInfo {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := h.js.Consumer(ctx, giveup.StreamName(h.stream, "courier"), giveup.ConsumerName("courier"))
-	if err != nil {
-		return nil
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return nil
-	}
-	return info
+	return h.consumerInfoOn(giveup.StreamName(h.stream, "courier"), giveup.ConsumerName("courier"))
 }
 
 // advisoriesCaptured returns how many advisories the capture stream holds.
 func (h *harness) advisoriesCaptured() uint64 {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := h.js.Stream(ctx, giveup.StreamName(h.stream, "courier"))
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return info.State.Msgs
+	return h.streamMsgsOf(giveup.StreamName(h.stream, "courier"))
 }
 
 // advisoriesSettled reports whether every captured advisory was handled.

@@ -191,9 +191,15 @@ func (h *harness) deadLetters(subject string) []*jetstream.RawStreamMsg {
 // consumerInfo returns the durable's state.
 func (h *harness) consumerInfo(name string) *jetstream.ConsumerInfo {
 	h.t.Helper()
+	return h.consumerInfoOn(h.stream, name)
+}
+
+// consumerInfoOn returns the state of consumer name on stream, or nil.
+func (h *harness) consumerInfoOn(stream, name string) *jetstream.ConsumerInfo {
+	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := h.js.Consumer(ctx, h.stream, name)
+	c, err := h.js.Consumer(ctx, stream, name)
 	if err != nil {
 		return nil
 	}
@@ -303,9 +309,16 @@ func (h *harness) rawPublish(subject string, headerLines []string, body string) 
 }
 
 func (h *harness) streamMsgs() uint64 {
+	h.t.Helper()
+	return h.streamMsgsOf(h.stream)
+}
+
+// streamMsgsOf returns how many messages stream holds.
+func (h *harness) streamMsgsOf(stream string) uint64 {
+	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s, err := h.js.Stream(ctx, h.stream)
+	s, err := h.js.Stream(ctx, stream)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -3,8 +3,9 @@
 // publisher that sent the same intent twice) is recognised as a duplicate.
 //
 // Store keeps the keys in an embedded Badger database sized for a sidecar, with
-// a TTL per key and group commit: concurrent Record calls are written together
-// in one Badger transaction, and each returns only once its key is committed.
+// a TTL per key. Record takes many keys at once and commits them together, so
+// a caller that gathers the keys of concurrent deliveries (group commit) pays
+// for one commit, and returns only once they are all committed.
 //
 // The package knows nothing of HTTP or of JetStream; its callers declare the
 // small interface they need (Seen and Record) and Store satisfies it.
@@ -15,7 +16,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
@@ -27,9 +30,6 @@ const (
 	// DefaultGCInterval is how often the value log is garbage-collected when
 	// Options.GCInterval is zero.
 	DefaultGCInterval = 5 * time.Minute
-	// DefaultMaxBatch is how many keys one commit may carry when
-	// Options.MaxBatch is zero.
-	DefaultMaxBatch = 256
 )
 
 // gcDiscardRatio is the share of a value-log file that must be garbage before
@@ -84,9 +84,6 @@ type Options struct {
 	// GCInterval is how often the value log is garbage-collected.
 	// Zero means DefaultGCInterval (5m).
 	GCInterval time.Duration
-	// MaxBatch is the most keys written in one commit. Zero means
-	// DefaultMaxBatch (256); 1 disables group commit.
-	MaxBatch int
 }
 
 // Store is the processed-key store on Badger. Create it with Open; the caller
@@ -101,32 +98,31 @@ type Options struct {
 //
 // All methods are safe for concurrent use.
 type Store struct {
-	db       *badger.DB
-	dir      string
-	log      *slog.Logger
-	ttl      time.Duration
-	scope    []byte // keyPrefix + Scope + NUL
-	maxBatch int
+	db    *badger.DB
+	dir   string
+	log   *slog.Logger
+	ttl   time.Duration
+	scope []byte // keyPrefix + Scope + NUL
 
-	// mu guards closed and the sending side of reqs: senders hold it for
-	// reading, so once Close holds it for writing no send is in flight and
-	// reqs can be closed.
+	// mu guards closed: Record holds it for reading while it starts a
+	// commit, so once Close has held it for writing no commit starts.
 	mu     sync.RWMutex
 	closed bool
-	reqs   chan *request
 
-	stop      chan struct{} // closed by Close: stops the GC loop
-	wg        sync.WaitGroup
+	// ts is the commit timestamp last handed out (Badger runs in managed
+	// mode). Versions only order a key's records; any later record of a
+	// key is as good as an earlier one.
+	ts atomic.Uint64
+
+	// writeKeys commits keys (write; tests hold it to hold a commit).
+	writeKeys func(keys [][]byte) error
+
+	stop      chan struct{}  // closed by Close: stops the GC loop
+	wg        sync.WaitGroup // the GC loop and the commits in progress
 	closeOnce sync.Once
 	closeErr  error
 
 	m *metrics
-}
-
-// request is one Record waiting for its key to be committed.
-type request struct {
-	key  []byte
-	done chan error // buffered: the committer never blocks on a caller that left
 }
 
 // Seen reports whether key was recorded as processed and has not expired.
@@ -145,10 +141,11 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	if s.closed {
 		return false, ErrClosed
 	}
-	err = s.db.View(func(txn *badger.Txn) error {
-		_, err := txn.Get(k)
-		return err
-	})
+	// The newest version of the key, whatever its timestamp: a key is
+	// visible once its Record's commit has written it.
+	txn := s.db.NewTransactionAt(math.MaxUint64, false)
+	_, err = txn.Get(k)
+	txn.Discard()
 	switch {
 	case err == nil:
 		return true, nil
@@ -159,50 +156,64 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	}
 }
 
-// Record durably records key as processed, to be remembered for Options.TTL.
-// It returns once the key is committed (see Store for what survives what),
-// together with the keys of concurrent callers. If ctx ends first it returns
-// ctx's error, and the key may or may not be recorded. It returns ErrClosed
-// after Close.
-func (s *Store) Record(ctx context.Context, key string) error {
-	k, err := s.storeKey(key)
-	if err != nil {
-		return err
+// Record durably records keys as processed, to be remembered for
+// Options.TTL. The keys are written together, in one Badger transaction (in
+// several if they exceed Badger's transaction size), so a caller that gathers
+// the keys of concurrent deliveries pays for one commit; concurrent Records
+// are written together by Badger's own write batching. It returns once every
+// key is committed (see Store for what survives what). It validates every key
+// before writing any: an empty or too long key fails the call with
+// ErrEmptyKey or ErrKeyTooLong and nothing is recorded. If ctx ends first it
+// returns ctx's error, and the keys may or may not be recorded. It returns
+// ErrClosed after Close.
+func (s *Store) Record(ctx context.Context, keys ...string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	sks := make([][]byte, len(keys))
+	for i, key := range keys {
+		k, err := s.storeKey(key)
+		if err != nil {
+			return err
+		}
+		sks[i] = k
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	r := &request{key: k, done: make(chan error, 1)}
 
+	done := make(chan error, 1) // buffered: the commit never waits for a caller that left
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
 		return ErrClosed
 	}
-	select {
-	case s.reqs <- r:
-	case <-ctx.Done():
-		s.mu.RUnlock()
-		return ctx.Err()
-	}
+	// Close waits for the commit through wg: added under the read lock, so
+	// before Close can start waiting.
+	s.wg.Add(1)
+	s.m.batchSize.Observe(float64(len(sks)))
+	go func() {
+		defer s.wg.Done()
+		done <- s.commit(sks)
+	}()
 	s.mu.RUnlock()
 
 	select {
-	case err := <-r.done:
+	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// Close flushes the keys already passed to Record, stops the store's
-// goroutines and waits for them, unregisters its metrics and closes Badger.
+// Close waits for the commits of the Records already started (whose
+// callers may have stopped waiting), stops the store's goroutines and waits
+// for them, unregisters its metrics and closes Badger.
 // It is idempotent: later calls wait for the first and return its result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closed = true
-		close(s.reqs) // the committer drains what is queued, then returns
 		s.mu.Unlock()
 		close(s.stop)
 		s.wg.Wait()
@@ -229,67 +240,39 @@ func (s *Store) storeKey(key string) ([]byte, error) {
 	return append(k, key...), nil
 }
 
-// commitLoop is the one goroutine that writes keys: it takes the first queued
-// request, everything else already queued up to maxBatch, writes them in one
-// transaction and answers each. While it writes, new requests queue, so
-// batches grow with the load and cost nothing when there is none.
-func (s *Store) commitLoop() {
-	defer s.wg.Done()
-	batch := make([]*request, 0, s.maxBatch)
-	for r := range s.reqs {
-		batch = append(batch[:0], r)
-	fill:
-		for len(batch) < s.maxBatch {
-			select {
-			case r, ok := <-s.reqs:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, r)
-			default:
-				break fill
-			}
-		}
-		s.commit(batch)
-		clear(batch) // drop references to answered requests
+// commit writes keys in one transaction, or in as few as Badger's
+// transaction size allows, and counts them.
+func (s *Store) commit(keys [][]byte) error {
+	err := s.writeKeys(keys)
+	if err != nil {
+		s.m.recordErrors.Add(float64(len(keys)))
+		s.log.Error("recording idempotency keys failed", "keys", len(keys), "err", err)
+		return fmt.Errorf("dedup: record key: %w", err)
 	}
+	s.m.keysRecorded.Add(float64(len(keys)))
+	return nil
 }
 
-// commit writes batch and answers every request in it. A transaction too big
-// for Badger is committed in parts; each request gets its own part's result.
-func (s *Store) commit(batch []*request) {
-	s.m.batchSize.Observe(float64(len(batch)))
-	answer := func(part []*request, err error) {
-		if err != nil {
-			s.m.recordErrors.Add(float64(len(part)))
-			s.log.Error("recording idempotency keys failed", "keys", len(part), "err", err)
-			err = fmt.Errorf("dedup: record key: %w", err)
-		} else {
-			s.m.keysRecorded.Add(float64(len(part)))
-		}
-		for _, r := range part {
-			r.done <- err
-		}
-	}
-
-	txn := s.db.NewTransaction(true)
-	start := 0
-	for i, r := range batch {
-		e := badger.NewEntry(r.key, nil).WithTTL(s.ttl)
+// write commits keys at a new timestamp, in parts if Badger finds the
+// transaction too big.
+func (s *Store) write(keys [][]byte) error {
+	txn := s.db.NewTransactionAt(math.MaxUint64, true)
+	defer func() { txn.Discard() }()
+	for i, k := range keys {
+		e := badger.NewEntry(k, nil).WithTTL(s.ttl)
 		err := txn.SetEntry(e)
-		if errors.Is(err, badger.ErrTxnTooBig) && i > start {
-			answer(batch[start:i], txn.Commit())
-			txn = s.db.NewTransaction(true)
-			start = i
+		if errors.Is(err, badger.ErrTxnTooBig) && i > 0 {
+			if err := txn.CommitAt(s.ts.Add(1), nil); err != nil {
+				return err
+			}
+			txn = s.db.NewTransactionAt(math.MaxUint64, true)
 			err = txn.SetEntry(e)
 		}
 		if err != nil {
-			txn.Discard()
-			answer(batch[start:], err)
-			return
+			return err
 		}
 	}
-	answer(batch[start:], txn.Commit())
+	return txn.CommitAt(s.ts.Add(1), nil)
 }
 
 // gcLoop garbage-collects the value log every GCInterval until Close.
@@ -313,6 +296,10 @@ func (s *Store) gcLoop(interval time.Duration) {
 // so that nothing grows without bound whatever Badger decides to put there.
 func (s *Store) runGC() {
 	s.m.gcRuns.Inc()
+	// Versions at or below the discard timestamp that are expired or
+	// superseded may be dropped by compaction and value-log GC. No reader
+	// needs an old snapshot, so everything committed so far qualifies.
+	s.db.SetDiscardTs(s.ts.Load())
 	for {
 		select {
 		case <-s.stop:

@@ -208,9 +208,116 @@ func TestKeyExpires(t *testing.T) {
 	})
 }
 
-func TestConcurrentRecordsAreBatched(t *testing.T) {
+// TestRecordAgainAfterRestart: the store picks its own commit timestamps, so
+// after a restart they must continue above the stored ones. Otherwise a key
+// recorded again after its first record expired would sit below the expired
+// version and read as not seen.
+func TestRecordAgainAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		mustRecord(t, s, fmt.Sprint("filler-", i)) // versions to climb above
+	}
+	mustRecord(t, s, "k")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, Options{TTL: hour})
+	eventually(t, 5*time.Second, "first record expired", func() bool {
+		seen, err := s.Seen(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !seen
+	})
+	mustRecord(t, s, "k")
+	mustSeen(t, s, "k", true)
+}
+
+// TestExpiredKeysAreDropped: expired keys leave the tables when they are
+// compacted, so the store does not grow with every key ever recorded. (The
+// store picks Badger's timestamps, so it must also move the timestamp below
+// which compaction may drop what is expired.)
+func TestExpiredKeysAreDropped(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 5000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k-", i)
+	}
+	if err := s.Record(context.Background(), keys...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "keys expired", func() bool {
+		seen, err := s.Seen(context.Background(), keys[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !seen
+	})
+	s.runGC()
+	// Each Close flushes the memtable into a level-0 table; with more
+	// level-0 tables than Badger keeps, Flatten compacts them into one level.
+	const live = numLevelZeroTables + 1
+	for i := range live {
+		if i > 0 {
+			if s, err = Open(dir, Options{TTL: hour}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustRecord(t, s, fmt.Sprint("live-", i))
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = openStore(t, dir, Options{})
+	if n := tableKeys(s); n < uint64(len(keys)) {
+		t.Fatalf("%d keys in tables before compaction, want at least %d", n, len(keys))
+	}
+	if err := s.db.Flatten(1); err != nil {
+		t.Fatal(err)
+	}
+	if n := tableKeys(s); n != live {
+		t.Errorf("%d keys in tables after compaction, want the %d live ones", n, live)
+	}
+	for i := range live {
+		mustSeen(t, s, fmt.Sprint("live-", i), true)
+	}
+}
+
+func tableKeys(s *Store) uint64 {
+	var n uint64
+	for _, ti := range s.db.Tables() {
+		n += uint64(ti.KeyCount)
+	}
+	return n
+}
+
+// TestRecordManyKeys records many keys in one call, one commit, and many
+// single keys from concurrent callers.
+func TestRecordManyKeys(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s := openStore(t, t.TempDir(), Options{Registerer: reg})
+
+	// Enough keys to exceed one Badger transaction: written in parts.
+	const batch = 20000
+	keys := make([]string, batch)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("batch-%06d-%s", i, strings.Repeat("x", 40))
+	}
+	if err := s.Record(context.Background(), keys...); err != nil {
+		t.Fatal(err)
+	}
+	m := gather(t, reg)
+	if got := m["courier_dedup_record_batch_size"]; got != 1 {
+		t.Errorf("%v Record calls observed, want 1", got)
+	}
 
 	const workers, perWorker = 32, 50
 	var wg sync.WaitGroup
@@ -229,40 +336,45 @@ func TestConcurrentRecordsAreBatched(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	for _, k := range keys {
+		mustSeen(t, s, k, true)
+	}
 	for w := range workers {
 		for i := range perWorker {
 			mustSeen(t, s, fmt.Sprintf("w%d-%d", w, i), true)
 		}
 	}
+	mustSeen(t, s, "w0-50", false)
 
-	m := gather(t, reg)
-	const total = workers * perWorker
+	m = gather(t, reg)
+	const total = batch + workers*perWorker
 	if got := m["courier_dedup_keys_recorded_total"]; got != total {
 		t.Errorf("keys recorded = %v, want %d", got, total)
 	}
 	if got := m["courier_dedup_record_errors_total"]; got != 0 {
 		t.Errorf("record errors = %v, want 0", got)
 	}
-	commits := m["courier_dedup_record_batch_size"]
-	if commits == 0 || commits >= total {
-		t.Errorf("%v commits for %d concurrent records: want batches", commits, total)
+	if got := m["courier_dedup_record_batch_size"]; got != 1+workers*perWorker {
+		t.Errorf("%v Record calls observed, want %d", got, 1+workers*perWorker)
 	}
-	t.Logf("%d records in %v commits", total, commits)
 	if m["courier_dedup_store_size_bytes"] <= 0 {
 		t.Errorf("store size = %v, want > 0", m["courier_dedup_store_size_bytes"])
 	}
 }
 
-func TestMaxBatchOne(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	s := openStore(t, t.TempDir(), Options{Registerer: reg, MaxBatch: 1})
-	var wg sync.WaitGroup
-	for i := range 20 {
-		wg.Go(func() { mustRecord(t, s, fmt.Sprint(i)) })
+// TestRecordValidatesEveryKeyFirst: one bad key in a call records none.
+func TestRecordValidatesEveryKeyFirst(t *testing.T) {
+	s := openStore(t, t.TempDir(), Options{})
+	for _, bad := range []string{"", strings.Repeat("x", maxKeySize)} {
+		err := s.Record(context.Background(), "good-1", bad, "good-2")
+		if !errors.Is(err, ErrEmptyKey) && !errors.Is(err, ErrKeyTooLong) {
+			t.Fatalf("Record with a bad key: %v, want ErrEmptyKey or ErrKeyTooLong", err)
+		}
+		mustSeen(t, s, "good-1", false)
+		mustSeen(t, s, "good-2", false)
 	}
-	wg.Wait()
-	if got := gather(t, reg)["courier_dedup_record_batch_size"]; got != 20 {
-		t.Errorf("%v commits for 20 records with MaxBatch 1, want 20", got)
+	if err := s.Record(context.Background()); err != nil {
+		t.Errorf("Record of no keys: %v", err)
 	}
 }
 
@@ -365,33 +477,45 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	})
 }
 
-// TestRecordHonoursContext uses a Store with no committer, the one way to
-// hold a Record waiting: first to enqueue, then for its commit.
+// TestRecordHonoursContext holds a commit (the one fake: Badger cannot be
+// made to stall on demand): Record returns when its context ends, and Close
+// still waits for the commit it started.
 func TestRecordHonoursContext(t *testing.T) {
-	tests := []struct {
-		name  string
-		queue int
-	}{
-		{"waiting to enqueue", 0},
-		{"waiting for the commit", 1},
+	s, err := Open(t.TempDir(), Options{TTL: hour})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := &Store{scope: []byte{keyPrefix, 0}, reqs: make(chan *request, tt.queue)}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error)
-			go func() { done <- s.Record(ctx, "k") }()
-			select {
-			case err := <-done:
-				t.Fatalf("Record returned %v before its key was committed", err)
-			case <-time.After(50 * time.Millisecond):
-			}
-			cancel()
-			if err := <-done; !errors.Is(err, context.Canceled) {
-				t.Fatalf("Record: %v, want context.Canceled", err)
-			}
-		})
+	release := make(chan struct{})
+	s.writeKeys = func(keys [][]byte) error {
+		<-release
+		return s.write(keys)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Record(ctx, "k") }()
+	select {
+	case err := <-done:
+		t.Fatalf("Record returned %v before its key was committed", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Record: %v, want context.Canceled", err)
+	}
+
+	closed := make(chan error)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v while a commit was in progress", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, s.dir, Options{})
+	mustSeen(t, s, "k", true) // the abandoned commit completed before Close
 
 	t.Run("already cancelled", func(t *testing.T) {
 		s := openStore(t, t.TempDir(), Options{})
@@ -545,7 +669,6 @@ func TestOpenOptions(t *testing.T) {
 		{"sub-second TTL", Options{TTL: 500 * time.Millisecond}},
 		{"NUL in scope", Options{TTL: hour, Scope: "a\x00b"}},
 		{"negative GC interval", Options{TTL: hour, GCInterval: -time.Second}},
-		{"negative max batch", Options{TTL: hour, MaxBatch: -1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -669,47 +792,50 @@ func TestHelperProcess(t *testing.T) {
 	os.Exit(2)
 }
 
-// BenchmarkRecord measures Record from 16 goroutines, with group commit and,
-// for comparison, with one key per commit.
+// BenchmarkRecord measures recording keys: one key per call from 16
+// goroutines (Badger batches their concurrent commits), and 16 or 256 keys
+// per call from one (how the delivery loop records).
 func BenchmarkRecord(b *testing.B) {
 	for _, bc := range []struct {
-		name     string
-		maxBatch int
+		name              string
+		goroutines, batch int
 	}{
-		{"group", 0},
-		{"maxbatch=1", 1},
+		{"single/16-goroutines", 16, 1},
+		{"batch=16", 1, 16},
+		{"batch=256", 1, 256},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			reg := prometheus.NewRegistry()
-			s, err := Open(b.TempDir(), Options{TTL: hour, Scope: "bench", Registerer: reg, MaxBatch: bc.maxBatch})
+			s, err := Open(b.TempDir(), Options{TTL: hour, Scope: "bench"})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			const goroutines = 16
-			procs := runtime.GOMAXPROCS(0)
-			b.SetParallelism((goroutines + procs - 1) / procs)
 			var n atomic.Int64
 			ctx := context.Background()
 			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := s.Record(ctx, fmt.Sprint("key-", n.Add(1))); err != nil {
-						b.Error(err)
-						return
+			var wg sync.WaitGroup
+			for range bc.goroutines {
+				wg.Go(func() {
+					keys := make([]string, bc.batch)
+					for {
+						first := n.Add(int64(bc.batch)) - int64(bc.batch)
+						if first >= int64(b.N) {
+							return
+						}
+						keys = keys[:min(int64(bc.batch), int64(b.N)-first)]
+						for i := range keys {
+							keys[i] = fmt.Sprint("key-", first+int64(i))
+						}
+						if err := s.Record(ctx, keys...); err != nil {
+							b.Error(err)
+							return
+						}
 					}
-				}
-			})
+				})
+			}
+			wg.Wait()
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
-			mfs, _ := reg.Gather()
-			for _, mf := range mfs {
-				if mf.GetName() == "courier_dedup_record_batch_size" {
-					if h := mf.GetMetric()[0].GetHistogram(); h.GetSampleCount() > 0 {
-						b.ReportMetric(h.GetSampleSum()/float64(h.GetSampleCount()), "keys/commit")
-					}
-				}
-			}
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,13 +75,47 @@ func (s *KV) Seen(ctx context.Context, key string) (bool, error) {
 	}
 }
 
-// Record records key; a key another courier recorded first is recorded.
-func (s *KV) Record(ctx context.Context, key string) error {
-	k, err := s.kvKey(key)
-	if err != nil {
-		return err
+// kvParallel bounds the creates one Record has in flight at once.
+const kvParallel = 32
+
+// Record records keys, creating each in the bucket; a key another courier
+// recorded first is recorded. The creates of one call run concurrently, so a
+// batch costs about one round trip, not one per key. Every key is validated
+// before any is written. It returns once every create has been answered,
+// with the first error if any failed (the others may be recorded).
+func (s *KV) Record(ctx context.Context, keys ...string) error {
+	kks := make([]string, len(keys))
+	for i, key := range keys {
+		k, err := s.kvKey(key)
+		if err != nil {
+			return err
+		}
+		kks[i] = k
 	}
-	_, err = s.kv.Create(ctx, k, nil)
+	if len(kks) == 1 {
+		return s.create(ctx, kks[0])
+	}
+	errs := make([]error, len(kks))
+	sem := make(chan struct{}, kvParallel)
+	var wg sync.WaitGroup
+	for i, k := range kks {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = s.create(ctx, k)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *KV) create(ctx context.Context, k string) error {
+	_, err := s.kv.Create(ctx, k, nil)
 	var apiErr *jetstream.APIError
 	switch {
 	case err == nil, errors.Is(err, jetstream.ErrKeyExists):

@@ -33,7 +33,7 @@ func newMetrics(dir string, reg prometheus.Registerer) (*metrics, error) {
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "courier_dedup_record_batch_size",
-			Help:    "Keys written per dedup store commit (group commit).",
+			Help:    "Keys written per call to the dedup store's Record (group commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9), // 1..256
 		}),
 		gcRuns: prometheus.NewCounter(prometheus.CounterOpts{

@@ -57,9 +57,6 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.GCInterval == 0 {
 		opts.GCInterval = DefaultGCInterval
 	}
-	if opts.MaxBatch == 0 {
-		opts.MaxBatch = DefaultMaxBatch
-	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -87,18 +84,19 @@ func Open(dir string, opts Options) (*Store, error) {
 	scope = append(scope, opts.Scope...)
 	scope = append(scope, 0)
 	s := &Store{
-		db:       db,
-		dir:      dir,
-		log:      log,
-		ttl:      opts.TTL,
-		scope:    scope,
-		maxBatch: opts.MaxBatch,
-		reqs:     make(chan *request, opts.MaxBatch),
-		stop:     make(chan struct{}),
-		m:        m,
+		db:    db,
+		dir:   dir,
+		log:   log,
+		ttl:   opts.TTL,
+		scope: scope,
+		stop:  make(chan struct{}),
+		m:     m,
 	}
-	s.wg.Add(2)
-	go s.commitLoop()
+	s.writeKeys = s.write
+	// Versions continue above what is stored, whichever mode wrote it.
+	s.ts.Store(db.MaxVersion())
+	db.SetDiscardTs(s.ts.Load())
+	s.wg.Add(1)
 	go s.gcLoop(opts.GCInterval)
 	log.Debug("dedup store open", "dir", dir, "ttl", opts.TTL, "scope", opts.Scope)
 	return s, nil
@@ -114,9 +112,6 @@ func (o Options) validate() error {
 	}
 	if o.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("dedup: GC interval %v: must not be negative", o.GCInterval))
-	}
-	if o.MaxBatch < 0 {
-		errs = append(errs, fmt.Errorf("dedup: max batch %d: must not be negative", o.MaxBatch))
 	}
 	return errors.Join(errs...)
 }
@@ -190,7 +185,7 @@ func openBadger(dir string, log *slog.Logger) (db *badger.DB, err error) {
 		WithSyncWrites(false). // see Store's doc: survives kill -9, not power loss
 		WithLogger(badgerLogger{log.With("lib", "badger")}).
 		WithMetricsEnabled(false).  // Badger's metrics are process-global expvars
-		WithDetectConflicts(false). // one writer, and reads need no isolation
+		WithDetectConflicts(false). // writes are blind sets; reads need no isolation
 		WithCompression(options.None).
 		// A damaged block becomes an error from Seen (the message is NAK'd)
 		// rather than a panic or a wrong answer; CRC32C per 4 KiB is cheap.
@@ -212,7 +207,12 @@ func openBadger(dir string, log *slog.Logger) (db *badger.DB, err error) {
 			db, err = nil, corruptError(dir, fmt.Errorf("badger panicked: %v", p))
 		}
 	}()
-	db, err = badger.Open(bo)
+	// Managed mode: the store chooses the timestamps, so reads and commits
+	// skip Badger's transaction watermarks. Unmanaged, every read waits on
+	// and signals a watermark goroutine (two channel sends and often a
+	// wake-up per check), which measured as most of the cost of dedup.
+	// Store.ts and the discard timestamp it sets stand in for them.
+	db, err = badger.OpenManaged(bo)
 	if err == nil {
 		return db, nil
 	}

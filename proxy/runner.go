@@ -25,12 +25,14 @@ import (
 )
 
 // Deduper remembers processed idempotency keys. Implementations must be safe
-// for concurrent use. Record must return only once the key is stored durably.
+// for concurrent use.
 type Deduper interface {
 	// Seen reports whether key was recorded as processed and has not expired.
 	Seen(ctx context.Context, key string) (bool, error)
-	// Record records key as processed.
-	Record(ctx context.Context, key string) error
+	// Record records keys as processed, together (the runner gathers the
+	// keys of concurrent deliveries into one call), and returns nil only
+	// once every one is stored durably.
+	Record(ctx context.Context, keys ...string) error
 }
 
 // DeadLetter describes a message courier gives up on.
@@ -210,7 +212,7 @@ type Runner struct {
 	// workers; taken wakes the fetch loop when a worker takes one.
 	ready chan jetstream.Msg
 	taken chan struct{}
-	// recs hands delivered messages to the recorders (dedup on).
+	// recs hands delivered messages to the recorder (dedup on).
 	recs      chan recJob
 	recorders sync.WaitGroup
 	bound     atomic.Bool
@@ -230,7 +232,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
 		ready:   make(chan jetstream.Msg, max(2*o.MaxInflight, 16)),
 		taken:   make(chan struct{}, 1),
-		recs:    make(chan recJob, o.MaxInflight),
+		recs:    make(chan recJob, maxRecordBatch),
 		flights: newFlights(),
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -315,12 +317,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		go r.worker()
 	}
 	if r.dd != nil {
-		r.recorders.Add(r.o.MaxInflight)
-		for range r.o.MaxInflight {
-			go r.recorder()
-		}
+		r.recorders.Add(1)
+		go r.recorder()
 	}
-	// After the workers (below): the recorders finish what they were given.
+	// After the workers (below): the recorder finishes what it was given.
 	defer func() { close(r.recs); r.recorders.Wait() }()
 
 	fatal := r.consume(ctx)
@@ -677,25 +677,56 @@ type recJob struct {
 	took time.Duration
 }
 
-// recorder records keys of delivered messages, then acks them and ends their
-// flights, until recs is closed. Several run at once, so the store commits
-// their keys together.
+// maxRecordBatch bounds the keys recorded in one call to the store, and the
+// deliveries waiting for the recorder.
+const maxRecordBatch = 256
+
+// recorder records the keys of delivered messages, then acks them and ends
+// their flights, until recs is closed. It takes every delivery waiting (up
+// to maxRecordBatch) and records their keys in one call, so the store
+// commits the keys of concurrent workers together (group commit) and the
+// batches grow with the load: while one commits, the next gathers. Each
+// message is acked only after its key is recorded.
 func (r *Runner) recorder() {
 	defer r.recorders.Done()
+	batch := make([]recJob, 0, maxRecordBatch)
+	keys := make([]string, 0, maxRecordBatch)
 	for j := range r.recs {
+		batch = append(batch[:0], j)
+	fill:
+		for len(batch) < maxRecordBatch {
+			select {
+			case j, ok := <-r.recs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, j)
+			default:
+				break fill
+			}
+		}
+		keys = keys[:0]
+		for _, j := range batch {
+			keys = append(keys, j.skey)
+		}
 		// Not r.work: a 2xx that arrived as the grace period ended is
 		// recorded all the same.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.work), 10*time.Second)
-		err := r.dd.Record(ctx, j.skey)
+		err := r.dd.Record(ctx, keys...)
 		cancel()
 		if err != nil {
 			// The effect happened: calling the app again would surely
-			// duplicate it, so the message is acked anyway.
-			r.m.dedupErrors.WithLabelValues("record").Inc()
-			j.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
+			// duplicate it, so the messages are acked anyway.
+			r.m.dedupErrors.WithLabelValues("record").Add(float64(len(batch)))
 		}
-		r.acked(j.m, j.log, j.took)
-		r.flights.finish(j.skey, j.fl, true)
+		for _, j := range batch {
+			if err != nil {
+				j.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
+			}
+			r.acked(j.m, j.log, j.took)
+			r.flights.finish(j.skey, j.fl, true)
+		}
+		clear(batch) // drop references to settled messages
 	}
 }
 

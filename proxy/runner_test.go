@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -36,11 +37,11 @@ func (f *flakyStore) Seen(ctx context.Context, key string) (bool, error) {
 	return f.Store.Seen(ctx, key)
 }
 
-func (f *flakyStore) Record(ctx context.Context, key string) error {
+func (f *flakyStore) Record(ctx context.Context, keys ...string) error {
 	if f.recordFails.Add(-1) >= 0 {
 		return errStore
 	}
-	return f.Store.Record(ctx, key)
+	return f.Store.Record(ctx, keys...)
 }
 
 type dlqAdapter struct{ p *dlq.Publisher }
@@ -183,4 +184,59 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	}
 	t.Fatalf("metric %s{%s} not found", name, label)
 	return 0
+}
+
+// batchWatcher is a store that commits slowly (a busy disk) and checks, at
+// each Record, that none of the messages whose keys it records has been
+// acked yet.
+type batchWatcher struct {
+	*dedup.Store
+	cons      jetstream.Consumer
+	calls     atomic.Int32
+	keys      atomic.Int32
+	early     atomic.Int32 // keys recorded after their message was acked
+	maxKeysIn atomic.Int32
+}
+
+func (b *batchWatcher) Record(ctx context.Context, keys ...string) error {
+	b.calls.Add(1)
+	b.keys.Add(int32(len(keys)))
+	if n := int32(len(keys)); n > b.maxKeysIn.Load() {
+		b.maxKeysIn.Store(n) // one recorder calls Record: no race to lose
+	}
+	info, err := b.cons.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.NumAckPending < len(keys) {
+		b.early.Add(int32(len(keys) - info.NumAckPending))
+	}
+	time.Sleep(20 * time.Millisecond)
+	return b.Store.Record(ctx, keys...)
+}
+
+// The keys of concurrent deliveries are recorded together, each message
+// acked only after its key is recorded.
+func TestKeysOfConcurrentDeliveriesRecordedTogether(t *testing.T) {
+	e := setup(t)
+	bw := &batchWatcher{Store: openStore(t), cons: e.cons}
+	const n = 300
+	for i := range n {
+		if _, err := e.js.Publish(context.Background(), fmt.Sprint("s.", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.run(t, bw)
+	waitFor(t, "every message delivered and acked", func() bool { return e.calls.Load() == n && e.settled(t) })
+	if got := bw.keys.Load(); got != n {
+		t.Errorf("%d keys recorded, want %d", got, n)
+	}
+	if got := bw.early.Load(); got != 0 {
+		t.Errorf("%d messages acked before their key was recorded", got)
+	}
+	calls := bw.calls.Load()
+	if calls > n/4 {
+		t.Errorf("%d Record calls for %d deliveries: want their keys recorded together", calls, n)
+	}
+	t.Logf("%d keys in %d Record calls, at most %d in one", n, calls, bw.maxKeysIn.Load())
 }

@@ -114,11 +114,14 @@ type Store struct {
 	// key is as good as an earlier one.
 	ts atomic.Uint64
 
+	// filter spares most checks of new keys a read of Badger.
+	filter *filter
+
 	// writeKeys commits keys (write; tests hold it to hold a commit).
 	writeKeys func(keys [][]byte) error
 
-	stop      chan struct{}  // closed by Close: stops the GC loop
-	wg        sync.WaitGroup // the GC loop and the commits in progress
+	stop      chan struct{}  // closed by Close: stops the GC loop and the filter's load
+	wg        sync.WaitGroup // the GC loop, the filter's load and the commits in progress
 	closeOnce sync.Once
 	closeErr  error
 
@@ -140,6 +143,10 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	defer s.mu.RUnlock()
 	if s.closed {
 		return false, ErrClosed
+	}
+	if s.filter.absent(k) {
+		s.m.filterAbsent.Inc()
+		return false, nil
 	}
 	// The newest version of the key, whatever its timestamp: a key is
 	// visible once its Record's commit has written it.
@@ -190,6 +197,10 @@ func (s *Store) Record(ctx context.Context, keys ...string) error {
 	}
 	// Close waits for the commit through wg: added under the read lock, so
 	// before Close can start waiting.
+	// Before the commit: a key Badger holds is always in the filter.
+	for _, k := range sks {
+		s.filter.add(k)
+	}
 	s.wg.Add(1)
 	s.m.batchSize.Observe(float64(len(sks)))
 	go func() {

@@ -16,6 +16,7 @@ type metrics struct {
 	keysRecorded prometheus.Counter
 	recordErrors prometheus.Counter
 	batchSize    prometheus.Histogram
+	filterAbsent prometheus.Counter
 	gcRuns       prometheus.Counter
 	gcRewrites   prometheus.Counter
 	sizeBytes    prometheus.GaugeFunc
@@ -35,6 +36,10 @@ func newMetrics(dir string, reg prometheus.Registerer) (*metrics, error) {
 			Name:    "courier_dedup_record_batch_size",
 			Help:    "Keys written per call to the dedup store's Record (group commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9), // 1..256
+		}),
+		filterAbsent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_dedup_filter_absent_total",
+			Help: "Key checks answered 'not processed' by the in-memory key filter, without reading the store.",
 		}),
 		gcRuns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dedup_gc_runs_total",
@@ -57,7 +62,7 @@ func newMetrics(dir string, reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.reg = reg
 	for _, c := range []prometheus.Collector{
-		m.keysRecorded, m.recordErrors, m.batchSize, m.gcRuns, m.gcRewrites, m.sizeBytes,
+		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes,
 	} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()

@@ -84,20 +84,22 @@ func Open(dir string, opts Options) (*Store, error) {
 	scope = append(scope, opts.Scope...)
 	scope = append(scope, 0)
 	s := &Store{
-		db:    db,
-		dir:   dir,
-		log:   log,
-		ttl:   opts.TTL,
-		scope: scope,
-		stop:  make(chan struct{}),
-		m:     m,
+		db:     db,
+		dir:    dir,
+		log:    log,
+		ttl:    opts.TTL,
+		scope:  scope,
+		stop:   make(chan struct{}),
+		m:      m,
+		filter: newFilter(),
 	}
 	s.writeKeys = s.write
 	// Versions continue above what is stored, whichever mode wrote it.
 	s.ts.Store(db.MaxVersion())
 	db.SetDiscardTs(s.ts.Load())
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.gcLoop(opts.GCInterval)
+	go s.loadFilter()
 	log.Debug("dedup store open", "dir", dir, "ttl", opts.TTL, "scope", opts.Scope)
 	return s, nil
 }

@@ -36,7 +36,7 @@ type filter struct {
 	words    []atomic.Uint64
 	capacity int64 // filterCapacity; smaller in tests
 	added    atomic.Int64
-	ready atomic.Bool // every stored key is in it: its "absent" can be trusted
+	ready    atomic.Bool // every stored key is in it: its "absent" can be trusted
 }
 
 func newFilter() *filter {

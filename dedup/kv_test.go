@@ -2,6 +2,8 @@ package dedup_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -84,5 +86,40 @@ func TestKVKeysExpire(t *testing.T) {
 			t.Fatal("key not forgotten after the bucket's TTL")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestKVRecordMany records a batch in one call, keys already there among
+// them; a batch with an empty key records none.
+func TestKVRecordMany(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	kv, err := dedup.OpenKV(ctx, js, "COURIER_DEDUP_MANY", "S/c", time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Record(ctx, "k-3"); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k-", i)
+	}
+	if err := kv.Record(ctx, keys...); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if seen, err := kv.Seen(ctx, k); err != nil || !seen {
+			t.Fatalf("%s after a batch record: seen %v, %v", k, seen, err)
+		}
+	}
+	if err := kv.Record(ctx, "x-1", "", "x-2"); !errors.Is(err, dedup.ErrEmptyKey) {
+		t.Fatalf("batch with an empty key: %v, want ErrEmptyKey", err)
+	}
+	for _, k := range []string{"x-1", "x-2"} {
+		if seen, err := kv.Seen(ctx, k); err != nil || seen {
+			t.Errorf("%s of a refused batch: seen %v, %v", k, seen, err)
+		}
 	}
 }

@@ -5,7 +5,8 @@
 // capacity (latency while draining a backlog is queueing, not overhead).
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
-// with dedup off and on.
+// with dedup off and on (at 16 in flight also with the shared key-value
+// bucket store, and logging a line per message).
 //
 // Run it from the module root:
 //
@@ -112,14 +113,16 @@ const (
 	dedupOff                   // courier with COURIER_DEDUP_TTL=0
 	dedupOn                    // courier with its dedup store (default TTL)
 	dedupOnInfo                // dedupOn logging at info (a line per message) to /dev/null
+	dedupKV                    // courier with the shared key-value bucket store
 )
 
 func (v variant) String() string {
-	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, info logs"}[v]
+	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, info logs",
+		"courier, dedup kv bucket"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
-func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo }
+func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo || v == dedupKV }
 func (v variant) info() bool    { return v == dedupOnInfo }
 
 // bench holds what every measurement shares. It is used by one goroutine.
@@ -176,13 +179,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// before spread over every variant.
 	total := o.repeat * len(o.inflight) * 3
 	if slices.Contains(o.inflight, focusInflight) {
-		total += o.repeat
+		total += 2 * o.repeat
 	}
 	for round := range o.repeat {
 		for _, inflight := range o.inflight {
 			vs := []variant{baseline, dedupOff, dedupOn}
 			if inflight == focusInflight {
-				vs = append(vs, dedupOnInfo)
+				vs = append(vs, dedupOnInfo, dedupKV)
 			}
 			k := round % len(vs)
 			vs = slices.Concat(vs[k:], vs[:k])
@@ -295,6 +298,9 @@ func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*chi
 		)
 		if !v.dedup() {
 			env = append(env, "COURIER_DEDUP_TTL=0")
+		}
+		if v == dedupKV {
+			env = append(env, "COURIER_DEDUP_STORE=kv") // the bucket is deleted with the streams
 		}
 	}
 	var logPath string

@@ -161,6 +161,10 @@ func (rep *report) print(w io.Writer) {
 		fmt.Fprintf(w, "  CPU per message, dedup off / dedup on: %s (%.1f vs %.1f µs): the ratio to expect where CPU is the limit\n",
 			ratio(cpu(off), cpu(on)), cpu(off), cpu(on))
 	}
+	if kv, ok := find(rows, dedupKV, focusInflight); ok && okOn {
+		fmt.Fprintf(w, "dedup kv bucket / dedup on (embedded) at %d in flight: %s (steady %s): the cost of sharing keys between pods\n",
+			focusInflight, ratio(kv.rate(), on.rate()), ratio(kv.steadyRate(), on.steadyRate()))
+	}
 	if info, ok := find(rows, dedupOnInfo, focusInflight); ok && okOn {
 		fmt.Fprintf(w, "info logs / warn logs (dedup on) at %d in flight: %s (steady %s): the cost of one log line per message\n",
 			focusInflight, ratio(info.rate(), on.rate()), ratio(info.steadyRate(), on.steadyRate()))

@@ -195,12 +195,12 @@ func (s *Store) Record(ctx context.Context, keys ...string) error {
 		s.mu.RUnlock()
 		return ErrClosed
 	}
-	// Close waits for the commit through wg: added under the read lock, so
-	// before Close can start waiting.
-	// Before the commit: a key Badger holds is always in the filter.
+	// Into the filter before the commit: a key Badger holds is always in it.
 	for _, k := range sks {
 		s.filter.add(k)
 	}
+	// Close waits for the commit through wg: added under the read lock, so
+	// before Close can start waiting.
 	s.wg.Add(1)
 	s.m.batchSize.Observe(float64(len(sks)))
 	go func() {

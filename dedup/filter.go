@@ -10,13 +10,14 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 )
 
-// Sizing of the in-memory filter: 1 MiB of bits and four probes answer "not
-// stored" wrongly for about 1 key in 50 with a million keys held; past
-// filterCapacity keys (about 1 in 3) it is no longer worth asking.
+// Sizing of the in-memory filter: 512 KiB of bits and four probes take a
+// new key for a stored one (and read the store) for about 1 key in 250 with
+// 300,000 keys held and 1 in 7 with a million; past filterCapacity keys
+// (about 1 in 3) it is no longer worth asking.
 const (
-	filterBits     = 1 << 23
+	filterBits     = 1 << 22
 	filterHashes   = 4
-	filterCapacity = 3_000_000
+	filterCapacity = 1_500_000
 )
 
 // filter is a Bloom filter of the keys in a Store. A key it was never given

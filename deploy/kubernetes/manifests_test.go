@@ -202,6 +202,15 @@ func (k *podEnv) environ() map[string]string {
 			continue
 		}
 		from := asMap(t, e["valueFrom"], "env "+name+".valueFrom")
+		if ref, ok := from["resourceFieldRef"].(map[string]any); ok {
+			// limits.memory → the container's resources.limits.memory.
+			kind, res, _ := strings.Cut(str(ref["resource"]), ".")
+			res2 := asMap(t, k.c["resources"], "resources")
+			if _, set := asMap(t, res2[kind], "resources."+kind)[res]; !set {
+				t.Errorf("env %s: refers to %s, which the container does not set", name, str(ref["resource"]))
+			}
+			continue
+		}
 		for _, kind := range []string{"ConfigMap", "Secret"} {
 			if ref, ok := from[strings.ToLower(kind[:1])+kind[1:]+"KeyRef"].(map[string]any); ok {
 				v, found := k.data(kind, str(ref["name"]))[str(ref["key"])]

@@ -24,7 +24,7 @@ const (
 	// Measured recording 500k keys from 16 goroutines: 4 MiB memtables with
 	// 2 MiB tables cost ~16 MiB more RSS than 2 MiB with 1 MiB tables, for
 	// no throughput.
-	memTableSize = 2 << 20
+	memTableSize = 1 << 20
 	numMemtables = 2
 	// Values this small or smaller live in the LSM tree, not the value log;
 	// ours are empty.

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMetricsDocumented: every courier_* metric the sidecar serves is in the
+// operations guide's metric tables, so an operator can look up what it says.
+func TestMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t)
+	a := newApp(t, nil)
+	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
+	c := start(t, h.env(a.URL))
+	admin := adminAddr(t, c)
+	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
+
+	_, body := get(t, "http://"+admin+"/metrics")
+	var names []string
+	for line := range strings.Lines(body) {
+		if rest, ok := strings.CutPrefix(line, "# HELP courier_"); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			names = append(names, "courier_"+name)
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("only %d courier_* metrics served: %v", len(names), names)
+	}
+	for _, name := range names {
+		if !strings.Contains(string(doc), "`"+name+"`") && !strings.Contains(string(doc), "`"+name+"{") {
+			t.Errorf("metric %s is served but not in docs/operations.md", name)
+		}
+	}
+	t.Logf("%d courier_* metrics checked", len(names))
+}

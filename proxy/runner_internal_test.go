@@ -25,6 +25,7 @@ func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 		Sequence: jetstream.SequencePair{Stream: m.seq, Consumer: m.seq}, Timestamp: time.Now()}, nil
 }
 func (m *fakeMsg) Data() []byte         { return []byte("x") }
+func (m *fakeMsg) Reply() string        { return "$JS.ACK.S.c.1.1.1.0.0" }
 func (m *fakeMsg) Headers() nats.Header { return nats.Header{} }
 func (m *fakeMsg) Subject() string {
 	if m.subject != "" {

@@ -240,3 +240,50 @@ func TestKeysOfConcurrentDeliveriesRecordedTogether(t *testing.T) {
 	}
 	t.Logf("%d keys in %d Record calls, at most %d in one", n, calls, bw.maxKeysIn.Load())
 }
+
+// The fetch queue holds at most its byte budget: large messages are pulled
+// a few at a time, not as many as the queue has slots for.
+func TestFetchQueueBoundedInBytes(t *testing.T) {
+	e := setup(t)
+	release := make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+
+	const n, size = 40, 512 << 10 // 20 MiB in all; the budget is 8 MiB
+	body := make([]byte, size)
+	for range n {
+		if _, err := e.js.Publish(context.Background(), "s.big", body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, nil, proxy.Options{
+		AppURL: e.url, Stream: "S", Consumer: "c", MaxInflight: 1, AckWait: 5 * time.Second,
+		Registerer: e.reg, MaxPayload: 1 << 20,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { close(release) }) // first: the held request ends
+
+	waitFor(t, "the queue filled", func() bool {
+		info, err := e.cons.Info(context.Background())
+		return err == nil && info.NumAckPending > 4
+	})
+	time.Sleep(300 * time.Millisecond) // give an unbounded fetch loop time to overreach
+	info, err := e.cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One with the app, and at most 8 MiB of 512 KiB messages queued.
+	if most := 1 + (8<<20)/size; info.NumAckPending > most {
+		t.Errorf("%d messages fetched and not settled, want at most %d (the byte budget)", info.NumAckPending, most)
+	}
+	t.Logf("%d of %d messages fetched while the app holds one", info.NumAckPending, n)
+}

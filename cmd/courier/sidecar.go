@@ -232,6 +232,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		Logger:            log,
 		Registerer:        reg,
 		DeadLetterCounter: deadLetterCount,
+		MaxPayload:        nc.MaxPayload(),
 	})
 	if err != nil {
 		if store != nil {

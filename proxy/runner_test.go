@@ -25,7 +25,8 @@ import (
 type flakyStore struct {
 	*dedup.Store
 	seenFails   atomic.Int32 // fail this many Seen calls
-	recordFails atomic.Int32
+	recordFails atomic.Int32 // fail this many Record calls
+	failedKeys  atomic.Int32 // keys in the Record calls failed
 }
 
 var errStore = errors.New("disk on fire")
@@ -39,6 +40,7 @@ func (f *flakyStore) Seen(ctx context.Context, key string) (bool, error) {
 
 func (f *flakyStore) Record(ctx context.Context, keys ...string) error {
 	if f.recordFails.Add(-1) >= 0 {
+		f.failedKeys.Add(int32(len(keys)))
 		return errStore
 	}
 	return f.Store.Record(ctx, keys...)
@@ -147,19 +149,30 @@ func TestStoreCheckErrorNaksNeverSendsUnchecked(t *testing.T) {
 	}
 }
 
-// A store that fails to record after a 2xx: the message is acked anyway (the
-// effect happened), the failure counted.
+// A store that fails to record after a 2xx: the messages are acked anyway
+// (the effect happened), every key of the failed batch counted, and the keys
+// of later batches recorded.
 func TestStoreRecordErrorStillAcks(t *testing.T) {
 	e := setup(t)
 	fs := &flakyStore{Store: openStore(t)}
 	fs.recordFails.Store(1)
-	e.run(t, fs)
-	if _, err := e.js.Publish(context.Background(), "s.x", []byte("x")); err != nil {
-		t.Fatal(err)
+	const n = 50
+	for i := range n {
+		if _, err := e.js.Publish(context.Background(), fmt.Sprint("s.", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	waitFor(t, "ack", func() bool { return e.calls.Load() == 1 && e.settled(t) })
-	if got := counter(t, e.reg, "courier_dedup_errors_total", "record"); got != 1 {
-		t.Errorf("record errors counted %v, want 1", got)
+	e.run(t, fs)
+	waitFor(t, "every message acked", func() bool { return e.calls.Load() == n && e.settled(t) })
+	failed := fs.failedKeys.Load()
+	if failed == 0 {
+		t.Fatal("no Record call failed")
+	}
+	if got := counter(t, e.reg, "courier_dedup_errors_total", "record"); got != float64(failed) {
+		t.Errorf("record errors counted %v, want %d (every key of the failed batch)", got, failed)
+	}
+	if got := counter(t, e.reg, "courier_messages_total", "delivered"); got != n {
+		t.Errorf("%v delivered, want %d", got, n)
 	}
 }
 

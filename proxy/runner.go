@@ -222,6 +222,9 @@ type Runner struct {
 	taken      chan struct{}
 	queued     atomic.Int64
 	queueBytes int64
+	// reqBatch and reqBytes are the consumer's limits on one pull request
+	// (its own or the server's; 0: none).
+	reqBatch, reqBytes int
 	// recs hands delivered messages to the recorder (dedup on).
 	recs      chan recJob
 	recorders sync.WaitGroup
@@ -246,6 +249,9 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		flights: newFlights(),
 		// Any message fits in half: a pull asks for at least that much.
 		queueBytes: max(minQueueBytes, 2*(o.MaxPayload+msgOverhead)),
+	}
+	if ci := cons.CachedInfo(); ci != nil {
+		r.reqBatch, r.reqBytes = ci.Config.MaxRequestBatch, ci.Config.MaxRequestMaxBytes
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
@@ -420,6 +426,14 @@ func (r *Runner) consume(ctx context.Context) error {
 				return nil
 			}
 			continue
+		}
+		// A pull over the consumer's limits is refused outright, every
+		// time: ask for no more than they allow.
+		if r.reqBatch > 0 {
+			room = min(room, r.reqBatch)
+		}
+		if r.reqBytes > 0 {
+			byteRoom = min(byteRoom, int64(r.reqBytes))
 		}
 		batch, err := r.cons.Fetch(room, jetstream.FetchMaxWait(fetchWait), jetstream.FetchMaxBytes(int(byteRoom)))
 		if err == nil {

@@ -73,6 +73,8 @@ func (c *fakeConsumer) Fetch(int, ...jetstream.FetchOpt) (jetstream.MessageBatch
 	return b, nil
 }
 
+func (c *fakeConsumer) CachedInfo() *jetstream.ConsumerInfo { return &jetstream.ConsumerInfo{} }
+
 func (c *fakeConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 	return nil, jetstream.ErrConsumerNotFound
 }

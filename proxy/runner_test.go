@@ -300,3 +300,26 @@ func TestFetchQueueBoundedInBytes(t *testing.T) {
 	}
 	t.Logf("%d of %d messages fetched while the app holds one", info.NumAckPending, n)
 }
+
+// A consumer that limits the size of a pull request (its own setting, or the
+// server's max_request_batch applied to it) is pulled within the limit; a
+// bigger pull would be refused every time and nothing delivered.
+func TestPullWithinConsumerRequestLimits(t *testing.T) {
+	e := setup(t)
+	cons, err := e.js.CreateOrUpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
+		MaxRequestBatch: 5, MaxRequestMaxBytes: 4096,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+	const n = 40
+	for i := range n {
+		if _, err := e.js.Publish(context.Background(), fmt.Sprint("s.", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.run(t, nil)
+	waitFor(t, "every message delivered", func() bool { return e.calls.Load() == n && e.settled(t) })
+}

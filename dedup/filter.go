@@ -44,16 +44,11 @@ func newFilter() *filter {
 	return &filter{seed: maphash.MakeSeed(), words: make([]atomic.Uint64, filterBits/64), capacity: filterCapacity}
 }
 
-// probes calls fn with each of key's bit positions (double hashing).
-func (f *filter) probes(key []byte, fn func(word int, bit uint64) bool) {
+// probe returns the bases of key's filterHashes bit positions: probe i is
+// (a + i*b) mod filterBits (double hashing).
+func (f *filter) probe(key []byte) (a, b uint64) {
 	h := maphash.Bytes(f.seed, key)
-	a, b := h, h>>33|1
-	for i := range uint64(filterHashes) {
-		pos := (a + i*b) & (filterBits - 1)
-		if !fn(int(pos>>6), 1<<(pos&63)) {
-			return
-		}
-	}
+	return h, h>>33 | 1
 }
 
 // add puts key in the filter.
@@ -61,10 +56,11 @@ func (f *filter) add(key []byte) {
 	if f.added.Add(1) > f.capacity {
 		return // full: absent says nothing any more, so nothing need be added
 	}
-	f.probes(key, func(word int, bit uint64) bool {
-		f.words[word].Or(bit)
-		return true
-	})
+	a, b := f.probe(key)
+	for i := range uint64(filterHashes) {
+		pos := (a + i*b) & (filterBits - 1)
+		f.words[pos>>6].Or(1 << (pos & 63))
+	}
 }
 
 // absent reports whether key is certainly not in the store. False means it
@@ -73,15 +69,14 @@ func (f *filter) absent(key []byte) bool {
 	if !f.ready.Load() || f.added.Load() > f.capacity {
 		return false
 	}
-	absent := false
-	f.probes(key, func(word int, bit uint64) bool {
-		if f.words[word].Load()&bit == 0 {
-			absent = true
-			return false
+	a, b := f.probe(key)
+	for i := range uint64(filterHashes) {
+		pos := (a + i*b) & (filterBits - 1)
+		if f.words[pos>>6].Load()&(1<<(pos&63)) == 0 {
+			return true
 		}
-		return true
-	})
-	return absent
+	}
+	return false
 }
 
 // errStopped ends loadFilter's scan when the store closes.

@@ -218,7 +218,7 @@ type Runner struct {
 	// ready queues fetched messages (tracked from arrival) for the
 	// workers; taken wakes the fetch loop when a worker takes one. queued
 	// is the size of the messages in it, kept under queueBytes.
-	ready      chan jetstream.Msg
+	ready      chan queuedMsg
 	taken      chan struct{}
 	queued     atomic.Int64
 	queueBytes int64
@@ -243,7 +243,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		cons: cons, dl: dl, dd: dd, o: o,
 		log:     o.Logger.With("component", "proxy"),
 		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
-		ready:   make(chan jetstream.Msg, max(queuePerWorker*o.MaxInflight, minQueue)),
+		ready:   make(chan queuedMsg, max(queuePerWorker*o.MaxInflight, minQueue)),
 		taken:   make(chan struct{}, 1),
 		recs:    make(chan recJob, maxRecordBatch),
 		flights: newFlights(),
@@ -349,8 +349,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	halt()
 	cancelQuit()
 	close(r.ready)
-	for m := range r.ready {
-		r.giveBack(m)
+	for q := range r.ready {
+		r.giveBack(q.m)
 	}
 	done := make(chan struct{})
 	go func() { r.workers.Wait(); close(done) }()
@@ -383,6 +383,13 @@ const (
 	// beyond the data and headers that max_payload bounds: subject, reply.
 	msgOverhead = 64 << 10
 )
+
+// queuedMsg is a fetched message waiting for a worker, with its size as
+// counted against the queue's byte budget (measured once, on arrival).
+type queuedMsg struct {
+	m    jetstream.Msg
+	size int64
+}
 
 // queueSize is m's size as counted against the queue's byte budget.
 func queueSize(m jetstream.Msg) int64 {
@@ -442,8 +449,9 @@ func (r *Runner) consume(ctx context.Context) error {
 			// sends to ready, so there is always room.
 			for m := range batch.Messages() {
 				r.track.add(m)
-				r.queued.Add(queueSize(m))
-				r.ready <- m
+				q := queuedMsg{m: m, size: queueSize(m)}
+				r.queued.Add(q.size)
+				r.ready <- q
 			}
 			err = batch.Error()
 		}
@@ -488,8 +496,9 @@ func (r *Runner) consumerGone(ctx context.Context, err error) error {
 // is stopping it gives messages back instead of starting them.
 func (r *Runner) worker() {
 	defer r.workers.Done()
-	for m := range r.ready {
-		r.queued.Add(-queueSize(m))
+	for q := range r.ready {
+		m := q.m
+		r.queued.Add(-q.size)
 		select {
 		case r.taken <- struct{}{}:
 		default:

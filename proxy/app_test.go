@@ -152,30 +152,42 @@ func TestPostUnreachable(t *testing.T) {
 
 // An app that reads the request and then drops the connection must not get a
 // second copy from the HTTP client, even on a reused keep-alive connection.
+// An empty body is an http.NoBody request, which net/http deems replayable
+// when it carries an Idempotency-Key: it must not be resent either.
 func TestPostNoSilentResend(t *testing.T) {
-	var n atomic.Int32
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			w.WriteHeader(204) // first request establishes a keep-alive connection
-			return
-		}
-		hj, _ := w.(http.Hijacker)
-		conn, _, _ := hj.Hijack()
-		conn.Close()
-	}))
-	defer app.Close()
-	c := NewClient(ClientOptions{MaxConns: 1})
-	h := http.Header{HeaderIdempotencyKey: {"k"}}
-	if err := Post(context.Background(), c, app.URL, h, []byte("a")); err != nil {
-		t.Fatal(err)
-	}
-	err := Post(context.Background(), c, app.URL, h, []byte("b"))
-	var ae *AppError
-	if !errors.As(err, &ae) || ae.Kind != KindTransport {
-		t.Fatalf("want a transport error, got %v", err)
-	}
-	if got := n.Load(); got != 2 {
-		t.Fatalf("app saw %d requests, want 2 (no resend)", got)
+	for _, tt := range []struct {
+		name          string
+		first, second []byte
+	}{
+		{"body", []byte("a"), []byte("b")},
+		{"empty body", nil, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n atomic.Int32
+			app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if n.Add(1) == 1 {
+					w.WriteHeader(204) // first request establishes a keep-alive connection
+					return
+				}
+				hj, _ := w.(http.Hijacker)
+				conn, _, _ := hj.Hijack()
+				conn.Close()
+			}))
+			defer app.Close()
+			c := NewClient(ClientOptions{MaxConns: 1})
+			h := http.Header{HeaderIdempotencyKey: {"k"}}
+			if err := Post(context.Background(), c, app.URL, h, tt.first); err != nil {
+				t.Fatal(err)
+			}
+			err := Post(context.Background(), c, app.URL, h, tt.second)
+			var ae *AppError
+			if !errors.As(err, &ae) || ae.Kind != KindTransport {
+				t.Fatalf("want a transport error, got %v", err)
+			}
+			if got := n.Load(); got != 2 {
+				t.Fatalf("app saw %d requests, want 2 (no resend)", got)
+			}
+		})
 	}
 }
 

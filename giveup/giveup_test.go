@@ -22,6 +22,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/testlog"
 )
 
 const (
@@ -549,7 +550,7 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testlog.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := giveup.New(js, src, consumer, dlq.NewPublisher(js, dlqSubject), giveup.Options{
 		Registerer: reg, StepTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -568,21 +569,4 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

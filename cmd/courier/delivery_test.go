@@ -17,6 +17,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/testlog"
 )
 
 const dlqSubject = "dlq.ORDERS.courier"
@@ -417,7 +418,7 @@ func TestBadConfigurationExit2ListsEveryProblem(t *testing.T) {
 
 func TestMissingStreamExit1(t *testing.T) {
 	h := newHarness(t)
-	var stderr syncBuffer
+	var stderr testlog.Buffer
 	err := run(context.Background(), nil, h.env("http://127.0.0.1:1/", "COURIER_STREAM=NOPE"), io.Discard, &stderr)
 	var out bytes.Buffer
 	if code := exitCode(err, &out); code != 1 {

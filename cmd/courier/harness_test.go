@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/testlog"
 )
 
 // harness is one embedded JetStream server with a stream, for end-to-end
@@ -84,7 +84,7 @@ type courier struct {
 	t      *testing.T
 	cancel context.CancelFunc
 	done   chan error
-	logs   *syncBuffer
+	logs   *testlog.Buffer
 	once   sync.Once
 	err    error
 }
@@ -93,7 +93,7 @@ type courier struct {
 func start(t *testing.T, environ []string) *courier {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &courier{t: t, cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
+	c := &courier{t: t, cancel: cancel, done: make(chan error, 1), logs: &testlog.Buffer{}}
 	go func() { c.done <- run(ctx, nil, environ, io.Discard, c.logs) }()
 	t.Cleanup(func() { c.stop() })
 	return c
@@ -124,23 +124,6 @@ func (c *courier) exited(d time.Duration) (error, bool) {
 	case <-time.After(d):
 		return nil, false
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // publish stores a message on the stream and returns its sequence.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/testlog"
 )
 
 // A consumer setting the server refuses to change is reported plainly.
@@ -63,7 +64,7 @@ func TestDemoRunsAndStops(t *testing.T) {
 	if testing.Short() {
 		t.Skip("demo takes a few seconds")
 	}
-	var stdout, stderr syncBuffer
+	var stdout, stderr testlog.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(context.Background(), []string{"demo"}, nil, &stdout, &stderr) }()
 	select {

@@ -56,7 +56,7 @@ func BenchmarkDrain(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer st.Close()
-				dd = st
+				dd = checker{st}
 			}
 			r, err := proxy.New(cons, dlqAdapter{dlq.NewPublisher(js, "dlq.s")}, dd, proxy.Options{
 				AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 16, Registerer: prometheus.NewRegistry(),

@@ -9,81 +9,150 @@ import (
 	"time"
 )
 
-// gate tracks whether the app is available. While it is down the runner
-// fetches nothing and holds what it has. Safe for concurrent use.
-type gate struct {
-	mu     sync.Mutex
-	up     bool
-	upCh   chan struct{} // closed while up
-	downCh chan struct{} // closed while down
-	since  time.Time     // when it last went down
-	reason string
-	now    func() time.Time
-	// changed is called, outside the lock, once per transition.
-	changed func(up bool, reason string, downFor time.Duration)
+// cause is one reason courier holds deliveries: while any cause is held it
+// fetches nothing, starts no request, and keeps what it has in progress.
+type cause int
+
+const (
+	// causeApp: the app cannot be reached (no connection could be made),
+	// or its health URL fails.
+	causeApp cause = iota
+	// causeStore: the dedup store cannot answer a check.
+	causeStore
+	nCauses
+)
+
+// Label names the cause in metrics (courier_delivery_held{cause}).
+func (c cause) Label() string {
+	switch c {
+	case causeApp:
+		return "app_unavailable"
+	case causeStore:
+		return "store_unavailable"
+	}
+	return "unknown"
 }
 
-func newGate(up bool, reason string, now func() time.Time, changed func(bool, string, time.Duration)) *gate {
-	g := &gate{upCh: make(chan struct{}), downCh: make(chan struct{}), now: now, changed: changed}
-	g.up = up
-	if up {
-		close(g.upCh)
-	} else {
-		close(g.downCh)
-		g.since, g.reason = now(), reason
+// gate is the one state machine that decides whether courier may send: it is
+// open while no cause is held. Safe for concurrent use.
+type gate struct {
+	mu    sync.Mutex
+	held  [nCauses]holdState
+	nHeld int
+	upCh  chan struct{} // closed while no cause is held
+	now   func() time.Time
+	// changed is called, outside the lock, once per transition of a cause.
+	changed func(c cause, held bool, reason string, heldFor time.Duration)
+}
+
+type holdState struct {
+	on     bool
+	reason string
+	since  time.Time
+	ch     chan struct{} // closed while this cause is held
+}
+
+func newGate(now func() time.Time, changed func(cause, bool, string, time.Duration)) *gate {
+	g := &gate{upCh: make(chan struct{}), now: now, changed: changed}
+	close(g.upCh)
+	for c := range g.held {
+		g.held[c].ch = make(chan struct{})
 	}
 	return g
 }
 
-// Up returns a channel closed while the app is available.
+// Up returns a channel closed while no cause is held.
 func (g *gate) Up() <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.upCh
 }
 
-// Down returns a channel closed while the app is unavailable.
-func (g *gate) Down() <-chan struct{} {
+// Held returns a channel closed while c is held.
+func (g *gate) Held(c cause) <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.downCh
+	return g.held[c].ch
 }
 
-// State reports availability and, when down, why.
+// State reports whether the gate is open and, when it is not, why (the
+// first held cause's reason).
 func (g *gate) State() (bool, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.up, g.reason
+	for _, h := range g.held {
+		if h.on {
+			return false, h.reason
+		}
+	}
+	return true, ""
 }
 
-func (g *gate) setDown(reason string) {
+// firstHeld returns the first held cause and its reason.
+func (g *gate) firstHeld() (cause, string, bool) {
 	g.mu.Lock()
-	if !g.up {
+	defer g.mu.Unlock()
+	for c, h := range g.held {
+		if h.on {
+			return cause(c), h.reason, true
+		}
+	}
+	return 0, "", false
+}
+
+// isHeld reports whether c is held.
+func (g *gate) isHeld(c cause) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held[c].on
+}
+
+// hold holds c for reason (a no-op if it already is).
+func (g *gate) hold(c cause, reason string) {
+	g.mu.Lock()
+	h := &g.held[c]
+	if h.on {
 		g.mu.Unlock()
 		return
 	}
-	g.up, g.reason, g.since = false, reason, g.now()
-	g.upCh = make(chan struct{})
-	close(g.downCh)
+	h.on, h.reason, h.since = true, reason, g.now()
+	close(h.ch)
+	if g.nHeld++; g.nHeld == 1 {
+		g.upCh = make(chan struct{})
+	}
 	g.mu.Unlock()
-	g.changed(false, reason, 0)
+	g.changed(c, true, reason, 0)
 }
 
-func (g *gate) setUp() {
+// free ends c's hold (a no-op if it is not held).
+func (g *gate) free(c cause) {
 	g.mu.Lock()
-	if g.up {
+	h := &g.held[c]
+	if !h.on {
 		g.mu.Unlock()
 		return
 	}
-	downFor := g.now().Sub(g.since)
-	g.up, g.reason = true, ""
-	g.downCh = make(chan struct{})
-	close(g.upCh)
+	heldFor := g.now().Sub(h.since)
+	h.on, h.reason = false, ""
+	h.ch = make(chan struct{})
+	if g.nHeld--; g.nHeld == 0 {
+		close(g.upCh)
+	}
 	g.mu.Unlock()
-	g.changed(true, "", downFor)
+	g.changed(c, false, "", heldFor)
 }
 
-// waitUp blocks until the app is available or ctx ends.
+// heldFor reports how long c has been held so far (0 if it is not).
+func (g *gate) heldFor(c cause) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.held[c].on {
+		return 0
+	}
+	return g.now().Sub(g.held[c].since)
+}
+
+// waitUp blocks until no cause is held or ctx ends.
 func (g *gate) waitUp(ctx context.Context) error {
 	select {
 	case <-g.Up():
@@ -130,23 +199,23 @@ func hostPort(raw string) string {
 func (p *prober) run(ctx context.Context) {
 	wait := p.minWait
 	for {
-		up, _ := p.gate.State()
+		up := !p.gate.isHeld(causeApp)
 		if up && p.healthURL == "" {
 			// Without a health URL the requests themselves are the probe.
 			select {
 			case <-ctx.Done():
 				return
-			case <-p.gate.Down():
+			case <-p.gate.Held(causeApp):
 				continue
 			}
 		}
 		ok, reason := p.probe(ctx)
 		switch {
 		case ok:
-			p.gate.setUp()
+			p.gate.free(causeApp)
 			wait = p.minWait
 		case up:
-			p.gate.setDown(reason)
+			p.gate.hold(causeApp, reason)
 		}
 		next := p.interval
 		if !ok {
@@ -157,7 +226,7 @@ func (p *prober) run(ctx context.Context) {
 		// gate: probe at once rather than at the next interval.
 		var wake <-chan struct{}
 		if ok {
-			wake = p.gate.Down()
+			wake = p.gate.Held(causeApp)
 		}
 		t := time.NewTimer(next)
 		select {

@@ -16,6 +16,7 @@ type metrics struct {
 	dedupErrors *prometheus.CounterVec
 	inProgress  prometheus.Counter
 	dropped     prometheus.Counter
+	held        *prometheus.GaugeVec
 
 	// The children every message touches, looked up once: a vector's
 	// WithLabelValues hashes its labels on each call.
@@ -76,12 +77,16 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		}),
 		dedupErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_dedup_errors_total",
-			Help: "Dedup store failures by operation: check (message NAK'd) or record (message acked anyway).",
+			Help: "Dedup store failures by operation: check (message held, the store asked again) or record (message acked anyway).",
 		}, []string{"op"}),
 		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_in_progress_total",
 			Help: "In-progress signals sent to JetStream for messages held longer than half the ack wait.",
 		}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "courier_delivery_held",
+			Help: "1 while courier holds deliveries for this cause (app_unavailable, store_unavailable): it fetches nothing and keeps what it has in progress.",
+		}, []string{"cause"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dropped_headers_total",
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
@@ -96,12 +101,15 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 	for _, r := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
 		m.result[r] = resultMetrics{m.requests.WithLabelValues(r), m.latency.WithLabelValues(r)}
 	}
+	for c := range nCauses {
+		m.held.WithLabelValues(c.Label())
+	}
 	if m.deadLetters == nil {
 		m.deadLetters = NewDeadLetterCounter()
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped)
+		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held)
 	return m
 }
 

@@ -9,6 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // fakeMsg is a JetStream message whose settlement is recorded.
@@ -81,7 +84,7 @@ func (c *fakeConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 
 type nopDL struct{}
 
-func (nopDL) DeadLetter(context.Context, DeadLetter) error { return nil }
+func (nopDL) DeadLetter(context.Context, dlq.Letter) error { return nil }
 
 func refusedURL(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -112,7 +115,7 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 	fc.batches <- b
 	m1, m2 := &fakeMsg{seq: 1}, &fakeMsg{seq: 2}
 	b.ch <- m1 // refused: the gate closes, m1 is held
-	waitUntil(t, "the app marked unavailable", func() bool { return !r.appUp() })
+	waitUntil(t, "the app marked unavailable", func() bool { return !r.open() })
 	b.ch <- m2 // taken by the second worker while the app is down
 	waitUntil(t, "both messages held", func() bool { return r.parked.Load() == 2 })
 	b.err = jetstream.ErrConsumerDeleted
@@ -135,11 +138,5 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, what, cond)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,25 +18,41 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/proxy"
 )
+
+// checker gives the embedded store the Check and Release of proxy.Deduper
+// (it holds no claims).
+type checker struct{ *dedup.Store }
+
+func (c checker) Check(ctx context.Context, key string) (verdict.Verdict, error) {
+	seen, err := c.Seen(ctx, key)
+	if seen {
+		return verdict.Processed, err
+	}
+	return verdict.New, err
+}
+
+func (c checker) Release(context.Context, string) error { return nil }
 
 // flakyStore wraps a real Badger store with failures that cannot be produced
 // on demand for real: a store that errors on check or on record.
 type flakyStore struct {
-	*dedup.Store
-	seenFails   atomic.Int32 // fail this many Seen calls
+	checker
+	seenFails   atomic.Int32 // fail this many Check calls
 	recordFails atomic.Int32 // fail this many Record calls
 	failedKeys  atomic.Int32 // keys in the Record calls failed
 }
 
 var errStore = errors.New("disk on fire")
 
-func (f *flakyStore) Seen(ctx context.Context, key string) (bool, error) {
+func (f *flakyStore) Check(ctx context.Context, key string) (verdict.Verdict, error) {
 	if f.seenFails.Add(-1) >= 0 {
-		return false, errStore
+		return verdict.New, errStore
 	}
-	return f.Store.Seen(ctx, key)
+	return f.checker.Check(ctx, key)
 }
 
 func (f *flakyStore) Record(ctx context.Context, keys ...string) error {
@@ -48,18 +65,18 @@ func (f *flakyStore) Record(ctx context.Context, keys ...string) error {
 
 type dlqAdapter struct{ p *dlq.Publisher }
 
-func (d dlqAdapter) DeadLetter(ctx context.Context, l proxy.DeadLetter) error {
-	_, err := d.p.Publish(ctx, dlq.Letter{Subject: l.Subject, Data: l.Data, Header: l.Header, Stream: l.Stream,
-		Sequence: l.Sequence, Consumer: l.Consumer, Reason: l.Reason, Status: l.Status, Error: l.Error, Attempts: l.Attempts})
+func (d dlqAdapter) DeadLetter(ctx context.Context, l dlq.Letter) error {
+	_, err := d.p.Publish(ctx, l)
 	return err
 }
 
 type env struct {
-	js    jetstream.JetStream
-	cons  jetstream.Consumer
-	reg   *prometheus.Registry
-	calls atomic.Int32
-	url   string
+	js       jetstream.JetStream
+	cons     jetstream.Consumer
+	reg      *prometheus.Registry
+	calls    atomic.Int32
+	attempts atomic.Int32 // the last Courier-Attempt the app saw
+	url      string
 }
 
 func setup(t *testing.T) *env {
@@ -82,6 +99,9 @@ func setup(t *testing.T) *env {
 	e := &env{js: js, cons: cons, reg: prometheus.NewRegistry()}
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.calls.Add(1)
+		if n, err := strconv.Atoi(r.Header.Get(proxy.HeaderAttempt)); err == nil {
+			e.attempts.Store(int32(n))
+		}
 	}))
 	t.Cleanup(app.Close)
 	e.url = app.URL
@@ -114,38 +134,39 @@ func (e *env) settled(t *testing.T) bool {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
-func openStore(t *testing.T) *dedup.Store {
+func openStore(t *testing.T) checker {
 	t.Helper()
 	s, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s
+	return checker{s}
 }
 
-// A store that fails the check: the message is NAK'd, never sent unchecked,
-// and delivered once the store answers again.
-func TestStoreCheckErrorNaksNeverSendsUnchecked(t *testing.T) {
+// A store that cannot answer a check is an outage like the app's: the
+// message is held (never sent unchecked, no attempt spent) and delivered once
+// the store answers again.
+func TestStoreCheckErrorHoldsSpendsNothing(t *testing.T) {
 	e := setup(t)
-	fs := &flakyStore{Store: openStore(t)}
-	fs.seenFails.Store(2)
+	fs := &flakyStore{checker: openStore(t)}
+	fs.seenFails.Store(4)
 	e.run(t, fs)
 	if _, err := e.js.Publish(context.Background(), "s.x", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "delivery after the store recovers", func() bool { return e.calls.Load() == 1 && e.settled(t) })
-	if got := counter(t, e.reg, "courier_dedup_errors_total", "check"); got != 2 {
-		t.Errorf("check errors counted %v, want 2", got)
+	if got := counter(t, e.reg, "courier_dedup_errors_total", "check"); got != 4 {
+		t.Errorf("check errors counted %v, want 4", got)
+	}
+	if got := e.attempts.Load(); got != 1 {
+		t.Errorf("the app saw Courier-Attempt %d, want 1: a store that could not answer spent attempts", got)
+	}
+	if got := counter(t, e.reg, "courier_messages_total", "retried"); got != 0 {
+		t.Errorf("%v messages NAK'd while the store could not answer, want 0", got)
 	}
 }
 
@@ -154,7 +175,7 @@ func TestStoreCheckErrorNaksNeverSendsUnchecked(t *testing.T) {
 // of later batches recorded.
 func TestStoreRecordErrorStillAcks(t *testing.T) {
 	e := setup(t)
-	fs := &flakyStore{Store: openStore(t)}
+	fs := &flakyStore{checker: openStore(t)}
 	fs.recordFails.Store(1)
 	const n = 50
 	for i := range n {
@@ -203,7 +224,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 // each Record, that none of the messages whose keys it records has been
 // acked yet.
 type batchWatcher struct {
-	*dedup.Store
+	checker
 	cons      jetstream.Consumer
 	calls     atomic.Int32
 	keys      atomic.Int32
@@ -232,7 +253,7 @@ func (b *batchWatcher) Record(ctx context.Context, keys ...string) error {
 // acked only after its key is recorded.
 func TestKeysOfConcurrentDeliveriesRecordedTogether(t *testing.T) {
 	e := setup(t)
-	bw := &batchWatcher{Store: openStore(t), cons: e.cons}
+	bw := &batchWatcher{checker: openStore(t), cons: e.cons}
 	const n = 300
 	for i := range n {
 		if _, err := e.js.Publish(context.Background(), fmt.Sprint("s.", i), []byte("x")); err != nil {

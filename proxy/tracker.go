@@ -20,10 +20,12 @@ type tracker struct {
 	now     func() time.Time
 	beat    atomic.Int64 // unix nanos of the last tick
 	sent    func()
+	retime  chan struct{} // the ack wait changed
 }
 
 func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *tracker {
-	t := &tracker{msgs: make(map[jetstream.Msg]time.Time), ackWait: ackWait, now: now, sent: sent}
+	t := &tracker{msgs: make(map[jetstream.Msg]time.Time), ackWait: ackWait, now: now, sent: sent,
+		retime: make(chan struct{}, 1)}
 	t.beat.Store(now().UnixNano())
 	return t
 }
@@ -40,9 +42,26 @@ func (t *tracker) remove(m jetstream.Msg) {
 	t.mu.Unlock()
 }
 
+// setAckWait changes the ack wait the signals are timed by: the consumer's
+// on the server, which another instance (a rollout) may change under this one.
+func (t *tracker) setAckWait(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t.mu.Lock()
+	t.ackWait = d
+	t.mu.Unlock()
+	select {
+	case t.retime <- struct{}{}:
+	default:
+	}
+}
+
 // tickEvery is how often the tracker looks: a quarter of the ack wait, so no
 // message goes longer than three quarters of it without a signal.
 func (t *tracker) tickEvery() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return max(t.ackWait/4, 10*time.Millisecond)
 }
 
@@ -55,6 +74,8 @@ func (t *tracker) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-t.retime:
+			tk.Reset(t.tickEvery())
 		case <-tk.C:
 		}
 		now := t.now()

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dlq"
-	"github.com/courierhq/courier/proxy"
 )
 
 const outageDLQ = "dlq.ORDERS.courier"
@@ -523,8 +522,8 @@ func TestOutageSigtermExitsPromptlyLosesNothing(t *testing.T) {
 		t.Fatalf("%d dead letters after the second courier, want 1", len(dls))
 	}
 	dl := dls[0]
-	if got := dl.Header.Get(dlq.HeaderReason); got != proxy.ReasonUnavailable {
-		t.Errorf("dead letter reason %q, want %q", got, proxy.ReasonUnavailable)
+	if got := dl.Header.Get(dlq.HeaderReason); got != dlq.ReasonAppUnavailable {
+		t.Errorf("dead letter reason %q, want %q", got, dlq.ReasonAppUnavailable)
 	}
 	if got := dl.Header.Get(dlq.HeaderSequence); got != strconv.FormatUint(last, 10) {
 		t.Errorf("dead letter of sequence %s, want %d", got, last)

@@ -197,7 +197,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err != nil || kv == nil {
 			return err
 		}
-		dd = kv
+		dd = seenChecker{kv}
 		log.Info("dedup keys in a shared key-value bucket", "bucket", cfg.DedupBucket, "ttl", cfg.DedupTTL.String())
 	case cfg.DedupEnabled():
 		store, err = dedup.Open(cfg.DedupDir, dedup.Options{
@@ -206,7 +206,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		dd = store
+		dd = seenChecker{store}
 	default:
 		log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
 	}

@@ -10,21 +10,38 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
-	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/internal/verdict"
 )
 
 // deadLetters adapts the dlq publisher to the delivery loop's DeadLetterer.
 type deadLetters struct{ p *dlq.Publisher }
 
-func (d *deadLetters) DeadLetter(ctx context.Context, l proxy.DeadLetter) error {
-	_, err := d.p.Publish(ctx, dlq.Letter{
-		Subject: l.Subject, Data: l.Data, Header: l.Header,
-		Stream: l.Stream, StreamCreated: l.StreamCreated, Sequence: l.Sequence, Published: l.Published,
-		Consumer: l.Consumer, Reason: l.Reason, Status: l.Status, Error: l.Error,
-		Attempts: l.Attempts, FailedAt: l.FailedAt,
-	})
+func (d *deadLetters) DeadLetter(ctx context.Context, l dlq.Letter) error {
+	_, err := d.p.Publish(ctx, l)
 	return err
 }
+
+// seenChecker gives a store that answers only Seen the delivery loop's
+// Check and Release (it holds no claims).
+type seenChecker struct {
+	s interface {
+		Seen(ctx context.Context, key string) (bool, error)
+		Record(ctx context.Context, keys ...string) error
+	}
+}
+
+func (c seenChecker) Check(ctx context.Context, key string) (verdict.Verdict, error) {
+	seen, err := c.s.Seen(ctx, key)
+	if seen {
+		return verdict.Processed, err
+	}
+	return verdict.New, err
+}
+
+func (c seenChecker) Record(ctx context.Context, keys ...string) error {
+	return c.s.Record(ctx, keys...)
+}
+func (c seenChecker) Release(context.Context, string) error { return nil }
 
 // ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
 // and that it is not the stream courier consumes (it would consume its own

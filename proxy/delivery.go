@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/verdict"
+)
+
+// delivery is one delivery of one message, from a worker taking it to its
+// settling.
+type delivery struct {
+	m       jetstream.Msg
+	meta    *jetstream.MsgMetadata
+	attempt int    // JetStream's delivery count, 1-based
+	key     string // the resolved dedup key, as the app sees it
+	skey    string // the key as the dedup store holds it
+	fl      *flight
+	claimed bool // the dedup store holds a claim of ours on skey
+	// wait bounds waiting (for a flight of the same key, the store, the
+	// app): shutdown's noStart, or the grace period for a message on its
+	// last delivery, started at shutdown so that it is not given back.
+	wait context.Context
+	log  msgLog
+}
+
+// last reports whether this is the message's last allowed delivery.
+func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
+
+// deliver runs one delivery of m to its end: ack, NAK with delay, dead
+// letter, or give back at shutdown.
+func (r *Runner) deliver(m jetstream.Msg, wait context.Context) {
+	meta, err := m.Metadata()
+	if err != nil {
+		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
+		r.release(m, "no metadata")
+		return
+	}
+	d := r.newDelivery(m, meta, wait)
+	if f, expired := r.expired(d); expired {
+		r.deadLetter(d, f)
+		return
+	}
+	if r.dd != nil && !r.checkKey(d) {
+		return
+	}
+	r.attempt(d)
+}
+
+func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, wait context.Context) *delivery {
+	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
+	return &delivery{
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait,
+		log: msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
+	}
+}
+
+// expired reports a message older than MaxAge, as a dead letter's failure.
+func (r *Runner) expired(d *delivery) (failure, bool) {
+	if r.o.MaxAge <= 0 {
+		return failure{}, false
+	}
+	age := r.o.Now().Sub(d.meta.Timestamp)
+	if age <= r.o.MaxAge {
+		return failure{}, false
+	}
+	return failure{reason: dlq.ReasonExpired,
+		err: fmt.Errorf("message is %s old, over COURIER_MAX_AGE %s", age.Round(time.Millisecond), r.o.MaxAge)}, true
+}
+
+// maxStoredKey bounds what the dedup store holds per key; a longer key (an
+// odd publisher's header) is stored as its SHA-256.
+const maxStoredKey = 256
+
+// storeKey is the form of key the dedup store and in-flight set use.
+func storeKey(key string) string {
+	if len(key) <= maxStoredKey {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// errClaimed: another replica's delivery of the key is under way.
+var errClaimed = errors.New("key claimed by another replica")
+
+// checkWait is the schedule of asking the store again while it cannot
+// answer, or while another replica holds the key's claim.
+var checkWait = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
+
+// checkKey settles a duplicate, and reports whether the delivery goes on to
+// the app. A delivery of the same key already running in this process is
+// waited for; so is another replica's claim. While the store cannot answer,
+// the message is held (in progress, spending nothing) and the store asked
+// again; the gate stays closed meanwhile, so nothing else is fetched.
+func (r *Runner) checkKey(d *delivery) bool {
+	fl, dup, err := r.flights.claim(d.wait, d.skey)
+	if err != nil {
+		r.giveBack(d, "shutting down while a delivery of the same key ran")
+		return false
+	}
+	d.fl = fl
+	var v verdict.Verdict
+	check := func(ctx context.Context) error {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var err error
+		if v, err = r.dd.Check(cctx, d.skey); err != nil {
+			r.m.dedupErrors.WithLabelValues("check").Inc()
+			if r.storeDown.CompareAndSwap(false, true) {
+				r.gate.hold(causeStore, "dedup store check failed: "+err.Error())
+			}
+			return err
+		}
+		if r.storeDown.CompareAndSwap(true, false) {
+			r.gate.free(causeStore)
+		}
+		if v == verdict.Claimed {
+			return errClaimed
+		}
+		return nil
+	}
+	if !dup {
+		if err = check(d.wait); err != nil {
+			r.hold(func() {
+				err = retry.Do(d.wait, checkWait, check, func(err error, wait time.Duration) {
+					d.log.Debug("asking the dedup store again", "error", err, "in", wait.Round(time.Millisecond).String())
+				})
+			})
+		}
+		if err != nil {
+			r.flights.finish(d.skey, fl, false)
+			r.giveBack(d, "shutting down while the dedup store could not answer, or another replica held the key")
+			return false
+		}
+		dup = v == verdict.Processed
+		d.claimed = v == verdict.New
+	}
+	if dup {
+		r.flights.finish(d.skey, fl, true)
+		r.ackDuplicate(d)
+		return false
+	}
+	return true
+}
+
+// attempt sends the message to the app, waiting out app outages without
+// spending the attempt, and settles it by the answer. After a 2xx with dedup
+// on, recording the key and the ack are handed to the recorder, so the
+// worker takes the next message while the key commits.
+func (r *Runner) attempt(d *delivery) {
+	ok := false
+	defer func() {
+		if !ok {
+			r.unclaim(d)
+		}
+	}()
+	h, dropped := BuildHeaders(d.m, d.meta, d.key)
+	for _, dh := range dropped {
+		r.m.dropped.Inc()
+		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
+	}
+	for {
+		took, err := r.post(h, d.m.Data())
+		if err != nil && r.ph.requests.Err() != nil {
+			// Abandoned at the end of the grace period: the app may have
+			// acted, so the attempt is spent; a message on its last
+			// delivery is dead-lettered, as a timeout would be. (A 2xx
+			// that came in, its body cut off by the cancel, is still acked
+			// below.)
+			if d.last(r.o.MaxDeliver) {
+				r.deadLetter(d, failure{reason: dlq.ReasonExhausted,
+					err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
+				return
+			}
+			r.release(d.m, "shutdown grace period over")
+			return
+		}
+		r.m.request(resultLabel(err), took.Seconds())
+
+		switch Classify(err, r.o.Retryable) {
+		case Success:
+			ok = true
+			if r.dd != nil {
+				r.recs <- recJob{d: d, took: took}
+				return
+			}
+			r.acked(d, took)
+			return
+
+		case Unavailable:
+			// Hold the message (the tracker keeps it in progress) until the
+			// app is back, then try again: the outage spent nothing.
+			if r.ph.fetched.Err() == nil {
+				r.gate.hold(causeApp, err.Error())
+				var werr error
+				r.hold(func() { werr = r.gate.waitUp(r.ph.fetched) })
+				if werr == nil {
+					if f, expired := r.expired(d); expired {
+						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)
+						r.deadLetter(d, f)
+						return
+					}
+					continue
+				}
+			}
+			r.giveBack(d, "shutting down during an app outage")
+			return
+
+		case Transient:
+			if d.last(r.o.MaxDeliver) {
+				r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
+				return
+			}
+			delay, fromApp := r.retryDelay(err, d.attempt)
+			r.nak(d.m, delay)
+			d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
+				"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
+			return
+
+		default: // Permanent
+			r.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
+			return
+		}
+	}
+}
+
+// post sends one request, bounded by the per-request timeout and by the
+// grace period.
+func (r *Runner) post(h http.Header, body []byte) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
+	defer cancel()
+	r.m.inflight.Inc()
+	defer r.m.inflight.Dec()
+	began := time.Now()
+	err := Post(ctx, r.o.Client, r.o.AppURL, h, body)
+	return time.Since(began), err
+}
+
+// unclaim ends the delivery's flight and its claim in the store after an
+// outcome other than a 2xx, so that the next delivery of the key goes ahead.
+func (r *Runner) unclaim(d *delivery) {
+	if d.fl == nil {
+		return
+	}
+	r.flights.finish(d.skey, d.fl, false)
+	d.fl = nil
+	if !d.claimed {
+		return
+	}
+	d.claimed = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 5*time.Second)
+	defer cancel()
+	if err := r.dd.Release(ctx, d.skey); err != nil {
+		// The claim lapses by itself after about the ack wait.
+		d.log.Warn("cannot release the key's claim; it lapses by itself", "error", err)
+	}
+}

@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configures a Runner. A zero value takes the documented default;
+// a value no default can stand for (negative, a multiplier below 1) is
+// rejected by New with an error naming it.
+type Options struct {
+	// AppURL receives each message as a POST. Required.
+	AppURL string
+	// AppHealthURL, when set, must answer 2xx before courier fetches, and is
+	// polled every HealthInterval to notice the app going away.
+	AppHealthURL string
+	// HealthInterval is how often a healthy app's health URL is polled.
+	// Default 5s.
+	HealthInterval time.Duration
+	// Stream and Consumer name where messages come from. Required.
+	Stream, Consumer string
+	// StreamCreated is the stream's creation time, part of derived keys.
+	StreamCreated time.Time
+	// MaxDeliver is the consumer's delivery budget. Default 5.
+	MaxDeliver int
+	// AckWait is the consumer's ack wait as courier configured it. Default
+	// 30s. The in-progress signals follow the consumer's ack wait as the
+	// server reports it, re-read every InfoInterval.
+	AckWait time.Duration
+	// InfoInterval is how often the consumer's settings are re-read from
+	// the server (ack wait, pull limits). Default 10s.
+	InfoInterval time.Duration
+	// MaxInflight bounds concurrent requests to the app. Default 8.
+	MaxInflight int
+	// HTTPTimeout bounds one request. Default 30s.
+	HTTPTimeout time.Duration
+	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
+	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
+	// must be at least 1).
+	BackoffInitial, BackoffMax time.Duration
+	BackoffMultiplier          float64
+	// RetryAfterMax caps an app's Retry-After. Default 10m.
+	RetryAfterMax time.Duration
+	// Retryable reports whether a status is transient. Default: 408, 409,
+	// 425, 429, 500 and 502-599.
+	Retryable func(status int) bool
+	// MaxAge dead-letters messages older than this instead of sending
+	// them; 0 means never.
+	MaxAge time.Duration
+	// IdempotencyHeader names the header carrying the dedup key. Default
+	// Idempotency-Key.
+	IdempotencyHeader string
+	// ShutdownGrace is how long in-flight requests may finish after the
+	// run context ends; 0 means none (they are abandoned at once).
+	ShutdownGrace time.Duration
+	// Client sends requests to the app; default NewClient sized to
+	// MaxInflight.
+	Client *http.Client
+	// Logger receives logs; default discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; default a private registry.
+	Registerer prometheus.Registerer
+	// DeadLetterCounter, when set, is the registered
+	// courier_dead_letters_total vector (NewDeadLetterCounter) to count
+	// dead letters on, shared with other components; default one of the
+	// runner's own.
+	DeadLetterCounter *prometheus.CounterVec
+	// MaxPayload is the largest message the server accepts
+	// (nats.Conn.MaxPayload). It sizes the byte budget of the fetch queue so
+	// that any message fits. Default 1 MiB, NATS's own default.
+	MaxPayload int64
+	// SummaryInterval is how often a summary of counts is logged (when
+	// there was traffic); no line is logged per successful message at info.
+	// Default 1m.
+	SummaryInterval time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// DefaultRetryable is the default set of transient statuses: 408, 409 (the
+// Idempotency-Key draft's answer to a concurrent request with the same key),
+// 425, 429, 500 and 502-599.
+func DefaultRetryable(s int) bool {
+	return s == 408 || s == 409 || s == 425 || s == 429 || s == 500 || (s >= 502 && s <= 599)
+}
+
+// withDefaults returns o with defaults filled in, or every invalid value.
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	if o.AppURL == "" || o.Stream == "" || o.Consumer == "" {
+		errs = append(errs, errors.New("AppURL, Stream and Consumer are required"))
+	}
+	negative := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", name, v))
+		}
+	}
+	negative("MaxDeliver", int64(o.MaxDeliver))
+	negative("MaxInflight", int64(o.MaxInflight))
+	negative("MaxPayload", o.MaxPayload)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"AckWait", o.AckWait}, {"InfoInterval", o.InfoInterval}, {"HTTPTimeout", o.HTTPTimeout},
+		{"BackoffInitial", o.BackoffInitial}, {"BackoffMax", o.BackoffMax},
+		{"RetryAfterMax", o.RetryAfterMax}, {"MaxAge", o.MaxAge}, {"ShutdownGrace", o.ShutdownGrace},
+		{"HealthInterval", o.HealthInterval}, {"SummaryInterval", o.SummaryInterval},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", d.name, d.v))
+		}
+	}
+	if o.BackoffMultiplier != 0 && o.BackoffMultiplier < 1 {
+		errs = append(errs, fmt.Errorf("BackoffMultiplier must be at least 1 (got %g)", o.BackoffMultiplier))
+	}
+	if o.BackoffInitial > 0 && o.BackoffMax > 0 && o.BackoffMax < o.BackoffInitial {
+		errs = append(errs, fmt.Errorf("BackoffMax %s is below BackoffInitial %s", o.BackoffMax, o.BackoffInitial))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return o, fmt.Errorf("proxy: invalid options: %w", err)
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if o.MaxDeliver == 0 {
+		o.MaxDeliver = 5
+	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = 8
+	}
+	if o.MaxPayload == 0 {
+		o.MaxPayload = 1 << 20
+	}
+	def(&o.AckWait, 30*time.Second)
+	def(&o.InfoInterval, 10*time.Second)
+	def(&o.HTTPTimeout, 30*time.Second)
+	def(&o.BackoffInitial, time.Second)
+	def(&o.BackoffMax, max(10*time.Minute, o.BackoffInitial))
+	def(&o.RetryAfterMax, 10*time.Minute)
+	def(&o.HealthInterval, 5*time.Second)
+	def(&o.SummaryInterval, time.Minute)
+	if o.BackoffMultiplier == 0 {
+		o.BackoffMultiplier = 2
+	}
+	if o.Retryable == nil {
+		o.Retryable = DefaultRetryable
+	}
+	if o.IdempotencyHeader == "" {
+		o.IdempotencyHeader = HeaderIdempotencyKey
+	}
+	if o.Client == nil {
+		o.Client = NewClient(ClientOptions{MaxConns: o.MaxInflight})
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o, nil
+}

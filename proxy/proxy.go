@@ -1,0 +1,249 @@
+// Package proxy owns one message's life in courier: its dedup key, the dedup
+// check, the HTTP request to the app, the classification of the answer, and
+// the ack / NAK-with-delay / dead-letter decision; plus the fetch loop and the
+// bounded worker pool around it, which hold what they have while the app (or
+// the dedup store) is unavailable. It knows nothing of how keys or dead
+// letters are stored: it declares Deduper and DeadLetterer and is given
+// implementations.
+//
+// A message travels through the files in this order: fetch.go (pulled,
+// tracked, queued), worker.go (taken by a worker, held while the gate is
+// closed), delivery.go (key, max age, dedup check, the request), app.go and
+// request.go (the HTTP exchange and its classification), recorder.go (the key
+// of a 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give
+// back). gate.go decides whether courier may send; tracker.go keeps held
+// messages in progress; phases.go names the steps of shutdown.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/verdict"
+)
+
+// Deduper remembers processed idempotency keys. Implementations must be safe
+// for concurrent use.
+type Deduper interface {
+	// Check says whether key was processed. A store shared by replicas
+	// also claims a new key for this caller (verdict.New), or reports a
+	// live claim of another replica (verdict.Claimed). An error means the
+	// store could not answer: the message is held, never sent unchecked.
+	Check(ctx context.Context, key string) (verdict.Verdict, error)
+	// Record records keys as processed, together (the runner gathers the
+	// keys of concurrent deliveries into one call), and returns nil only
+	// once every one is stored durably.
+	Record(ctx context.Context, keys ...string) error
+	// Release gives up the claim Check took on key, after an attempt that
+	// did not succeed, so that another delivery can go ahead at once.
+	Release(ctx context.Context, key string) error
+}
+
+// DeadLetterer stores dead letters. DeadLetter must return nil only once the
+// dead letter is stored durably (publish acknowledged by a stream), and must
+// be safe for concurrent use.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, l dlq.Letter) error
+}
+
+// Runner consumes a durable consumer and delivers each message to the app.
+// Create it with New and call Run once.
+type Runner struct {
+	o   Options
+	dl  DeadLetterer
+	dd  Deduper // nil: dedup off
+	log *slog.Logger
+	m   *metrics
+
+	fetch   *fetcher
+	track   *tracker
+	flights *flights
+	gate    *gate
+	prober  *prober
+	ph      *phases
+
+	workers sync.WaitGroup
+	// recs hands delivered messages to the recorder (dedup on).
+	recs      chan recJob
+	recorders sync.WaitGroup
+	parked    atomic.Int64 // workers holding a message while the gate is closed
+	wasUp     atomic.Bool  // the app has been available at least once
+	storeDown atomic.Bool  // the dedup store failed its last check
+	released  atomic.Int64 // messages given back (NAK'd without delay)
+
+	// Dead letters the stream would not store yet, retried in the
+	// background while their messages are held in progress.
+	dlRetries sync.WaitGroup
+	pendingDL atomic.Int64
+	dlqErr    atomic.Pointer[error] // the last failure to store one
+}
+
+// New returns a Runner for cons. dl stores dead letters; dd may be nil to
+// turn dedup off. It rejects invalid options with an error naming each.
+func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runner, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{
+		o: o, dl: dl, dd: dd,
+		log:     o.Logger.With("component", "proxy"),
+		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
+		recs:    make(chan recJob, maxRecordBatch),
+		flights: newFlights(),
+	}
+	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "courier_held_messages",
+		Help: "Messages held in progress while the app or the dedup store is unavailable.",
+	}, r.heldMessages))
+	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
+	r.gate = newGate(o.Now, r.gateChanged)
+	if o.AppHealthURL != "" {
+		// Gated start-up: the app is not known to be healthy yet.
+		r.gate.hold(causeApp, "waiting for the app's health URL to answer 2xx")
+	} else {
+		r.wasUp.Store(true)
+	}
+	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
+	probeClient := &http.Client{Timeout: 5 * time.Second, CheckRedirect: o.Client.CheckRedirect}
+	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
+	return r, nil
+}
+
+// gateChanged logs and counts each change of a cause that holds deliveries.
+func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Duration) {
+	r.m.held.WithLabelValues(c.Label()).Set(b2f(held))
+	if c == causeApp {
+		r.m.appUp.Set(b2f(!held))
+	}
+	switch {
+	case held && c == causeApp && !r.wasUp.Load():
+		// Gated start-up: waiting, not an outage.
+	case held && c == causeApp:
+		r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
+	case held:
+		r.log.Warn("dedup store unavailable: holding messages and pausing fetching until it answers", "reason", reason)
+	case c == causeApp && !r.wasUp.Swap(true):
+		r.log.Info("app healthy: fetching", "waited", heldFor.Round(time.Millisecond).String())
+	case c == causeApp:
+		r.m.outage.Add(heldFor.Seconds())
+		r.log.Info("app available again", "down_for", heldFor.Round(time.Millisecond).String())
+	default:
+		r.log.Info("dedup store available again", "down_for", heldFor.Round(time.Millisecond).String())
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Ready reports nil while the consumer is bound and nothing holds
+// deliveries (the app and the dedup store available), else why not.
+func (r *Runner) Ready() error {
+	if c, reason, held := r.gate.firstHeld(); held {
+		if c == causeStore {
+			return fmt.Errorf("dedup store unavailable: %s", reason)
+		}
+		return fmt.Errorf("app unavailable: %s", reason)
+	}
+	if !r.fetch.bound.Load() {
+		return errors.New("consumer not bound")
+	}
+	if n := r.pendingDL.Load(); n > 0 {
+		why := "unknown error"
+		if e := r.dlqErr.Load(); e != nil {
+			why = (*e).Error()
+		}
+		return fmt.Errorf("%d dead letters cannot be stored (messages held, tried again): %s", n, why)
+	}
+	return nil
+}
+
+// Released is how many messages were given back without delay (at shutdown,
+// or a message without metadata) since Run began.
+func (r *Runner) Released() int64 { return r.released.Load() }
+
+// Alive reports nil while the runner's loops respond.
+func (r *Runner) Alive() error {
+	if since := r.o.Now().Sub(r.track.lastBeat()); since > 4*r.track.tickEvery()+10*time.Second {
+		return fmt.Errorf("delivery loop silent for %s", since.Round(time.Second))
+	}
+	return nil
+}
+
+// Run consumes until ctx ends, then shuts down in the order phases names:
+// stop fetching (the pull open at that moment runs to its end, within
+// fetchWait), give back what was fetched but not started, let in-flight
+// requests finish within the grace period (and ack them), give back the
+// rest. It returns nil after a clean shutdown, or an error the runner cannot
+// recover from (the consumer was deleted).
+func (r *Runner) Run(ctx context.Context) error {
+	ph, release := newPhases(ctx)
+	defer release()
+	r.ph = ph
+
+	// The tracker, the prober and the summary outlive the stop signal: held
+	// and in-flight messages stay in progress until they are settled, and
+	// the last summary counts them.
+	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	var loopsDone sync.WaitGroup
+	loopsDone.Add(3)
+	go func() { defer loopsDone.Done(); r.track.run(loops) }()
+	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
+	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
+
+	r.workers.Add(r.o.MaxInflight)
+	for range r.o.MaxInflight {
+		go r.worker()
+	}
+	if r.dd != nil {
+		r.recorders.Add(1)
+		go r.recorder()
+	}
+
+	fatal := r.fetch.run(ctx)
+	if fatal != nil {
+		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
+	}
+
+	// Shutdown, in order. Fetching has stopped and the queue is closed:
+	// workers start nothing more and give back what is queued (but send a
+	// message on its last delivery); in-flight requests get the grace
+	// period, then are abandoned.
+	ph.endNoStart()
+	ph.endFetch()
+	done := make(chan struct{})
+	go func() { r.workers.Wait(); close(done) }()
+	grace := time.NewTimer(r.o.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		r.log.Warn("shutdown grace period over: abandoning in-flight requests; their messages are given back for redelivery",
+			"grace", r.o.ShutdownGrace.String())
+		ph.abandon()
+		<-done
+	}
+	// The recorder finishes what the workers gave it; dead letters still
+	// being retried give their messages back (fetched has ended); then the
+	// loops stop, the summary last.
+	close(r.recs)
+	r.recorders.Wait()
+	r.dlRetries.Wait()
+	stopLoops()
+	loopsDone.Wait()
+	return fatal
+}

@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"context"
+	"time"
+)
+
+// recJob is a delivery the app answered 2xx, waiting for its key to be
+// recorded before it is acked.
+type recJob struct {
+	d    *delivery
+	took time.Duration
+}
+
+// maxRecordBatch bounds the keys recorded in one call to the store, and the
+// deliveries waiting for the recorder.
+const maxRecordBatch = 256
+
+// recorder records the keys of delivered messages, then acks them and ends
+// their flights, until recs is closed. It takes every delivery waiting (up
+// to maxRecordBatch) and records their keys in one call, so the store
+// commits the keys of concurrent workers together (group commit) and the
+// batches grow with the load: while one commits, the next gathers. Each
+// message is acked only after its key is recorded.
+func (r *Runner) recorder() {
+	defer r.recorders.Done()
+	batch := make([]recJob, 0, maxRecordBatch)
+	keys := make([]string, 0, maxRecordBatch)
+	for j := range r.recs {
+		batch = append(batch[:0], j)
+	fill:
+		for len(batch) < maxRecordBatch {
+			select {
+			case j, ok := <-r.recs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, j)
+			default:
+				break fill
+			}
+		}
+		keys = keys[:0]
+		for _, j := range batch {
+			keys = append(keys, j.d.skey)
+		}
+		// Not the requests phase: a 2xx that arrived as the grace period
+		// ended is recorded all the same.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
+		err := r.dd.Record(ctx, keys...)
+		cancel()
+		if err != nil {
+			// The effect happened: calling the app again would surely
+			// duplicate it, so the messages are acked anyway.
+			r.m.dedupErrors.WithLabelValues("record").Add(float64(len(batch)))
+		}
+		for _, j := range batch {
+			if err != nil {
+				j.d.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
+			}
+			r.acked(j.d, j.took)
+		}
+		clear(batch) // drop references to settled messages
+	}
+}

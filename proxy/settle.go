@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/retry"
+)
+
+// Settling: every delivery ends here, in exactly one of an ack after a 2xx
+// (acked), an ack of a duplicate (ackDuplicate), a NAK with a delay (nak), a
+// dead letter stored and the original terminated (deadLetter), or a message
+// given back without delay at shutdown (giveBack, release).
+
+// acked acks a message the app answered 2xx (its key recorded, if dedup is
+// on), and ends its flight.
+func (r *Runner) acked(d *delivery, took time.Duration) {
+	r.track.remove(d.m)
+	if err := d.m.Ack(); err != nil {
+		d.log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
+	}
+	if d.fl != nil {
+		r.flights.finish(d.skey, d.fl, true)
+	}
+	r.m.delivered.Inc()
+	d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
+}
+
+// ackDuplicate acks a message whose key was already processed.
+func (r *Runner) ackDuplicate(d *delivery) {
+	r.track.remove(d.m)
+	if err := d.m.Ack(); err != nil {
+		d.log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
+	}
+	r.m.duplicate.Inc()
+	d.log.Debug("duplicate acked without calling the app")
+}
+
+// retryDelay is the app's Retry-After, capped, else full-jitter backoff at
+// JetStream's delivery count.
+func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
+	var ae *AppError
+	if errors.As(err, &ae) && ae.RetryAfter != "" {
+		if d, ok := RetryAfter(ae.RetryAfter, r.o.Now(), r.o.RetryAfterMax); ok {
+			return d, true
+		}
+	}
+	return Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N), false
+}
+
+// nak gives m back for redelivery after delay.
+func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
+	r.track.remove(m)
+	var err error
+	if delay > 0 {
+		err = m.NakWithDelay(delay)
+	} else {
+		err = m.Nak()
+	}
+	if err != nil {
+		r.log.Warn("NAK failed; the message comes back after the ack wait", "subject", m.Subject(), "error", err)
+	}
+	r.m.retried.Inc()
+}
+
+// giveBack returns a message courier will not start or finish, once fetching
+// has stopped (a NAK'd message could otherwise come straight back to the
+// open pull and spend another delivery). A NAK spends the delivery: on the
+// message's last allowed one JetStream would give up on it without the app
+// having seen it, so such a message is dead-lettered instead, saying so.
+func (r *Runner) giveBack(d *delivery, why string) {
+	<-r.ph.fetched.Done()
+	if !d.last(r.o.MaxDeliver) {
+		r.release(d.m, why)
+		return
+	}
+	reason := dlq.ReasonNotAttempted
+	if r.gate.isHeld(causeApp) {
+		reason = dlq.ReasonAppUnavailable
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.stopping), 5*time.Second)
+	defer cancel()
+	if r.deadLetterOnce(ctx, d, failure{reason: reason,
+		err: fmt.Errorf("not sent to the app: %s, on the message's last allowed delivery", why)}) {
+		return
+	}
+	r.release(d.m, why)
+}
+
+// giveBackMsg is giveBack for a message no worker has started.
+func (r *Runner) giveBackMsg(m jetstream.Msg, why string) {
+	meta, err := m.Metadata()
+	if err != nil {
+		<-r.ph.fetched.Done()
+		r.release(m, why)
+		return
+	}
+	r.giveBack(r.newDelivery(m, meta, r.ph.noStart), why)
+}
+
+// release NAKs m without delay so another instance can take it at once.
+func (r *Runner) release(m jetstream.Msg, why string) {
+	r.track.remove(m)
+	if err := m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		r.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", m.Subject(), "error", err)
+	}
+	r.m.released.Inc()
+	r.released.Add(1)
+	r.log.Debug("message released", "subject", m.Subject(), "why", why)
+}
+
+// failure is why a message is dead-lettered.
+type failure struct {
+	reason string
+	err    error
+}
+
+// deadLetter stores the message's dead letter, then terminates it. If the
+// dead letter cannot be stored, the message is held in progress and the
+// store is retried in the background, so that a dead-letter stream that
+// refuses letters does not take the worker; at shutdown it is released
+// instead, never dropped.
+func (r *Runner) deadLetter(d *delivery, f failure) {
+	ctx, cancel := context.WithTimeout(r.ph.requests, 10*time.Second)
+	ok := r.deadLetterOnce(ctx, d, f)
+	cancel()
+	if ok {
+		return
+	}
+	r.pendingDL.Add(1)
+	r.dlRetries.Add(1)
+	go func() {
+		defer r.dlRetries.Done()
+		defer r.pendingDL.Add(-1)
+		err := retry.Do(r.ph.fetched, retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * time.Second},
+			func(ctx context.Context) error {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if r.deadLetterOnce(ctx, d, f) {
+					return nil
+				}
+				return errors.New("not stored")
+			}, nil)
+		if err != nil {
+			r.release(d.m, "shutting down before its dead letter could be stored")
+		}
+	}()
+}
+
+// deadLetterOnce tries once to store the message's dead letter and terminate
+// the message.
+func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) bool {
+	l := dlq.Letter{
+		Subject: d.m.Subject(), Data: d.m.Data(), Header: d.m.Headers(),
+		Stream: d.meta.Stream, StreamCreated: r.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
+		Published: d.meta.Timestamp, Consumer: r.o.Consumer,
+		Reason: f.reason, Attempts: d.attempt, FailedAt: r.o.Now(),
+	}
+	if f.err != nil {
+		l.Error = f.err.Error()
+		var ae *AppError
+		if errors.As(f.err, &ae) {
+			l.Status = ae.Status
+		}
+	}
+	if err := r.dl.DeadLetter(ctx, l); err != nil {
+		r.m.dlqErrors.Inc()
+		r.dlqErr.Store(&err)
+		r.log.Error("cannot store dead letter; message kept and tried again",
+			"subject", l.Subject, "seq", l.Sequence, "reason", f.reason, "error", err)
+		return false
+	}
+	r.track.remove(d.m)
+	if err := d.m.TermWithReason(f.reason); err != nil {
+		// The dead letter is stored; if the original comes back, its dead
+		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
+		r.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
+	}
+	r.m.deadLettered.Inc()
+	r.m.deadLetters.WithLabelValues(f.reason).Inc()
+	attrs := []any{"reason", f.reason}
+	if f.err != nil {
+		attrs = append(attrs, statusAttr(f.err), "error", f.err.Error())
+	}
+	d.log.Info("dead-lettered", attrs...)
+	return true
+}
+
+func statusAttr(err error) slog.Attr {
+	var ae *AppError
+	if errors.As(err, &ae) && ae.Kind == KindStatus {
+		return slog.Int("status", ae.Status)
+	}
+	if errors.As(err, &ae) {
+		return slog.String("status", ae.Kind.String())
+	}
+	return slog.String("status", "error")
+}

@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Logs at the default level carry no line per successful message: instead,
+// the runner logs a summary of counts every SummaryInterval in which there
+// was traffic, and once more when it stops.
+
+// counts are the outcomes the summary reports.
+type counts struct {
+	delivered, duplicate, retried, deadLettered, released float64
+}
+
+func (m *metrics) counts() counts {
+	return counts{
+		delivered: value(m.delivered), duplicate: value(m.duplicate), retried: value(m.retried),
+		deadLettered: value(m.deadLettered), released: value(m.released),
+	}
+}
+
+func value(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
+
+// summarize logs the counts since the last summary every interval in which
+// something happened, until ctx ends, then once more if anything did.
+func (r *Runner) summarize(ctx context.Context, every time.Duration) {
+	last := r.m.counts()
+	logSince := func(final bool) {
+		now := r.m.counts()
+		d := counts{
+			delivered: now.delivered - last.delivered, duplicate: now.duplicate - last.duplicate,
+			retried: now.retried - last.retried, deadLettered: now.deadLettered - last.deadLettered,
+			released: now.released - last.released,
+		}
+		if d == (counts{}) && !final {
+			return
+		}
+		last = now
+		msg := "summary"
+		if final {
+			msg = "summary at shutdown"
+		}
+		r.log.Info(msg, "delivered", d.delivered, "duplicates", d.duplicate, "retried", d.retried,
+			"dead_lettered", d.deadLettered, "given_back", d.released, "held", r.heldMessages(),
+			"interval", every.String())
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			logSince(true)
+			return
+		case <-t.C:
+			logSince(false)
+		}
+	}
+}

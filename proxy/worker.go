@@ -1,0 +1,58 @@
+package proxy
+
+import "github.com/nats-io/nats.go/jetstream"
+
+// worker delivers queued messages until the fetcher closes the queue. While
+// the gate is closed it holds the message it took (the tracker keeps it in
+// progress) and waits; once courier is stopping it gives messages back
+// instead of starting them.
+func (r *Runner) worker() {
+	defer r.workers.Done()
+	for q := range r.fetch.queue {
+		r.fetch.take(q)
+		if r.ph.noStart.Err() == nil && !r.open() {
+			r.hold(func() { _ = r.gate.waitUp(r.ph.noStart) })
+		}
+		if r.ph.noStart.Err() == nil {
+			r.deliver(q.m, r.ph.noStart)
+			continue
+		}
+		// Stopping. A message on its last allowed delivery is sent within
+		// the grace period rather than given back: a NAK would make
+		// JetStream give up on it without the app having seen it.
+		if r.open() && lastDelivery(q.m, r.o.MaxDeliver) {
+			r.deliver(q.m, r.ph.requests)
+			continue
+		}
+		r.giveBackMsg(q.m, "shutting down")
+	}
+}
+
+// lastDelivery reports whether m is on its last allowed delivery.
+func lastDelivery(m jetstream.Msg, maxDeliver int) bool {
+	meta, err := m.Metadata()
+	return err == nil && int(meta.NumDelivered) >= maxDeliver
+}
+
+// open reports whether the gate lets deliveries go.
+func (r *Runner) open() bool {
+	up, _ := r.gate.State()
+	return up
+}
+
+// hold runs wait counted among the held messages.
+func (r *Runner) hold(wait func()) {
+	r.parked.Add(1)
+	defer r.parked.Add(-1)
+	wait()
+}
+
+// heldMessages is what courier holds for the app: messages waiting in
+// workers, and, while the gate is closed, those queued behind them.
+func (r *Runner) heldMessages() float64 {
+	n := r.parked.Load()
+	if !r.open() {
+		n += int64(len(r.fetch.queue))
+	}
+	return float64(n)
+}

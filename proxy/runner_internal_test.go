@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -139,4 +141,49 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	poll.Until(t, 5*time.Second, what, cond)
+}
+
+// A pull that ends with a status that ends pulls normally (on a cluster, 409
+// Batch Completed can come before the pull's last messages) is not a failure:
+// courier stays bound and pulls again at once.
+func TestPullEndingStatusesKeepConsumerBound(t *testing.T) {
+	for _, end := range []error{
+		jetstream.ErrBatchCompleted, jetstream.ErrMaxBytesExceeded, jetstream.ErrNoMessages,
+		nats.ErrTimeout, jetstream.ErrConsumerLeadershipChanged, jetstream.ErrServerShutdown,
+	} {
+		t.Run(end.Error(), func(t *testing.T) {
+			fc := &fakeConsumer{batches: make(chan *fakeBatch)}
+			app := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			t.Cleanup(app.Close)
+			r, err := New(fc, nopDL{}, nil, Options{AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			for i := range 3 {
+				b := &fakeBatch{ch: make(chan jetstream.Msg, 1), err: end}
+				m := &fakeMsg{seq: uint64(i + 1)}
+				b.ch <- m
+				close(b.ch)
+				began := time.Now()
+				select {
+				case fc.batches <- b:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("pull %d never came", i+1)
+				}
+				if i > 0 && time.Since(began) > 500*time.Millisecond {
+					t.Errorf("pull %d came %s after the last one ended: backed off", i+1, time.Since(began))
+				}
+				waitUntil(t, "the message acked", func() bool { return m.state() == "ack" })
+				if err := r.Ready(); err != nil {
+					t.Errorf("after a pull ended with %q: not ready: %v", end, err)
+				}
+			}
+			cancel()
+			close(fc.batches)
+			<-done
+		})
+	}
 }

@@ -1,0 +1,175 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/proxy"
+)
+
+// runWith starts a runner on e's consumer with o (AppURL, Stream, Consumer
+// and Registerer filled in) and returns its stop function and the runner.
+func (e *env) runWith(t *testing.T, dd proxy.Deduper, o proxy.Options) (*proxy.Runner, func()) {
+	t.Helper()
+	o.AppURL, o.Stream, o.Consumer, o.Registerer = e.url, "S", "c", e.reg
+	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, dd, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func (e *env) publish(t *testing.T, n int, body []byte) {
+	t.Helper()
+	for i := range n {
+		if _, err := e.js.Publish(context.Background(), fmt.Sprint("s.", i), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (e *env) slowApp(t *testing.T, d time.Duration) {
+	t.Helper()
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+		select { // returns early when courier abandons the request
+		case <-time.After(d):
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+}
+
+// The in-progress signals follow the consumer's ack wait on the server, not
+// courier's own setting: in a rollout that lowers it, an old instance would
+// otherwise signal too late and its in-flight messages reach the app twice.
+func TestInProgressFollowsServerAckWait(t *testing.T) {
+	e := setup(t)
+	e.slowApp(t, 2500*time.Millisecond)
+	// courier believes 30s; the server is changed to 1s once it runs.
+	_, _ = e.runWith(t, nil, proxy.Options{AckWait: 30 * time.Second, InfoInterval: 100 * time.Millisecond, MaxInflight: 2})
+	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+	time.Sleep(300 * time.Millisecond) // at least one re-read of the settings
+	e.publish(t, 2, []byte("x"))
+	waitFor(t, "both messages acked", func() bool { return e.settled(t) && e.calls.Load() >= 2 })
+	if got := e.calls.Load(); got != 2 {
+		t.Errorf("app called %d times for 2 messages: the ack wait expired under a running request", got)
+	}
+}
+
+// An operator lowers the consumer's pull limit while courier runs: the
+// refused pulls make courier re-read the consumer and pull within the new
+// limit, without a restart.
+func TestPullLimitLoweredWhileRunning(t *testing.T) {
+	e := setup(t)
+	r, _ := e.runWith(t, nil, proxy.Options{AckWait: 5 * time.Second, InfoInterval: time.Hour})
+	waitFor(t, "the consumer bound", func() bool { return r.Ready() == nil })
+	if _, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
+		MaxRequestBatch: 3,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	e.publish(t, n, []byte("x"))
+	waitFor(t, "every message delivered within the new limit", func() bool { return e.calls.Load() == n && e.settled(t) })
+}
+
+// With one delivery allowed, messages fetched but not started when courier
+// stops are sent within the grace period, not NAK'd (JetStream would give up
+// on them without the app having seen them).
+func TestLastDeliveryNotGivenBackAtShutdown(t *testing.T) {
+	e := setup(t)
+	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+	e.slowApp(t, 20*time.Millisecond)
+	const n = 20
+	e.publish(t, n, []byte("x"))
+	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, MaxInflight: 1, ShutdownGrace: 10 * time.Second})
+	waitFor(t, "the first message sent", func() bool { return e.calls.Load() > 0 })
+	stop()
+	if got := e.calls.Load(); got != n {
+		t.Errorf("the app saw %d of %d messages; the rest were given back on their last delivery", got, n)
+	}
+	if got := counter(t, e.reg, "courier_messages_total", "released"); got != 0 {
+		t.Errorf("%v messages released on their last delivery", got)
+	}
+}
+
+// A grace period of 0 means none: a running request is abandoned at once.
+func TestZeroGraceAbandonsAtOnce(t *testing.T) {
+	e := setup(t)
+	e.slowApp(t, 5*time.Second)
+	e.publish(t, 1, []byte("x"))
+	_, stop := e.runWith(t, nil, proxy.Options{ShutdownGrace: 0})
+	waitFor(t, "the request sent", func() bool { return e.calls.Load() == 1 })
+	began := time.Now()
+	stop()
+	if took := time.Since(began); took > 3*time.Second {
+		t.Errorf("stopping with no grace took %s: the running request was waited for", took)
+	}
+}
+
+// A dead-letter stream that refuses a dead letter (too large for it) holds
+// that message and says so in readiness, but does not take the only worker:
+// the messages behind it are delivered.
+func TestRefusingDLQDoesNotTakeTheWorker(t *testing.T) {
+	e := setup(t)
+	if _, err := e.js.UpdateStream(context.Background(), jetstream.StreamConfig{
+		Name: dlq.StreamName("dlq.s"), Subjects: []string{"dlq.s"}, MaxMsgSize: 512,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var ok atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 100 {
+			w.WriteHeader(http.StatusUnprocessableEntity) // rejected: dead-lettered
+			return
+		}
+		ok.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	if _, err := e.js.Publish(context.Background(), "s.big", make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := e.runWith(t, nil, proxy.Options{MaxInflight: 1})
+	e.publish(t, 5, []byte("small"))
+	waitFor(t, "the messages behind the refused dead letter delivered", func() bool { return ok.Load() == 5 })
+	waitFor(t, "readiness to name the dead letters", func() bool {
+		err := r.Ready()
+		return err != nil && contains(err.Error(), "dead letters cannot be stored")
+	})
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+

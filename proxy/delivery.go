@@ -26,6 +26,7 @@ type delivery struct {
 	skey    string // the key as the dedup store holds it
 	fl      *flight
 	claimed bool // the dedup store holds a claim of ours on skey
+	probe   bool // sent while the breaker is open, to see if the app recovered
 	// wait bounds waiting (for a flight of the same key, the store, the
 	// app): shutdown's noStart, or the grace period for a message on its
 	// last delivery, started at shutdown so that it is not given back.
@@ -38,7 +39,7 @@ func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
 // deliver runs one delivery of m to its end: ack, NAK with delay, dead
 // letter, or give back at shutdown.
-func (r *Runner) deliver(m jetstream.Msg, wait context.Context) {
+func (r *Runner) deliver(m jetstream.Msg, wait context.Context, probe bool) {
 	meta, err := m.Metadata()
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
@@ -46,6 +47,7 @@ func (r *Runner) deliver(m jetstream.Msg, wait context.Context) {
 		return
 	}
 	d := r.newDelivery(m, meta, wait)
+	d.probe = probe
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
 		return
@@ -171,6 +173,10 @@ func (r *Runner) attempt(d *delivery) {
 	}
 	for {
 		took, err := r.post(h, d.m.Data())
+		if errors.Is(err, errNotSent) {
+			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
+			return
+		}
 		if err != nil && r.ph.requests.Err() != nil {
 			// Abandoned at the end of the grace period: the app may have
 			// acted, so the attempt is spent; a message on its last
@@ -187,7 +193,15 @@ func (r *Runner) attempt(d *delivery) {
 		}
 		r.m.request(resultLabel(err), took.Seconds())
 
-		switch Classify(err, r.o.Retryable) {
+		class := Classify(err, r.o.Retryable)
+		switch class {
+		case Success, Permanent:
+			r.breaker.success()
+		case Transient:
+			fromApp, _ := RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
+			r.breaker.failure(d.skey, fromApp, d.probe)
+		}
+		switch class {
 		case Success:
 			ok = true
 			if r.dd != nil {
@@ -234,9 +248,20 @@ func (r *Runner) attempt(d *delivery) {
 	}
 }
 
-// post sends one request, bounded by the per-request timeout and by the
-// grace period.
+// errNotSent: the request was not sent (the grace period ended while it
+// waited for the rate limit).
+var errNotSent = errors.New("request not sent")
+
+// post sends one request, within the rate limit, bounded by the per-request
+// timeout and by the grace period.
 func (r *Runner) post(h http.Header, body []byte) (time.Duration, error) {
+	if r.limiter != nil {
+		began := time.Now()
+		if err := r.limiter.Wait(r.ph.requests); err != nil {
+			return 0, errNotSent
+		}
+		r.m.rateWait.Add(time.Since(began).Seconds())
+	}
 	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
 	defer cancel()
 	r.m.inflight.Inc()

@@ -172,4 +172,3 @@ func TestRefusingDLQDoesNotTakeTheWorker(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,11 +69,12 @@ type fetcher struct {
 	maxBytes int64
 	bound    atomic.Bool
 
-	// Owned by the fetch loop: the consumer's limits on one pull request
-	// (its own or the server's; 0: none), its ack wait, when last read.
+	// The consumer's settings as last read: its limits on one pull request
+	// (its own or the server's; 0: none), its ack wait, its pause.
+	mu                 sync.Mutex
 	reqBatch, reqBytes int
 	ackWait            time.Duration
-	readAt             time.Time
+	paused             bool
 }
 
 func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options) *fetcher {
@@ -85,8 +87,7 @@ func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logg
 		ackWait:  o.AckWait,
 	}
 	if ci := cons.CachedInfo(); ci != nil {
-		f.apply(&ci.Config)
-		f.readAt = o.Now()
+		f.apply(ci)
 	}
 	return f
 }
@@ -131,9 +132,6 @@ func (f *fetcher) pull(ctx context.Context) error {
 	room, byteRoom, ok := f.room(ctx)
 	if !ok {
 		return ctx.Err()
-	}
-	if f.now().Sub(f.readAt) >= f.every {
-		f.reread(ctx)
 	}
 	batch, err := f.cons.Fetch(room, jetstream.FetchMaxWait(fetchWait), jetstream.FetchMaxBytes(int(byteRoom)))
 	if err == nil {
@@ -197,6 +195,8 @@ func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 			return 0, 0, false
 		}
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.reqBatch > 0 {
 		n = min(n, f.reqBatch)
 	}
@@ -206,27 +206,58 @@ func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 	return n, bytes, true
 }
 
+// watch re-reads the consumer's settings every interval until ctx ends: its
+// ack wait, pull limits and pause can be changed on the server (an operator,
+// another instance in a rollout) while courier runs. It runs beside the pulls
+// so that a pause, which stops them, is still seen to end.
+func (f *fetcher) watch(ctx context.Context) {
+	t := time.NewTicker(f.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f.reread(ctx)
+		}
+	}
+}
+
 // reread reads the consumer's settings from the server and applies them. It
 // reports whether the pull limits changed.
 func (f *fetcher) reread(ctx context.Context) (limitsChanged bool) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	f.readAt = f.now()
 	info, err := f.cons.Info(ictx)
 	if err != nil {
 		f.log.Debug("cannot read the consumer's settings", "error", err)
 		return false
 	}
-	return f.apply(&info.Config)
+	return f.apply(info)
 }
 
 // apply takes the consumer's settings as the server has them.
-func (f *fetcher) apply(c *jetstream.ConsumerConfig) (limitsChanged bool) {
+func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
+	c := &info.Config
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if c.AckWait > 0 && c.AckWait != f.ackWait {
 		f.log.Info("timing in-progress signals by the consumer's ack wait on the server",
 			"ack_wait", c.AckWait.String(), "was", f.ackWait.String())
 		f.ackWait = c.AckWait
 		f.track.setAckWait(c.AckWait)
+	}
+	if info.Paused != f.paused {
+		f.paused = info.Paused
+		if info.Paused {
+			until := "further notice"
+			if c.PauseUntil != nil {
+				until = c.PauseUntil.UTC().Format(time.RFC3339)
+			}
+			f.gate.hold(causePaused, "until "+until+" (courier resume ends it)")
+		} else {
+			f.gate.free(causePaused)
+		}
 	}
 	if c.MaxRequestBatch != f.reqBatch || c.MaxRequestMaxBytes != f.reqBytes {
 		f.log.Info("pulling within the consumer's request limits",

@@ -19,6 +19,10 @@ const (
 	causeApp cause = iota
 	// causeStore: the dedup store cannot answer a check.
 	causeStore
+	// causeBreaker: the app fails transiently again and again (breaker.go).
+	causeBreaker
+	// causePaused: the consumer is paused on the server (courier pause).
+	causePaused
 	nCauses
 )
 
@@ -29,8 +33,31 @@ func (c cause) Label() string {
 		return "app_unavailable"
 	case causeStore:
 		return "store_unavailable"
+	case causeBreaker:
+		return "breaker_open"
+	case causePaused:
+		return "paused"
 	}
 	return "unknown"
+}
+
+// readyLine, stopLine and resumeLine say what the cause means in /readyz
+// and in the logs.
+func (c cause) readyLine() string {
+	return [...]string{"app unavailable", "dedup store unavailable", "breaker open", "consumer paused"}[c]
+}
+
+func (c cause) stopLine() string {
+	return [...]string{
+		"app unavailable: holding messages and pausing fetching until it answers",
+		"dedup store unavailable: holding messages and pausing fetching until it answers",
+		"breaker open: the app fails again and again; holding messages and probing with one at a time",
+		"consumer paused: holding messages, fetching nothing",
+	}[c]
+}
+
+func (c cause) resumeLine() string {
+	return [...]string{"app available again", "dedup store available again", "breaker closed: a probe succeeded; sending again", "consumer resumed"}[c]
 }
 
 // gate is the one state machine that decides whether courier may send: it is
@@ -46,6 +73,7 @@ type gate struct {
 }
 
 type holdState struct {
+	total  time.Duration // held before, in all
 	on     bool
 	reason string
 	since  time.Time
@@ -100,6 +128,13 @@ func (g *gate) firstHeld() (cause, string, bool) {
 	return 0, "", false
 }
 
+// onlyHeld reports whether c is held and no other cause is.
+func (g *gate) onlyHeld(c cause) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held[c].on && g.nHeld == 1
+}
+
 // isHeld reports whether c is held.
 func (g *gate) isHeld(c cause) bool {
 	g.mu.Lock()
@@ -133,6 +168,7 @@ func (g *gate) free(c cause) {
 		return
 	}
 	heldFor := g.now().Sub(h.since)
+	h.total += heldFor
 	h.on, h.reason = false, ""
 	h.ch = make(chan struct{})
 	if g.nHeld--; g.nHeld == 0 {
@@ -142,14 +178,17 @@ func (g *gate) free(c cause) {
 	g.changed(c, false, "", heldFor)
 }
 
-// heldFor reports how long c has been held so far (0 if it is not).
-func (g *gate) heldFor(c cause) time.Duration {
+// heldSeconds is how long c has been held in all, the current hold
+// included.
+func (g *gate) heldSeconds(c cause) float64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.held[c].on {
-		return 0
+	h := g.held[c]
+	d := h.total
+	if h.on {
+		d += g.now().Sub(h.since)
 	}
-	return g.now().Sub(g.held[c].since)
+	return d.Seconds()
 }
 
 // waitUp blocks until no cause is held or ctx ends.

@@ -17,6 +17,7 @@ type metrics struct {
 	inProgress  prometheus.Counter
 	dropped     prometheus.Counter
 	held        *prometheus.GaugeVec
+	rateWait    prometheus.Counter
 
 	// The children every message touches, looked up once: a vector's
 	// WithLabelValues hashes its labels on each call.
@@ -85,8 +86,12 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "courier_delivery_held",
-			Help: "1 while courier holds deliveries for this cause (app_unavailable, store_unavailable): it fetches nothing and keeps what it has in progress.",
+			Help: "1 while courier holds deliveries for this cause (app_unavailable, store_unavailable, breaker_open, paused): it fetches nothing and keeps what it has in progress.",
 		}, []string{"cause"}),
+		rateWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_rate_limit_wait_seconds_total",
+			Help: "Time requests waited for COURIER_MAX_RATE's token bucket, all workers together.",
+		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dropped_headers_total",
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
@@ -109,7 +114,7 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held)
+		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait)
 	return m
 }
 

@@ -74,6 +74,16 @@ type Options struct {
 	// (nats.Conn.MaxPayload). It sizes the byte budget of the fetch queue so
 	// that any message fits. Default 1 MiB, NATS's own default.
 	MaxPayload int64
+	// BreakerFailures is how many transient failures in a row, from more
+	// than one message, stop sending until a probe succeeds; 0 means never.
+	BreakerFailures int
+	// BreakerProbe is the wait before the first probe while stopped (the
+	// app's Retry-After wins; it doubles per failed probe up to
+	// BackoffMax). Default 5s.
+	BreakerProbe time.Duration
+	// MaxRate caps requests per second to the app, all workers, retries
+	// and probes together; 0 means no limit.
+	MaxRate float64
 	// SummaryInterval is how often a summary of counts is logged (when
 	// there was traffic); no line is logged per successful message at info.
 	// Default 1m.
@@ -103,6 +113,10 @@ func (o Options) withDefaults() (Options, error) {
 	negative("MaxDeliver", int64(o.MaxDeliver))
 	negative("MaxInflight", int64(o.MaxInflight))
 	negative("MaxPayload", o.MaxPayload)
+	negative("BreakerFailures", int64(o.BreakerFailures))
+	if o.MaxRate < 0 {
+		errs = append(errs, fmt.Errorf("MaxRate must not be negative (got %g)", o.MaxRate))
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -111,6 +125,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"BackoffInitial", o.BackoffInitial}, {"BackoffMax", o.BackoffMax},
 		{"RetryAfterMax", o.RetryAfterMax}, {"MaxAge", o.MaxAge}, {"ShutdownGrace", o.ShutdownGrace},
 		{"HealthInterval", o.HealthInterval}, {"SummaryInterval", o.SummaryInterval},
+		{"BreakerProbe", o.BreakerProbe},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", d.name, d.v))
@@ -147,6 +162,7 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.RetryAfterMax, 10*time.Minute)
 	def(&o.HealthInterval, 5*time.Second)
 	def(&o.SummaryInterval, time.Minute)
+	def(&o.BreakerProbe, 5*time.Second)
 	if o.BackoffMultiplier == 0 {
 		o.BackoffMultiplier = 2
 	}

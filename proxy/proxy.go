@@ -27,6 +27,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/verdict"
@@ -70,6 +71,8 @@ type Runner struct {
 	flights *flights
 	gate    *gate
 	prober  *prober
+	breaker *breaker
+	limiter *rate.Limiter // nil: no rate limit
 	ph      *phases
 
 	workers sync.WaitGroup
@@ -106,6 +109,13 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while the app or the dedup store is unavailable.",
 	}, r.heldMessages))
+	for c := range nCauses {
+		o.Registerer.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "courier_delivery_held_seconds_total",
+			Help:        "Time courier held deliveries for this cause, counted while it lasts.",
+			ConstLabels: prometheus.Labels{"cause": c.Label()},
+		}, func() float64 { return r.gate.heldSeconds(c) }))
+	}
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
 	r.gate = newGate(o.Now, r.gateChanged)
 	if o.AppHealthURL != "" {
@@ -115,31 +125,38 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		r.wasUp.Store(true)
 	}
 	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
+	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
+	if o.MaxRate > 0 {
+		// Burst 1: the cap holds over any window, not just on average.
+		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
+	}
 	probeClient := &http.Client{Timeout: 5 * time.Second, CheckRedirect: o.Client.CheckRedirect}
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
 	return r, nil
 }
 
-// gateChanged logs and counts each change of a cause that holds deliveries.
+// gateChanged logs and counts each change of a cause that holds deliveries:
+// one line when it starts, one when it ends.
 func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Duration) {
 	r.m.held.WithLabelValues(c.Label()).Set(b2f(held))
 	if c == causeApp {
 		r.m.appUp.Set(b2f(!held))
 	}
+	took := heldFor.Round(time.Millisecond).String()
 	switch {
-	case held && c == causeApp && !r.wasUp.Load():
+	case c == causeApp && held && !r.wasUp.Load():
 		// Gated start-up: waiting, not an outage.
-	case held && c == causeApp:
+	case c == causeApp && held:
 		r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
-	case held:
-		r.log.Warn("dedup store unavailable: holding messages and pausing fetching until it answers", "reason", reason)
 	case c == causeApp && !r.wasUp.Swap(true):
-		r.log.Info("app healthy: fetching", "waited", heldFor.Round(time.Millisecond).String())
+		r.log.Info("app healthy: fetching", "waited", took)
 	case c == causeApp:
 		r.m.outage.Add(heldFor.Seconds())
-		r.log.Info("app available again", "down_for", heldFor.Round(time.Millisecond).String())
+		r.log.Info("app available again", "down_for", took)
+	case held:
+		r.log.Warn(c.stopLine(), "reason", reason)
 	default:
-		r.log.Info("dedup store available again", "down_for", heldFor.Round(time.Millisecond).String())
+		r.log.Info(c.resumeLine(), "held_for", took)
 	}
 }
 
@@ -154,10 +171,7 @@ func b2f(b bool) float64 {
 // deliveries (the app and the dedup store available), else why not.
 func (r *Runner) Ready() error {
 	if c, reason, held := r.gate.firstHeld(); held {
-		if c == causeStore {
-			return fmt.Errorf("dedup store unavailable: %s", reason)
-		}
-		return fmt.Errorf("app unavailable: %s", reason)
+		return fmt.Errorf("%s: %s", c.readyLine(), reason)
 	}
 	if !r.fetch.bound.Load() {
 		return errors.New("consumer not bound")
@@ -200,10 +214,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	// the last summary counts them.
 	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loopsDone sync.WaitGroup
-	loopsDone.Add(3)
+	loopsDone.Add(4)
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
 	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
+	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
+	defer r.breaker.stop()
 
 	r.workers.Add(r.o.MaxInflight)
 	for range r.o.MaxInflight {

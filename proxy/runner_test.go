@@ -197,7 +197,8 @@ func TestStoreRecordErrorStillAcks(t *testing.T) {
 	}
 }
 
-// counter reads a labelled counter from the registry.
+// counter reads a counter or gauge from the registry, by one label value
+// ("" for a metric without labels).
 func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -209,10 +210,15 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			match := label == "" && len(m.GetLabel()) == 0
 			for _, lp := range m.GetLabel() {
-				if lp.GetValue() == label {
-					return m.GetCounter().GetValue()
-				}
+				match = match || lp.GetValue() == label
+			}
+			if match && m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			if match {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}

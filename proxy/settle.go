@@ -55,6 +55,15 @@ func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
 	return Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N), false
 }
 
+// retryAfterOf is the app's Retry-After of a failed request, if any.
+func retryAfterOf(err error) string {
+	var ae *AppError
+	if errors.As(err, &ae) {
+		return ae.RetryAfter
+	}
+	return ""
+}
+
 // nak gives m back for redelivery after delay.
 func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
 	r.track.remove(m)

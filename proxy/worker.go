@@ -10,21 +10,46 @@ func (r *Runner) worker() {
 	defer r.workers.Done()
 	for q := range r.fetch.queue {
 		r.fetch.take(q)
+		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { _ = r.gate.waitUp(r.ph.noStart) })
+			r.hold(func() { probe = r.waitToSend(!lastDelivery(q.m, r.o.MaxDeliver)) })
 		}
 		if r.ph.noStart.Err() == nil {
-			r.deliver(q.m, r.ph.noStart)
+			r.deliver(q.m, r.ph.noStart, probe)
 			continue
 		}
 		// Stopping. A message on its last allowed delivery is sent within
 		// the grace period rather than given back: a NAK would make
 		// JetStream give up on it without the app having seen it.
 		if r.open() && lastDelivery(q.m, r.o.MaxDeliver) {
-			r.deliver(q.m, r.ph.requests)
+			r.deliver(q.m, r.ph.requests, false)
 			continue
 		}
 		r.giveBackMsg(q.m, "shutting down")
+	}
+}
+
+// waitToSend waits until the gate opens or courier stops. While the breaker
+// alone holds deliveries, a message that may be a probe (not on its last
+// allowed delivery: a probe never spends that) goes when the breaker lets
+// one through; waitToSend then reports true.
+func (r *Runner) waitToSend(mayProbe bool) (probe bool) {
+	var probes <-chan struct{}
+	if mayProbe {
+		probes = r.breaker.probes
+	}
+	for {
+		select {
+		case <-r.gate.Up():
+			return false
+		case <-r.ph.noStart.Done():
+			return false
+		case <-probes:
+			if r.gate.onlyHeld(causeBreaker) {
+				return true
+			}
+			r.breaker.retryProbe()
+		}
 	}
 }
 

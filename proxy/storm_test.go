@@ -1,0 +1,179 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/proxy"
+)
+
+// stormApp answers 503 to everything while storming is set, else 200 (or
+// 503 for keys in failing, always).
+type stormApp struct {
+	storming atomic.Bool
+	failing  map[string]bool
+	ok       atomic.Int32
+	mu       sync.Mutex
+	times    []time.Time
+	keys     map[string]int // 2xx per key
+}
+
+func (a *stormApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.times = append(a.times, time.Now())
+	a.mu.Unlock()
+	key := r.Header.Get(proxy.HeaderIdempotencyKey)
+	if a.storming.Load() || a.failing[key] {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	a.mu.Lock()
+	a.keys[key]++
+	a.mu.Unlock()
+	a.ok.Add(1)
+}
+
+func newStormApp(t *testing.T, e *env, failing ...string) *stormApp {
+	a := &stormApp{failing: map[string]bool{}, keys: map[string]int{}}
+	for _, k := range failing {
+		a.failing[k] = true
+	}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return a
+}
+
+func (e *env) deadLetters(t *testing.T) uint64 {
+	t.Helper()
+	s, err := e.js.Stream(context.Background(), dlq.StreamName("dlq.s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// A storm of 503s (the app is up, its database is not) dead-letters nothing:
+// the breaker stops sending, probes, and everything is delivered after.
+func TestStormDeadLettersNothing(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e)
+	a.storming.Store(true)
+	const n = 40
+	e.publish(t, n, []byte("x"))
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 3, MaxInflight: 4, BreakerFailures: 5, BreakerProbe: 100 * time.Millisecond,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	})
+	waitFor(t, "the breaker to open", func() bool {
+		err := r.Ready()
+		return err != nil && contains(err.Error(), "breaker open")
+	})
+	time.Sleep(time.Second) // the storm goes on
+	a.mu.Lock()
+	requestsInStorm := len(a.times)
+	a.mu.Unlock()
+	a.storming.Store(false)
+	waitFor(t, "every message delivered after the storm", func() bool { return a.ok.Load() >= n && e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm", got)
+	}
+	if requestsInStorm > 3*n/2 {
+		t.Errorf("%d requests during the storm for %d messages: the breaker did not stop sending", requestsInStorm, n)
+	}
+	waitFor(t, "ready again", func() bool { return r.Ready() == nil })
+	t.Logf("%d requests during a 1s+ storm for %d messages", requestsInStorm, n)
+}
+
+// Two messages that always fail among steady successes never open the
+// breaker: the rest are delivered, and the two are dead-lettered once their
+// budget is spent.
+func TestFailingMessagesAmongSuccessesDoNotOpenBreaker(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e, "bad-1", "bad-2")
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 4, MaxInflight: 4, BreakerFailures: 3, BreakerProbe: time.Hour,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+	})
+	for _, k := range []string{"bad-1", "bad-2"} {
+		m := nats.NewMsg("s.bad")
+		m.Header.Set(proxy.HeaderIdempotencyKey, k)
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 60
+	e.publish(t, n, []byte("x"))
+	waitFor(t, "every good message delivered and both bad ones dead-lettered", func() bool {
+		return a.ok.Load() == n && e.deadLetters(t) == 2
+	})
+	if err := r.Ready(); err != nil {
+		t.Errorf("not ready: %v", err)
+	}
+	if got := counter(t, e.reg, "courier_delivery_held", "breaker_open"); got != 0 {
+		t.Errorf("breaker open (%v)", got)
+	}
+}
+
+// COURIER_MAX_RATE caps requests per second across workers.
+func TestMaxRateCapsRequests(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e)
+	const n, perSecond = 30, 20.0
+	e.publish(t, n, []byte("x"))
+	_, _ = e.runWith(t, nil, proxy.Options{MaxInflight: 8, MaxRate: perSecond})
+	waitFor(t, "every message delivered", func() bool { return a.ok.Load() == n })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// In any window of one second, at most perSecond+1 requests (the
+	// bucket starts with one token).
+	for i := range a.times {
+		in := 0
+		for j := i; j < len(a.times) && a.times[j].Sub(a.times[i]) < time.Second; j++ {
+			in++
+		}
+		if in > int(perSecond)+1 {
+			t.Fatalf("%d requests within one second from request %d, cap %v/s", in, i, perSecond)
+		}
+	}
+	if got := counter(t, e.reg, "courier_rate_limit_wait_seconds_total", ""); got <= 0 {
+		t.Errorf("no time counted waiting for the rate limit (%v)", got)
+	}
+}
+
+// A paused consumer is not fetched from, and readiness says so; resumed, it
+// delivers.
+func TestPausedConsumerIsNotFetched(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e)
+	ctx := context.Background()
+	if _, err := e.js.PauseConsumer(ctx, "S", "c", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := e.runWith(t, nil, proxy.Options{InfoInterval: 50 * time.Millisecond})
+	waitFor(t, "readiness to say paused", func() bool {
+		err := r.Ready()
+		return err != nil && contains(err.Error(), "consumer paused")
+	})
+	e.publish(t, 5, []byte("x"))
+	time.Sleep(300 * time.Millisecond)
+	if got := a.ok.Load(); got != 0 {
+		t.Fatalf("%d messages delivered while paused", got)
+	}
+	if _, err := e.js.ResumeConsumer(ctx, "S", "c"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "delivery after resume", func() bool { return a.ok.Load() == 5 })
+}

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -172,3 +174,53 @@ func TestRefusingDLQDoesNotTakeTheWorker(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// While the connection is down courier sends no pull: nats.go's Fetch would
+// subscribe, fail to send the request, and leak the subscription, one per
+// retry for the length of the outage.
+func TestNoPullLeakWhileDisconnected(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	ctx := context.Background()
+	// No reconnect buffer: a publish while disconnected fails at once, as
+	// a full buffer does in a long outage.
+	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(app.Close)
+	r, err := proxy.New(cons, nopDLQ{}, nil, proxy.Options{AppURL: app.URL, Stream: "S", Consumer: "c", Connected: nc.IsConnected})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(runCtx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "bound", func() bool { return r.Ready() == nil })
+	before := nc.NumSubscriptions()
+	s.Shutdown()
+	s.WaitForShutdown()
+	time.Sleep(3 * time.Second) // an outage: courier retries its pulls meanwhile
+	after := nc.NumSubscriptions()
+	t.Logf("subscriptions: %d before the outage, %d after 3s of it", before, after)
+	if after > before+1 {
+		t.Errorf("%d subscriptions after a 3s outage, %d before: pulls leaked them", after, before)
+	}
+}
+
+type nopDLQ struct{}
+
+func (nopDLQ) DeadLetter(context.Context, dlq.Letter) error { return nil }

@@ -56,12 +56,13 @@ type queued struct {
 // the server, whose ack wait times the tracker's signals and whose pull limits
 // bound each pull.
 type fetcher struct {
-	cons  jetstream.Consumer
-	track *tracker
-	gate  *gate
-	log   *slog.Logger
-	now   func() time.Time
-	every time.Duration // how often the consumer's settings are re-read
+	cons      jetstream.Consumer
+	connected func() bool
+	track     *tracker
+	gate      *gate
+	log       *slog.Logger
+	now       func() time.Time
+	every     time.Duration // how often the consumer's settings are re-read
 
 	queue    chan queued
 	taken    chan struct{} // a worker took a message: there may be room
@@ -79,7 +80,7 @@ type fetcher struct {
 
 func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options) *fetcher {
 	f := &fetcher{
-		cons: cons, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
+		cons: cons, connected: o.Connected, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
 		queue: make(chan queued, max(queuePerWorker*o.MaxInflight, minQueue)),
 		taken: make(chan struct{}, 1),
 		// Any message fits in half: a pull asks for at least that much.
@@ -100,6 +101,9 @@ func (f *fetcher) take(q queued) {
 	default:
 	}
 }
+
+// errDisconnected: no pull is sent while the connection is down.
+var errDisconnected = errors.New("not connected to NATS")
 
 // errConsumerGone marks the end of fetching for good.
 var errConsumerGone = errors.New("consumer deleted")
@@ -132,6 +136,12 @@ func (f *fetcher) pull(ctx context.Context) error {
 	room, byteRoom, ok := f.room(ctx)
 	if !ok {
 		return ctx.Err()
+	}
+	if f.connected != nil && !f.connected() {
+		// nats.go's Fetch subscribes before it sends the pull request and
+		// leaks the subscription if the request cannot be sent.
+		f.bound.Store(false)
+		return errDisconnected
 	}
 	batch, err := f.cons.Fetch(room, jetstream.FetchMaxWait(fetchWait), jetstream.FetchMaxBytes(int(byteRoom)))
 	if err == nil {

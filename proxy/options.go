@@ -88,6 +88,10 @@ type Options struct {
 	// there was traffic); no line is logged per successful message at info.
 	// Default 1m.
 	SummaryInterval time.Duration
+	// Connected, when set, reports whether the NATS connection is up
+	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
+	// request that cannot be sent leaks its subscription in nats.go's Fetch.
+	Connected func() bool
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }

@@ -102,9 +102,9 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 	h.Set(HeaderStream, meta.Stream)
 	h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
 	h.Set(HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))
-	if ct := src.Get("Content-Type"); ct != "" && validFieldValue(ct) {
-		h.Set("Content-Type", ct)
-	} else {
+	// Copied above under its canonical name if the message had one, in
+	// whatever case its publisher wrote it.
+	if ct := h.Get("Content-Type"); ct == "" {
 		h.Set("Content-Type", "application/octet-stream")
 	}
 	// A key that HTTP cannot carry cannot be sent; the stream-derived form

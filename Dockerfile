@@ -24,7 +24,7 @@ COPY --from=build --chown=65532:65532 /out/data /var/lib/courier
 ENV COURIER_DEDUP_DIR=/var/lib/courier
 VOLUME /var/lib/courier
 # /healthz, /readyz, /metrics (COURIER_ADMIN_ADDR).
-EXPOSE 9464
+EXPOSE 7415
 # nonroot, numeric so that Kubernetes' runAsNonRoot can check it.
 USER 65532:65532
 ENTRYPOINT ["/courier"]

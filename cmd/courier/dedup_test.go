@@ -164,8 +164,8 @@ func TestSharedKVStoreAcrossCouriers(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		w.WriteHeader(http.StatusOK)
 	})
-	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
-	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir()))
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir()))
 	for i := 0; i < 10; i++ {
 		// One at a time, so each copy after the first finds its key
 		// recorded, on whichever courier it lands.

@@ -76,7 +76,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "":
 		return runSidecar(ctx, environ, stderr)
 	case "config":
-		return runConfig(environ, stdout)
+		return runConfig(environ, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "dlq":

@@ -44,11 +44,13 @@ func indent(err error) error {
 	return errors.New(strings.Join(lines, "\n"))
 }
 
-func runConfig(environ []string, stdout io.Writer) error {
-	cfg, err := config.Load(config.Environ(environ))
-	vars := config.Describe(cfg)
+func runConfig(environ []string, stdout, stderr io.Writer) error {
+	vars, warnings, err := config.Inspect(config.Environ(environ))
 	if werr := config.WriteTable(stdout, vars); werr != nil {
 		return werr
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "courier: warning: %s\n", w.Text)
 	}
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", indent(err))}
@@ -130,9 +132,8 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	}()
 	log.Info("courier starting", "version", version, "stream", cfg.Stream, "consumer", cfg.Consumer,
 		"app", cfg.Redacted().AppURL, "admin", adm.Addr())
-	for _, name := range config.UnknownVars(config.Environ(environ)) {
-		// Most likely a typo of a real variable, whose default is in effect.
-		log.Warn("unknown variable ignored (see `courier config` for the real ones)", "variable", name)
+	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
+		log.Warn(w.Text, "variable", w.Variable)
 	}
 
 	// NATS: keep trying while the server is unreachable; stop on what
@@ -185,7 +186,7 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	var dd proxy.Deduper
 	var store *dedup.Store
 	switch {
-	case cfg.DedupEnabled() && cfg.DedupStore == "kv":
+	case cfg.DedupEnabled() && cfg.DedupStore == config.DedupShared:
 		// Shared by every courier of the durable; created like the other
 		// streams courier makes, retried while JetStream does not answer.
 		var kv *dedup.KV

@@ -19,6 +19,21 @@ func loadConfig(environ []string) (config.Config, error) {
 	return cfg, nil
 }
 
+// loadConfigWithoutApp is loadConfig for the commands that talk to the
+// server only (cleanup): COURIER_APP_URL, which config requires to consume,
+// is filled with a placeholder when unset.
+func loadConfigWithoutApp(environ []string) (config.Config, error) {
+	m := config.Environ(environ)
+	if m["COURIER_APP_URL"] == "" && m["COURIER_STREAM"] != "" {
+		m["COURIER_APP_URL"] = "http://courier-no-app.invalid/"
+	}
+	cfg, err := config.Load(m)
+	if err != nil {
+		return cfg, invalidConfig(err)
+	}
+	return cfg, nil
+}
+
 // invalidConfig is the exit-2 error listing every problem of err.
 func invalidConfig(err error) error {
 	return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", indent(err))}

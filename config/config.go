@@ -194,8 +194,10 @@ func Environ(kv []string) map[string]string {
 //
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
-// COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are case-insensitive and come
-// back lower-cased.
+// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are
+// case-insensitive and come back lower-cased (COURIER_DEDUP_STORE=kv comes
+// back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
+// when COURIER_REPLY_SUBJECTS is set and it is not.
 //
 // If anything is wrong, the error is an *Error listing every problem. The
 // Config is returned either way, holding what could be parsed, so that

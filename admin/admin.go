@@ -27,7 +27,7 @@ type Server struct {
 	done chan error
 }
 
-// Listen binds addr (":9464" form) and prepares the handlers. live decides
+// Listen binds addr (":7415" form) and prepares the handlers. live decides
 // /healthz, ready decides /readyz (either may be nil for "always ok"), and
 // gatherer backs /metrics.
 func Listen(addr string, live, ready Check, gatherer prometheus.Gatherer, log *slog.Logger) (*Server, error) {

@@ -20,6 +20,7 @@ import (
 // the SPEC's table so that the lines come out in that order.
 type problem struct {
 	order int
+	name  string // the variable it is about, "" if none
 	text  string
 }
 
@@ -111,7 +112,7 @@ func (c *checker) note(name, text string) {
 	if !ok {
 		order = len(c.order)
 	}
-	c.problems = append(c.problems, problem{order: order, text: text})
+	c.problems = append(c.problems, problem{order: order, name: name, text: text})
 }
 
 // ok reports whether a variable parsed, so that a value that did not is not
@@ -141,6 +142,9 @@ func (c *checker) check(cfg *Config) {
 	c.checkRetries(cfg)
 	c.checkDLQ(cfg)
 	c.checkDedup(cfg)
+	c.checkBreaker(cfg)
+	c.checkSuccess(cfg)
+	c.checkReplies(cfg)
 	c.checkOperations(cfg)
 }
 
@@ -196,18 +200,27 @@ func (c *checker) checkNATS(cfg *Config) {
 // nats://, tls://, ws:// or wss:// URLs, the scheme optional.
 func (c *checker) checkNATSURL(v string) {
 	const name = "NATS_URL"
-	urls := splitList(v)
-	if len(urls) == 0 {
+	entries := natsURLEntries(v)
+	if len(entries) == 0 {
 		c.add(name, "no server URL: expected nats://host:port, comma separated for several")
 		return
 	}
-	var ws, plain bool
-	for _, raw := range urls {
+	var ws, plain, cut bool
+	for _, e := range entries {
 		which := "" // name the entry only when there are several
-		if len(urls) > 1 {
-			which = strconv.Quote(redactNATSURL(raw)) + ": "
+		if len(entries) > 1 {
+			which = strconv.Quote(e.shown) + ": "
 		}
-		s := raw
+		if e.cutSecret {
+			// The client splits the list on every comma, and would dial
+			// the pieces of this URL: say so once.
+			if !cut {
+				c.add(name, "a user or password holds a ',', which separates server URLs: percent-encode it as %%2C")
+			}
+			cut = true
+			continue
+		}
+		s := e.raw
 		if !strings.Contains(s, "://") {
 			s = "nats://" + s // as the NATS client does
 		}
@@ -258,7 +271,9 @@ func readable(path string) string {
 
 func (c *checker) checkConsumer(cfg *Config) {
 	if cfg.Stream == "" {
-		c.note("COURIER_STREAM", "COURIER_STREAM is required: the name of the stream to consume (it must exist; courier does not create it)")
+		if len(cfg.ReplySubjects) == 0 {
+			c.note("COURIER_STREAM", "COURIER_STREAM is required: the name of the stream to consume (it must exist; courier does not create it); only a courier that just serves COURIER_REPLY_SUBJECTS goes without")
+		}
 	} else if msg := checkName(cfg.Stream); msg != "" {
 		c.add("COURIER_STREAM", "%s", msg)
 	}
@@ -306,9 +321,10 @@ func (c *checker) checkConsumer(cfg *Config) {
 }
 
 func (c *checker) checkApp(cfg *Config) {
-	if cfg.AppURL == "" {
+	switch {
+	case cfg.AppURL == "" && (cfg.Stream != "" || len(cfg.ReplySubjects) == 0):
 		c.note("COURIER_APP_URL", "COURIER_APP_URL is required: the URL each message is POSTed to, such as http://127.0.0.1:8080/messages")
-	} else {
+	case cfg.AppURL != "":
 		c.checkHTTPURL("COURIER_APP_URL", cfg.AppURL)
 	}
 	if cfg.AppHealthURL != "" {
@@ -360,6 +376,35 @@ func (c *checker) checkRetries(cfg *Config) {
 	}
 }
 
+// reservedPrefixes start subjects NATS itself acts on: what courier
+// publishes there would be API calls or system traffic, not stored messages.
+var reservedPrefixes = []string{"$JS.", "$KV.", "$O.", "$SYS.", "_INBOX."}
+
+// checkPublishSubject checks a subject courier publishes to with a
+// JetStream acknowledgement (dead letters, success records): literal, not
+// reserved, and not consumed by courier itself. It reports whether the
+// subject is valid.
+func (c *checker) checkPublishSubject(cfg *Config, name, subject, what string) bool {
+	if msg := checkSubject(subject); msg != "" {
+		c.add(name, "%s", msg)
+		return false
+	}
+	if !isLiteral(subject) {
+		c.add(name, "must be a literal subject, without '*' or '>': %s are published to it", what)
+		return false
+	}
+	if p := reservedPrefix(subject); p != "" {
+		c.add(name, "subjects starting with %s are reserved by NATS", p)
+		return false
+	}
+	for _, f := range cfg.Subjects {
+		if checkSubject(f) == "" && SubjectMatches(f, subject) {
+			c.add(name, "matched by the filter subject %q of COURIER_SUBJECTS, so courier would consume its own %s: choose a subject outside the consumed ones", f, what)
+		}
+	}
+	return true
+}
+
 func (c *checker) checkDLQ(cfg *Config) {
 	const name = "COURIER_DLQ_SUBJECT"
 	if cfg.DLQSubject == "" {
@@ -369,27 +414,7 @@ func (c *checker) checkDLQ(cfg *Config) {
 		cfg.DLQSubject = "dlq." + cfg.Stream + "." + cfg.Consumer
 		c.derived[name] = cfg.DLQSubject
 	}
-	if msg := checkSubject(cfg.DLQSubject); msg != "" {
-		c.add(name, "%s", msg)
-		return
-	}
-	if !isLiteral(cfg.DLQSubject) {
-		c.add(name, "must be a literal subject, without '*' or '>': dead letters are published to it")
-		return
-	}
-	// NATS itself acts on these: dead letters published there would be API
-	// calls or system traffic, not stored messages.
-	for _, p := range []string{"$JS.", "$KV.", "$O.", "$SYS.", "_INBOX."} {
-		if strings.HasPrefix(cfg.DLQSubject, p) {
-			c.add(name, "subjects starting with %s are reserved by NATS", p)
-			return
-		}
-	}
-	for _, f := range cfg.Subjects {
-		if checkSubject(f) == "" && SubjectMatches(f, cfg.DLQSubject) {
-			c.add(name, "matched by the filter subject %q of COURIER_SUBJECTS, so courier would consume its own dead letters: choose a subject outside the consumed ones", f)
-		}
-	}
+	c.checkPublishSubject(cfg, name, cfg.DLQSubject, "dead letters")
 }
 
 func (c *checker) checkDedup(cfg *Config) {
@@ -407,13 +432,102 @@ func (c *checker) checkDedup(cfg *Config) {
 			c.add("COURIER_DEDUP_TTL", "must be at least 1s, as the store keeps time in whole seconds (0 turns dedup off)")
 		}
 	}
-	cfg.DedupStore = strings.ToLower(strings.TrimSpace(cfg.DedupStore))
-	if cfg.DedupStore != "badger" && cfg.DedupStore != "kv" {
-		c.add("COURIER_DEDUP_STORE", "must be badger or kv")
+	switch cfg.DedupStore {
+	case DedupBadger, DedupShared:
+	case "kv":
+		// The name before shared; Warnings says so.
+		cfg.DedupStore = DedupShared
+	default:
+		c.add("COURIER_DEDUP_STORE", "must be badger (embedded, this courier's keys) or shared (a key-value bucket shared by every courier of the durable)")
 	}
 	if !validBucket(cfg.DedupBucket) {
 		c.add("COURIER_DEDUP_BUCKET", "not a valid key-value bucket name: letters, digits, - and _ only")
 	}
+}
+
+func (c *checker) checkBreaker(cfg *Config) {
+	if c.ok("COURIER_BREAKER_FAILURES") && cfg.BreakerFailures < 0 {
+		c.add("COURIER_BREAKER_FAILURES", "must not be negative (0 turns the breaker off)")
+	}
+	if c.ok("COURIER_BREAKER_PROBE") && cfg.BreakerProbe <= 0 {
+		c.add("COURIER_BREAKER_PROBE", "must be more than 0")
+	}
+	if c.ok("COURIER_MAX_RATE") && cfg.MaxRate < 0 {
+		c.add("COURIER_MAX_RATE", "must not be negative (0 means no limit)")
+	}
+}
+
+func (c *checker) checkSuccess(cfg *Config) {
+	const name = "COURIER_SUCCESS_SUBJECT"
+	if cfg.SuccessSubject == "" {
+		return
+	}
+	if !c.checkPublishSubject(cfg, name, cfg.SuccessSubject, "success records") {
+		return
+	}
+	if cfg.SuccessSubject == cfg.DLQSubject {
+		c.add(name, "is also COURIER_DLQ_SUBJECT: success records and dead letters need subjects of their own")
+	}
+	if cfg.Stream == "" {
+		c.add(name, "is set but COURIER_STREAM is not: success records are published for consumed messages only")
+	}
+}
+
+func (c *checker) checkReplies(cfg *Config) {
+	const name = "COURIER_REPLY_SUBJECTS"
+	var valid []string
+	for _, s := range cfg.ReplySubjects {
+		if msg := checkSubject(s); msg != "" {
+			c.add(name, "%q %s", s, msg)
+			continue
+		}
+		if reserved := reservedPrefix(s); reserved != "" {
+			c.add(name, "%q: subjects starting with %s are reserved by NATS", s, reserved)
+			continue
+		}
+		valid = append(valid, s)
+	}
+	for i, a := range valid {
+		for _, b := range valid[i+1:] {
+			if subjectsCollide(a, b) {
+				c.add(name, "%q and %q overlap: a request matching both would reach the app twice", a, b)
+			}
+		}
+		for _, f := range cfg.Subjects {
+			if checkSubject(f) == "" && subjectsCollide(a, f) {
+				c.add(name, "%q overlaps the filter subject %q of COURIER_SUBJECTS: the stream would store such a request too, and its acknowledgement could answer the caller before the app does", a, f)
+			}
+		}
+		// A JetStream publish is a request: courier would answer its own
+		// dead letters and success records.
+		for _, p := range []struct{ name, subject string }{
+			{"COURIER_DLQ_SUBJECT", cfg.DLQSubject}, {"COURIER_SUCCESS_SUBJECT", cfg.SuccessSubject},
+		} {
+			if p.subject != "" && SubjectMatches(a, p.subject) {
+				c.add(name, "%q matches %s (%q): courier would answer its own publishes there", a, p.name, p.subject)
+			}
+		}
+	}
+
+	if cfg.ReplyURL != "" {
+		c.checkHTTPURL("COURIER_REPLY_URL", cfg.ReplyURL)
+	} else if len(cfg.ReplySubjects) > 0 && cfg.AppURL == "" {
+		c.note("COURIER_REPLY_URL", "COURIER_REPLY_URL (or COURIER_APP_URL) is required with COURIER_REPLY_SUBJECTS: the URL requests are POSTed to")
+	}
+	if cfg.ReplyURL == "" && len(cfg.ReplySubjects) > 0 && cfg.AppURL != "" {
+		cfg.ReplyURL = cfg.AppURL
+		c.derived["COURIER_REPLY_URL"] = redactHTTPURL(cfg.AppURL)
+	}
+}
+
+// reservedPrefix returns the reserved prefix subject starts with, or "".
+func reservedPrefix(subject string) string {
+	for _, p := range reservedPrefixes {
+		if strings.HasPrefix(subject, p) {
+			return p
+		}
+	}
+	return ""
 }
 
 // validBucket reports whether s is a JetStream key-value bucket name.
@@ -431,7 +545,7 @@ func validBucket(s string) bool {
 
 func (c *checker) checkOperations(cfg *Config) {
 	if _, port, err := net.SplitHostPort(cfg.AdminAddr); err != nil || port == "" {
-		c.add("COURIER_ADMIN_ADDR", "not a listen address: expected host:port, such as :9464 or 127.0.0.1:9464")
+		c.add("COURIER_ADMIN_ADDR", "not a listen address: expected host:port, such as :7415 or 127.0.0.1:7415")
 	}
 	switch cfg.LogLevel {
 	case "debug", "info", "warn", "error":

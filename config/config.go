@@ -52,7 +52,7 @@ type Config struct {
 	BackoffMax        time.Duration `env:"COURIER_BACKOFF_MAX" envDefault:"10m"`
 	BackoffMultiplier float64       `env:"COURIER_BACKOFF_MULTIPLIER" envDefault:"2"`
 	RetryAfterMax     time.Duration `env:"COURIER_RETRY_AFTER_MAX" envDefault:"10m"`
-	RetryStatuses     StatusSet     `env:"COURIER_RETRY_STATUSES" envDefault:"408,429,500,502-599"`
+	RetryStatuses     StatusSet     `env:"COURIER_RETRY_STATUSES" envDefault:"408,409,425,429,500,502-599"`
 	MaxAge            time.Duration `env:"COURIER_MAX_AGE" envDefault:"0"`
 
 	// Dead letters.
@@ -63,15 +63,42 @@ type Config struct {
 	IdempotencyHeader string        `env:"COURIER_IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	DedupDir          string        `env:"COURIER_DEDUP_DIR" envDefault:"./courier-data"`
 	DedupTTL          time.Duration `env:"COURIER_DEDUP_TTL" envDefault:"24h"`
-	// DedupStore is "badger" (an embedded store per courier) or "kv" (a
-	// JetStream key-value bucket shared by every courier of the durable).
+	// DedupStore is DedupBadger (an embedded store per courier) or
+	// DedupShared (keys shared by every courier of the durable through a
+	// JetStream key-value bucket). Load reads the deprecated "kv" as
+	// DedupShared (Warnings names it).
 	DedupStore  string `env:"COURIER_DEDUP_STORE" envDefault:"badger"`
 	DedupBucket string `env:"COURIER_DEDUP_BUCKET" envDefault:"COURIER_DEDUP"`
 
+	// Breaker and rate limit (behaviours 14 and 15).
+	// BreakerFailures is the number of transient failures in a row (from
+	// more than one message) after which courier stops sending and probes;
+	// 0 = never.
+	BreakerFailures int `env:"COURIER_BREAKER_FAILURES" envDefault:"10"`
+	// BreakerProbe is the wait before the first probe while stopped.
+	BreakerProbe time.Duration `env:"COURIER_BREAKER_PROBE" envDefault:"5s"`
+	// MaxRate caps requests per second to the app, all messages together;
+	// 0 = no limit.
+	MaxRate float64 `env:"COURIER_MAX_RATE" envDefault:"0"`
+
+	// Success destination and request/reply (behaviours 17 and 18).
+	// SuccessSubject is where the app's answer to each 2xx is published;
+	// "" = nowhere.
+	SuccessSubject string `env:"COURIER_SUCCESS_SUBJECT"`
+	// ReplySubjects are the subjects courier answers as a NATS service;
+	// none = no service. With ReplySubjects and no Stream, courier serves
+	// requests only (see ConsumesStream).
+	ReplySubjects []string `env:"COURIER_REPLY_SUBJECTS"`
+	// ReplyURL is where requests on ReplySubjects are POSTed; Load fills
+	// in AppURL when it is unset.
+	ReplyURL string `env:"COURIER_REPLY_URL"`
+
 	// Operations.
-	AdminAddr     string        `env:"COURIER_ADMIN_ADDR" envDefault:":9464"`
-	LogLevel      string        `env:"COURIER_LOG_LEVEL" envDefault:"info"`
-	LogFormat     string        `env:"COURIER_LOG_FORMAT"` // "text" or "json"; empty = text on a terminal, else json
+	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
+	LogLevel  string `env:"COURIER_LOG_LEVEL" envDefault:"info"`
+	LogFormat string `env:"COURIER_LOG_FORMAT"` // "text" or "json"; empty = text on a terminal, else json
+	// ShutdownGrace is the time in-flight requests get after SIGTERM; 0
+	// means none: they are abandoned and their messages NAK'd at once.
 	ShutdownGrace time.Duration `env:"COURIER_SHUTDOWN_GRACE" envDefault:"25s"`
 }
 
@@ -84,6 +111,30 @@ type StatusSet struct {
 	// adjacent ranges merged, so String is canonical.
 	ranges [][2]int
 }
+
+// The values of COURIER_DEDUP_STORE.
+const (
+	// DedupBadger keeps keys in an embedded Badger store, this courier's
+	// keys only.
+	DedupBadger = "badger"
+	// DedupShared shares keys between every courier of the durable
+	// through a replicated JetStream key-value bucket.
+	DedupShared = "shared"
+)
+
+// DefaultAdminAddr is COURIER_ADMIN_ADDR's default: a port no common
+// neighbour in a pod uses (not 9464, OpenTelemetry's Prometheus exporter;
+// outside the 9100-9999 exporter range, Istio's 15000-15090, Linkerd's
+// 4191, Dapr's 3500, 3501, 9090 and 50001, NATS's 4222 and 8222).
+const DefaultAdminAddr = ":7415"
+
+// ConsumesStream reports whether courier consumes a stream: false when it
+// only serves COURIER_REPLY_SUBJECTS (no COURIER_STREAM).
+func (c Config) ConsumesStream() bool { return c.Stream != "" }
+
+// ServesReplies reports whether courier answers requests on
+// COURIER_REPLY_SUBJECTS.
+func (c Config) ServesReplies() bool { return len(c.ReplySubjects) > 0 }
 
 // DedupEnabled reports whether courier records idempotency keys at all:
 // COURIER_DEDUP_TTL=0 turns dedup off.
@@ -143,13 +194,25 @@ func Environ(kv []string) map[string]string {
 //
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
-// COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are case-insensitive and come
-// back lower-cased.
+// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are
+// case-insensitive and come back lower-cased (COURIER_DEDUP_STORE=kv comes
+// back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
+// when COURIER_REPLY_SUBJECTS is set and it is not.
 //
 // If anything is wrong, the error is an *Error listing every problem. The
 // Config is returned either way, holding what could be parsed, so that
 // `courier config` can show it beside the problems; it must not be run with.
 func Load(environ map[string]string) (Config, error) {
+	cfg, c := load(environ)
+	if p := c.sorted(); len(p) > 0 {
+		return cfg, &Error{Problems: p}
+	}
+	return cfg, nil
+}
+
+// load is Load, returning the checker with every problem and what did not
+// parse, for Inspect.
+func load(environ map[string]string) (Config, *checker) {
 	if environ == nil {
 		// env falls back to the process environment when given none.
 		environ = map[string]string{}
@@ -163,12 +226,10 @@ func Load(environ map[string]string) (Config, error) {
 	cfg.DeliverPolicy = lower(cfg.DeliverPolicy)
 	cfg.LogLevel = lower(cfg.LogLevel)
 	cfg.LogFormat = lower(cfg.LogFormat)
+	cfg.DedupStore = lower(cfg.DedupStore)
 
 	c.check(&cfg)
-	if p := c.sorted(); len(p) > 0 {
-		return cfg, &Error{Problems: p}
-	}
-	return cfg, nil
+	return cfg, c
 }
 
 func lower(s string) string { return strings.ToLower(strings.TrimSpace(s)) }

@@ -94,13 +94,17 @@ func (s StatusSet) Contains(code int) bool {
 
 // String returns the set in canonical form, which ParseStatusSet reads
 // back: codes and ranges in ascending order, overlapping and adjacent ones
-// merged, such as "408,429,500,502-599". The empty set is "".
+// merged (two adjacent codes stay two codes), such as
+// "408,409,425,429,500,502-599". The empty set is "".
 func (s StatusSet) String() string {
 	parts := make([]string, len(s.ranges))
 	for i, r := range s.ranges {
-		if r[0] == r[1] {
+		switch r[1] - r[0] {
+		case 0:
 			parts[i] = strconv.Itoa(r[0])
-		} else {
+		case 1: // two codes read better as such: 408,409, not 408-409
+			parts[i] = strconv.Itoa(r[0]) + "," + strconv.Itoa(r[1])
+		default:
 			parts[i] = strconv.Itoa(r[0]) + "-" + strconv.Itoa(r[1])
 		}
 	}

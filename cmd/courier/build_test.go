@@ -9,8 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // TestDockerfileBuild builds the binary with the Dockerfile's own `go build`
@@ -28,7 +31,7 @@ func TestDockerfileBuild(t *testing.T) {
 		testCommit  = "0123456789abcdef0123456789abcdef01234567"
 	)
 	envs, args := dockerfileGoBuild(t, "../../Dockerfile", map[string]string{
-		"VERSION": testVersion, "COMMIT": testCommit,
+		"VERSION": testVersion, "COMMIT": testCommit, "TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH,
 	})
 
 	// The Dockerfile writes to /out; redirect -o into the test's directory.
@@ -108,6 +111,113 @@ func TestDockerfileBuild(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestDockerfileToolchain: the image is built with go.mod's exact Go, and
+// never downloads another (GOTOOLCHAIN=local), so what is tested is what
+// ships.
+func TestDockerfileToolchain(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goVersion string
+	for _, line := range strings.Split(string(mod), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "go "); ok {
+			goVersion = strings.TrimSpace(v)
+		}
+	}
+	if goVersion == "" {
+		t.Fatal("go.mod has no go directive")
+	}
+	df, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from string
+	local := false
+	for _, line := range strings.Split(string(df), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "FROM" && from == "" {
+			for _, w := range f[1:] {
+				if strings.HasPrefix(w, "golang:") {
+					from = w
+				}
+			}
+		}
+		if len(f) >= 2 && f[0] == "ENV" && strings.Join(f[1:], " ") == "GOTOOLCHAIN=local" {
+			local = true
+		}
+	}
+	if want := "golang:" + goVersion + "-"; !strings.HasPrefix(from, want) {
+		t.Errorf("build stage FROM %q, want %s… (go.mod says go %s)", from, want, goVersion)
+	}
+	if !local {
+		t.Error("the Dockerfile does not set ENV GOTOOLCHAIN=local: a go.mod ahead of the image would download a toolchain")
+	}
+}
+
+// TestReleaseWorkflow: a version tag builds and pushes both architectures,
+// stamping the tag and commit into the binary.
+func TestReleaseWorkflow(t *testing.T) {
+	b, err := os.ReadFile("../../.github/workflows/release.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wf struct {
+		On struct {
+			Push struct {
+				Tags []string `yaml:"tags"`
+			} `yaml:"push"`
+		} `yaml:"on"`
+		Jobs map[string]struct {
+			Needs any `yaml:"needs"`
+			Steps []struct {
+				Uses string            `yaml:"uses"`
+				Run  string            `yaml:"run"`
+				With map[string]string `yaml:"with"`
+			} `yaml:"steps"`
+		} `yaml:"jobs"`
+	}
+	if err := yaml.Unmarshal(b, &wf); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(wf.On.Push.Tags, "v*") {
+		t.Errorf("release runs on tags %q, want v*", wf.On.Push.Tags)
+	}
+	tested, built := false, false
+	for name, job := range wf.Jobs {
+		for _, st := range job.Steps {
+			tested = tested || strings.Contains(st.Run, ".ci/run")
+			if !strings.HasPrefix(st.Uses, "docker/build-push-action@") {
+				continue
+			}
+			built = true
+			if job.Needs == nil {
+				t.Errorf("job %s pushes an image without waiting for the tests", name)
+			}
+			w := st.With
+			for _, want := range []string{"linux/amd64", "linux/arm64"} {
+				if !strings.Contains(w["platforms"], want) {
+					t.Errorf("platforms %q lack %s", w["platforms"], want)
+				}
+			}
+			for _, want := range []string{"VERSION=${{ github.ref_name }}", "COMMIT=${{ github.sha }}"} {
+				if !strings.Contains(w["build-args"], want) {
+					t.Errorf("build-args %q lack %s", w["build-args"], want)
+				}
+			}
+			if w["push"] != "true" {
+				t.Errorf("push = %q", w["push"])
+			}
+		}
+	}
+	if !tested || !built {
+		t.Errorf("release: runs the tests %v, builds with buildx %v", tested, built)
+	}
+	if !strings.Contains(string(b), "images: ghcr.io/courierhq/courier") || !strings.Contains(string(b), "value=latest") {
+		t.Error("release does not tag ghcr.io/courierhq/courier with the version and latest")
+	}
 }
 
 // dockerfileGoBuild finds the Dockerfile's RUN line that runs `go build` and

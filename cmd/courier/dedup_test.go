@@ -164,8 +164,8 @@ func TestSharedKVStoreAcrossCouriers(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		w.WriteHeader(http.StatusOK)
 	})
-	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
-	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=kv", "COURIER_DEDUP_DIR="+t.TempDir()))
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir()))
+	start(t, h.env(a.URL, "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir()))
 	for i := 0; i < 10; i++ {
 		// One at a time, so each copy after the first finds its key
 		// recorded, on whichever courier it lands.
@@ -174,5 +174,32 @@ func TestSharedKVStoreAcrossCouriers(t *testing.T) {
 	}
 	if a.calls("k0") != 1 || a.calls("k1") != 1 {
 		t.Errorf("app calls: k0 %d, k1 %d; want 1 each", a.calls("k0"), a.calls("k1"))
+	}
+}
+
+// A second courier on a locked store stops before it touches the server
+// (#16): neither its consumer nor its dead-letter stream is created.
+func TestLockedStoreTouchesNothingOnTheServer(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL))
+	waitFor(t, 10*time.Second, "the first courier consuming", func() bool {
+		return strings.Contains(c.logs.String(), `"msg":"consuming"`)
+	})
+	err := run(context.Background(), nil, h.env(a.URL, "COURIER_CONSUMER=second"), io.Discard, io.Discard)
+	var out strings.Builder
+	if code := exitCode(err, &out); code != 1 || !strings.Contains(out.String(), "locked") {
+		t.Fatalf("exit %d, want 1 naming the lock: %q", code, out.String())
+	}
+	if h.consumerInfo("second") != nil {
+		t.Error("the second courier created its consumer before finding the store locked")
+	}
+	if dls := h.deadLetters("dlq.ORDERS.second"); dls != nil {
+		t.Error("the second courier created its dead-letter stream before finding the store locked")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if name, err := h.js.StreamNameBySubject(ctx, "dlq.ORDERS.second"); err == nil {
+		t.Errorf("stream %q captures the second courier's dead letters", name)
 	}
 }

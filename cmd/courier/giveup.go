@@ -16,11 +16,10 @@ import (
 
 // startGiveup sets up the max-deliveries catch (a stream capturing the
 // consumer's max-deliveries advisories and a durable consumer on it, retried
-// like the rest of start-up) and runs it until stop is called. stream is the
-// handle the delivery loop uses, so both derive the same dead-letter ids.
-// stop ends the catch, lets the advisory in hand finish, and waits; it may be
-// called more than once. When ctx ends during set-up, stop is a no-op and err
-// nil.
+// like the rest of start-up) and runs it until the returned stop is called.
+// stream is the handle the delivery loop uses, so both derive the same
+// dead-letter ids. stop ends the catch, lets the advisory in hand finish, and
+// waits; it may be called more than once.
 func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer, onDeadLetter func()) (stop func(), err error) {
 	c, err := giveup.New(js, stream, cfg.Consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
 		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg, OnDeadLetter: onDeadLetter,
@@ -28,7 +27,7 @@ func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	if err != nil {
 		return nil, err
 	}
-	err = retrySetup(ctx, log, func(ctx context.Context) error {
+	err = retrySetup(ctx, log, "max-deliveries catch", func(ctx context.Context) error {
 		err := c.Setup(ctx)
 		if err != nil && !transientSetupError(err) {
 			return fmt.Errorf("messages JetStream gives up on could not be dead-lettered: %w", err)
@@ -38,10 +37,9 @@ func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	if err != nil {
 		return nil, err
 	}
-	if ctx.Err() != nil {
-		return func() {}, nil
-	}
 
+	// The catch outlives ctx: it stops when the sidecar's shutdown says,
+	// after the delivery loop.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {

@@ -3,7 +3,7 @@
 // transient, deduplicating the duplicate and dead-lettering the hopeless.
 //
 // With no arguments it runs the sidecar, configured by environment variables
-// (see `courier config`).
+// (see `courier config`); the other commands are in commands.go.
 package main
 
 import (
@@ -21,6 +21,21 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// run is the whole program, testable in-process: it runs the command args
+// names (the sidecar when there is none).
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	name := ""
+	if len(args) > 0 {
+		name, args = args[0], args[1:]
+	}
+	cmd, ok := lookup(name)
+	if !ok {
+		fmt.Fprint(stderr, usage())
+		return usageError("unknown command %q", name)
+	}
+	return cmd.run(ctx, args, environ, stdout, stderr)
 }
 
 // exitError carries a process exit status; its message (if any) has been
@@ -50,45 +65,4 @@ func exitCode(err error, stderr io.Writer) int {
 		return ee.code
 	}
 	return 1
-}
-
-const usage = `courier: a resilience sidecar for NATS JetStream.
-
-Usage:
-  courier              run the sidecar (configured by environment variables)
-  courier config       print every variable, its meaning, default and value in effect
-  courier demo         run a self-contained demo on an embedded JetStream server
-  courier dlq          list, show, replay or purge dead letters ('courier dlq help')
-  courier version      print version information
-  courier help         print this help
-
-Environment: see 'courier config'. Admin endpoints on COURIER_ADMIN_ADDR:
-/healthz, /readyz, /metrics.
-`
-
-// run is the whole program, testable in-process.
-func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	cmd := ""
-	if len(args) > 0 {
-		cmd = args[0]
-	}
-	switch cmd {
-	case "":
-		return runSidecar(ctx, environ, stderr)
-	case "config":
-		return runConfig(environ, stdout)
-	case "demo":
-		return runDemo(ctx, args[1:], stdout, stderr)
-	case "dlq":
-		return runDLQ(ctx, args[1:], environ, stdout, stderr)
-	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, versionString())
-		return nil
-	case "help", "-h", "--help", "-help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	default:
-		fmt.Fprint(stderr, usage)
-		return usageError("unknown command %q", cmd)
-	}
 }

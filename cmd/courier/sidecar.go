@@ -2,18 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/lmittmann/tint"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,200 +16,229 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/proxy"
 )
 
-// loadConfig parses the environment; problems are printed one per line and
-// mean exit status 2.
-func loadConfig(environ []string) (config.Config, error) {
-	cfg, err := config.Load(config.Environ(environ))
-	if err != nil {
-		return cfg, &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", indent(err))}
-	}
-	return cfg, nil
-}
-
-func indent(err error) error {
-	lines := strings.Split(err.Error(), "\n")
-	for i, l := range lines {
-		lines[i] = "  " + l
-	}
-	return errors.New(strings.Join(lines, "\n"))
-}
-
-func runConfig(environ []string, stdout io.Writer) error {
-	cfg, err := config.Load(config.Environ(environ))
-	vars := config.Describe(cfg)
-	if werr := config.WriteTable(stdout, vars); werr != nil {
-		return werr
-	}
-	if err != nil {
-		return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", indent(err))}
-	}
-	return nil
-}
-
-// newLogger picks tint text on a terminal and JSON otherwise, unless
-// COURIER_LOG_FORMAT says.
-func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	format := cfg.LogFormat
-	if format == "" {
-		format = "json"
-		if isTerminal(w) {
-			format = "text"
-		}
-	}
-	if format == "text" {
-		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}))
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-// readiness combines the conditions of /readyz; it is swapped in as the
-// sidecar gets further through start-up.
-type readiness struct {
-	check atomic.Pointer[func() error]
-}
-
-func (r *readiness) set(f func() error) { r.check.Store(&f) }
-func (r *readiness) Ready() error {
-	if f := r.check.Load(); f != nil {
-		return (*f)()
-	}
-	return errors.New("starting")
-}
-
+// runSidecar runs courier beside its app until ctx ends (SIGTERM, SIGINT),
+// then shuts down in order and returns nil, or returns the first failure
+// that retrying cannot fix.
 func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	cfg, err := loadConfig(environ)
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg, stderr)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerBuildInfo(reg)
-
-	// Admin server first, so probes answer (not ready) while courier
-	// waits for NATS.
-	ready := &readiness{}
-	ready.set(func() error { return errors.New("connecting to NATS") })
-	var loopAlive atomic.Pointer[func() error]
-	live := func() error {
-		if f := loadCheck(&loopAlive); f != nil {
-			return f()
-		}
-		return nil
+	if !cfg.ConsumesStream() {
+		return errors.New("COURIER_REPLY_SUBJECTS without COURIER_STREAM: this build of courier does not serve requests yet (behaviour 18); set COURIER_STREAM and COURIER_APP_URL to consume a stream")
 	}
-	adm, err := admin.Listen(cfg.AdminAddr, live, ready.Ready, reg, log)
-	if err != nil {
+	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth()}
+	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
+		s.log.Warn(w.Text, "variable", w.Variable)
+	}
+	err = s.run(ctx)
+	s.close()
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		s.log.Info("courier stopped during start-up")
+		return nil // stopped while waiting for NATS or JetStream
+	}
+	return err
+}
+
+// sidecar is one run of courier. Start-up is a sequence of steps, each
+// setting up one component and returning what undoes it; close undoes them
+// in the one order shutdown needs, whichever step start-up reached.
+type sidecar struct {
+	cfg    config.Config
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	health *health
+
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	cons   jetstream.Consumer
+	dd     proxy.Deduper // nil: dedup off
+	// deadLetters counts dead letters by reason, whoever stores them.
+	deadLetters *prometheus.CounterVec
+
+	// What undoes each step; nil until the step ran.
+	stopGiveup, closeStore, drainConn, stopAdmin func()
+}
+
+// run starts every component, then delivers until ctx ends. It returns
+// once the delivery loop has stopped fetching and settled every message it
+// held (acked, or NAK'd for redelivery); close does the rest.
+func (s *sidecar) run(ctx context.Context) (err error) {
+	// The admin server first, so that probes answer (not ready) while
+	// courier waits for NATS.
+	if s.stopAdmin, err = s.startAdmin(); err != nil {
 		return err
+	}
+	// The embedded store before anything touches the server: a second
+	// courier on a locked store stops here, having changed nothing.
+	s.health.at("opening the dedup store")
+	if s.closeStore, err = s.openStore(); err != nil {
+		return err
+	}
+	// NATS, retried while unreachable.
+	s.health.at("connecting to NATS")
+	if s.drainConn, err = s.connect(ctx); err != nil {
+		return err
+	}
+	// The shared store's bucket lives on the server.
+	if s.cfg.DedupEnabled() && s.cfg.DedupStore == config.DedupShared {
+		s.health.at("opening the shared dedup bucket")
+		if s.closeStore, err = s.openSharedStore(ctx); err != nil {
+			return err
+		}
+	}
+	// The stream, the dead-letter stream and the durable consumer.
+	s.health.at("setting up the stream, dead-letter stream and consumer")
+	if err = s.setUp(ctx); err != nil {
+		return err
+	}
+	// The max-deliveries catch: dead-letters what JetStream gave up on
+	// outside courier's sight, from its captured advisories.
+	s.health.at("setting up the max-deliveries catch")
+	if s.stopGiveup, err = startGiveup(ctx, s.js, s.cfg, s.stream, s.log, s.reg, func() {
+		s.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
+	}); err != nil {
+		return err
+	}
+	return s.deliver(ctx)
+}
+
+// close undoes start-up, whatever step it reached, in the order behaviour 9
+// needs. By now the delivery loop has stopped fetching and finished or
+// NAK'd what it held. Then: the max-deliveries catch stops (finishing the
+// advisory in hand), the dedup store closes, the NATS connection drains (so
+// every ack and NAK reaches the server), and the admin server stops last,
+// so that probes answer to the end.
+func (s *sidecar) close() {
+	s.health.at("shutting down")
+	for _, undo := range []func(){s.stopGiveup, s.closeStore, s.drainConn, s.stopAdmin} {
+		if undo != nil {
+			undo()
+		}
+	}
+}
+
+func (s *sidecar) startAdmin() (func(), error) {
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(s.reg)
+	s.deadLetters = proxy.NewDeadLetterCounter() // courier_dead_letters_total
+	s.reg.MustRegister(s.deadLetters)
+
+	adm, err := admin.Listen(s.cfg.AdminAddr, s.health.Alive, s.health.Ready, s.reg, s.log)
+	if err != nil {
+		return nil, err
 	}
 	adm.Start()
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	s.log.Info("courier starting", "version", version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
+		"app", s.cfg.Redacted().AppURL, "admin", adm.Addr())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = adm.Shutdown(sctx)
-	}()
-	log.Info("courier starting", "version", version, "stream", cfg.Stream, "consumer", cfg.Consumer,
-		"app", cfg.Redacted().AppURL, "admin", adm.Addr())
-	for _, name := range config.UnknownVars(config.Environ(environ)) {
-		// Most likely a typo of a real variable, whose default is in effect.
-		log.Warn("unknown variable ignored (see `courier config` for the real ones)", "variable", name)
-	}
+		_ = adm.Shutdown(ctx)
+	}, nil
+}
 
-	// NATS: keep trying while the server is unreachable; stop on what
-	// retrying cannot fix (credentials, TLS).
-	nc, err := connect(ctx, cfg, log)
+// openStore opens the embedded dedup store, unless dedup is off or shared.
+func (s *sidecar) openStore() (func(), error) {
+	switch {
+	case !s.cfg.DedupEnabled():
+		s.log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
+		return nil, nil
+	case s.cfg.DedupStore == config.DedupShared:
+		return nil, nil // openSharedStore, once connected
+	}
+	store, err := dedup.Open(s.cfg.DedupDir, dedup.Options{
+		TTL: s.cfg.DedupTTL, Scope: s.scope(), Logger: s.log, Registerer: s.reg,
+	})
 	if err != nil {
+		return nil, err
+	}
+	s.dd = seenChecker{store}
+	return s.closer("dedup store", store), nil
+}
+
+// openSharedStore opens the key-value bucket shared by every courier of the
+// durable, created like the other streams courier makes and retried while
+// JetStream does not answer.
+func (s *sidecar) openSharedStore(ctx context.Context) (func(), error) {
+	var kv *dedup.KV
+	err := retrySetup(ctx, s.log, "shared dedup bucket", func(ctx context.Context) error {
+		var err error
+		kv, err = dedup.OpenKV(ctx, s.js, s.cfg.DedupBucket, s.scope(), s.cfg.DedupTTL, s.cfg.StreamReplicas)
 		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	if nc == nil {
-		return nil // stopped while waiting for NATS
+	s.dd = seenChecker{kv}
+	s.log.Info("dedup keys in a shared key-value bucket", "bucket", s.cfg.DedupBucket, "ttl", s.cfg.DedupTTL.String())
+	return s.closer("shared dedup store", kv), nil
+}
+
+// closer returns what closes store, if it holds anything to close.
+func (s *sidecar) closer(what string, store any) func() {
+	c, ok := store.(io.Closer)
+	if !ok {
+		return nil
 	}
-	defer nc.Close()
+	return func() {
+		if err := c.Close(); err != nil {
+			s.log.Error("closing the "+what, "error", err)
+		}
+	}
+}
+
+// scope is what dedup keys are scoped to: they are the consumer's.
+func (s *sidecar) scope() string { return s.cfg.Stream + "/" + s.cfg.Consumer }
+
+func (s *sidecar) connect(ctx context.Context) (func(), error) {
+	nc, err := connect(ctx, s.cfg, s.log)
+	if err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		nc.Close()
+		return nil, err
 	}
+	s.nc, s.js = nc, js
+	return func() {
+		if err := drain(nc); err != nil {
+			s.log.Warn("draining NATS connection", "error", err)
+		}
+	}, nil
+}
 
-	// Stream, dead-letter stream and consumer; retried while NATS is
-	// unreachable, fatal when the answer is final.
-	var (
-		stream jetstream.Stream
-		cons   jetstream.Consumer
-	)
-	err = retrySetup(ctx, log, func(ctx context.Context) error {
+// setUp checks the stream and creates what courier needs on the server,
+// retried while the server does not answer.
+func (s *sidecar) setUp(ctx context.Context) error {
+	err := retrySetup(ctx, s.log, "stream, dead-letter stream and consumer", func(ctx context.Context) error {
 		var err error
-		stream, cons, err = setup(ctx, js, cfg, log)
+		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.log)
 		return err
-	})
-	if err != nil || ctx.Err() != nil {
-		return err
-	}
-	reg.MustRegister(dlq.NewDepthCollector(js, cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
-
-	// One count of dead letters by reason, whoever stores them.
-	deadLetterCount := proxy.NewDeadLetterCounter()
-	reg.MustRegister(deadLetterCount)
-
-	// Max-deliveries catch: dead-letters what JetStream gave up on outside
-	// courier's sight, from its captured advisories. The deferred stop
-	// covers early returns; the shutdown order below stops it first.
-	stopGiveup, err := startGiveup(ctx, js, cfg, stream, log, reg, func() {
-		deadLetterCount.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
 	})
 	if err != nil {
 		return err
 	}
-	defer stopGiveup()
+	s.reg.MustRegister(dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
+	return nil
+}
 
-	// Dedup store.
-	var dd proxy.Deduper
-	var store *dedup.Store
-	switch {
-	case cfg.DedupEnabled() && cfg.DedupStore == "kv":
-		// Shared by every courier of the durable; created like the other
-		// streams courier makes, retried while JetStream does not answer.
-		var kv *dedup.KV
-		err = retrySetup(ctx, log, func(ctx context.Context) error {
-			var err error
-			kv, err = dedup.OpenKV(ctx, js, cfg.DedupBucket, cfg.Stream+"/"+cfg.Consumer, cfg.DedupTTL, cfg.StreamReplicas)
-			return err
-		})
-		if err != nil || kv == nil {
-			return err
-		}
-		dd = seenChecker{kv}
-		log.Info("dedup keys in a shared key-value bucket", "bucket", cfg.DedupBucket, "ttl", cfg.DedupTTL.String())
-	case cfg.DedupEnabled():
-		store, err = dedup.Open(cfg.DedupDir, dedup.Options{
-			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log, Registerer: reg,
-		})
-		if err != nil {
-			return err
-		}
-		dd = seenChecker{store}
-	default:
-		log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
-	}
-
-	runner, err := proxy.New(cons, &deadLetters{p: dlq.NewPublisher(js, cfg.DLQSubject)}, dd, proxy.Options{
+// deliver runs the delivery loop until ctx ends, and returns once it has
+// stopped fetching and settled what it held.
+func (s *sidecar) deliver(ctx context.Context) error {
+	cfg := s.cfg
+	runner, err := proxy.New(s.cons, &deadLetters{p: dlq.NewPublisher(s.js, cfg.DLQSubject)}, s.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
 		Consumer:          cfg.Consumer,
-		StreamCreated:     stream.CachedInfo().Created,
+		StreamCreated:     s.stream.CachedInfo().Created,
 		MaxDeliver:        cfg.MaxDeliver,
 		AckWait:           cfg.AckWait,
 		MaxInflight:       cfg.MaxInflight,
@@ -229,258 +251,97 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 		MaxAge:            cfg.MaxAge,
 		IdempotencyHeader: cfg.IdempotencyHeader,
 		ShutdownGrace:     cfg.ShutdownGrace,
-		Logger:            log,
-		Registerer:        reg,
-		DeadLetterCounter: deadLetterCount,
-		MaxPayload:        nc.MaxPayload(),
+		Logger:            s.log,
+		Registerer:        s.reg,
+		DeadLetterCounter: s.deadLetters,
+		MaxPayload:        s.nc.MaxPayload(),
+		BreakerFailures:   cfg.BreakerFailures,
+		BreakerProbe:      cfg.BreakerProbe,
+		MaxRate:           cfg.MaxRate,
+		Connected:         s.nc.IsConnected,
 	})
 	if err != nil {
-		if store != nil {
-			_ = store.Close()
-		}
 		return err
 	}
-	alive := runner.Alive
-	loopAlive.Store(&alive)
-	ready.set(func() error {
-		if !nc.IsConnected() {
-			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
-		}
-		return runner.Ready()
-	})
-	log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
+	s.health.running(s.nc, runner)
+	s.log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
 		"max_inflight", cfg.MaxInflight, "max_deliver", cfg.MaxDeliver)
+	s.warnNotWired()
 
-	// Shutdown order, once ctx ends: the runner stops fetching, NAKs what
-	// it has not started, lets in-flight requests finish within the grace
-	// period and acks them, NAKs the rest; then the max-deliveries catch
-	// stops (finishing the advisory in hand); then the store is closed;
-	// then the connection drained so every ack and NAK reaches the server.
-	runErr := runner.Run(ctx)
-	stopGiveup()
-	ready.set(func() error { return errors.New("shutting down") })
-	if store != nil {
-		if err := store.Close(); err != nil {
-			log.Error("closing dedup store", "error", err)
-		}
+	// Say when the stop signal arrives, not only once the grace period
+	// is over.
+	signalled := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		defer close(signalled)
+		s.log.Info("stop signal received: no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery",
+			"cause", context.Cause(ctx).Error(), "grace", cfg.ShutdownGrace.String())
+	})
+	err = runner.Run(ctx)
+	if !stopWatch() {
+		<-signalled
 	}
-	if err := drain(nc); err != nil {
-		log.Warn("draining NATS connection", "error", err)
-	}
-	if runErr != nil {
-		return runErr
-	}
-	log.Info("courier stopped")
-	return nil
-}
-
-func loadCheck(p *atomic.Pointer[func() error]) func() error {
-	if f := p.Load(); f != nil {
-		return *f
-	}
-	return nil
-}
-
-// drain flushes pending acks and closes the connection, waiting briefly.
-func drain(nc *nats.Conn) error {
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		nc.Close()
+	s.health.at("shutting down")
+	if err != nil {
 		return err
 	}
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		nc.Close()
-	}
+	s.log.Info("courier stopped", "released", runner.Released())
 	return nil
 }
 
-// natsOptions maps the NATS_* variables to connection options.
-func natsOptions(cfg config.Config, log *slog.Logger) ([]nats.Option, error) {
-	if err := checkNATSFiles(cfg); err != nil {
-		return nil, err
-	}
-	opts := []nats.Option{
-		nats.Name("courier " + cfg.Stream + "/" + cfg.Consumer),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
-		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("disconnected from NATS; reconnecting", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted())
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			log.Warn("NATS error", "error", err)
-		}),
-	}
-	switch {
-	case cfg.NATSCreds != "":
-		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
-	case cfg.NATSNKey != "":
-		o, err := nats.NkeyOptionFromSeed(cfg.NATSNKey)
-		if err != nil {
-			return nil, fmt.Errorf("NATS_NKEY %s: %w", cfg.NATSNKey, err)
+// warnNotWired names the variables this build parses and checks but does
+// not act on yet, so that nobody relies on them silently.
+func (s *sidecar) warnNotWired() {
+	for _, v := range []struct {
+		name string
+		set  bool
+	}{
+		{"COURIER_SUCCESS_SUBJECT", s.cfg.SuccessSubject != ""},
+		{"COURIER_REPLY_SUBJECTS", s.cfg.ServesReplies()},
+	} {
+		if v.set {
+			s.log.Warn("this build of courier does not act on "+v.name+" yet: it is ignored", "variable", v.name)
 		}
-		opts = append(opts, o)
-	case cfg.NATSUser != "":
-		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
-	case cfg.NATSToken != "":
-		opts = append(opts, nats.Token(cfg.NATSToken))
-	}
-	if cfg.NATSCA != "" {
-		opts = append(opts, nats.RootCAs(cfg.NATSCA))
-	}
-	if cfg.NATSCert != "" {
-		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
-	}
-	return opts, nil
-}
-
-// connect dials NATS, retrying with backoff while the server is unreachable.
-// It returns nil, nil if ctx ends first.
-func connect(ctx context.Context, cfg config.Config, log *slog.Logger) (*nats.Conn, error) {
-	opts, err := natsOptions(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	wait := 250 * time.Millisecond
-	for {
-		nc, err := nats.Connect(cfg.NATSURL, opts...)
-		if err == nil {
-			log.Info("connected to NATS", "server", nc.ConnectedUrlRedacted())
-			return nc, nil
-		}
-		if fatal := fatalConnectError(err); fatal != nil {
-			return nil, fatal
-		}
-		log.Warn("NATS unreachable; retrying", "url", cfg.Redacted().NATSURL, "error", err, "in", wait.String())
-		select {
-		case <-ctx.Done():
-			return nil, nil
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 15*time.Second)
 	}
 }
 
-// fatalConnectError returns a clear error for connection failures that
-// retrying cannot fix, or nil.
-func fatalConnectError(err error) error {
-	var (
-		unknownCA *x509.UnknownAuthorityError
-		hostname  x509.HostnameError
-		verify    *tls.CertificateVerificationError
-	)
-	switch {
-	case errors.Is(err, nats.ErrAuthorization):
-		return fmt.Errorf("NATS refused the credentials (authorization violation): check NATS_CREDS, NATS_NKEY, NATS_USER/NATS_PASSWORD or NATS_TOKEN: %w", err)
-	case errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked), errors.Is(err, nats.ErrAccountAuthExpired):
-		return fmt.Errorf("NATS credentials expired or revoked: issue new ones: %w", err)
-	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &verify):
-		return fmt.Errorf("TLS to NATS failed verification: check NATS_CA (and the server certificate's names): %w", err)
-	case errors.Is(err, nats.ErrSecureConnRequired), errors.Is(err, nats.ErrSecureConnWanted):
-		return fmt.Errorf("TLS mismatch with the NATS server: %w", err)
-	case strings.Contains(err.Error(), "tls:") && !strings.Contains(err.Error(), "timeout"):
-		// The TLS stack reports handshake refusals (bad client
-		// certificate) only as text.
-		return fmt.Errorf("TLS handshake with NATS failed: check NATS_CA, NATS_CERT and NATS_KEY: %w", err)
-	}
-	return nil
+// deadLetters adapts the dlq publisher to the delivery loop's DeadLetterer.
+type deadLetters struct{ p *dlq.Publisher }
+
+func (d *deadLetters) DeadLetter(ctx context.Context, l dlq.Letter) error {
+	_, err := d.p.Publish(ctx, l)
+	return err
 }
 
-// retrySetup runs f until it succeeds, fails for good, or ctx ends. Errors
-// that time can fix (NATS unreachable, timeouts) are retried with backoff.
-func retrySetup(ctx context.Context, log *slog.Logger, f func(context.Context) error) error {
-	wait := 250 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := f(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return nil
-		}
-		if !transientSetupError(err) {
-			return err
-		}
-		log.Warn("JetStream not answering; retrying start-up", "error", err, "in", wait.String())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 15*time.Second)
+// seenChecker gives a store that answers only Seen the delivery loop's
+// Check and Release (it holds no claims).
+type seenChecker struct {
+	s interface {
+		Seen(ctx context.Context, key string) (bool, error)
+		Record(ctx context.Context, keys ...string) error
 	}
 }
 
-func transientSetupError(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+func (c seenChecker) Check(ctx context.Context, key string) (verdict.Verdict, error) {
+	seen, err := c.s.Seen(ctx, key)
+	if seen {
+		return verdict.Processed, err
+	}
+	return verdict.New, err
 }
 
-// setup checks the stream, makes sure dead letters are kept, and creates or
-// updates the durable consumer.
-func setup(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (jetstream.Stream, jetstream.Consumer, error) {
-	// A server without JetStream answers API requests with "no
-	// responders", which elsewhere means "not ready yet": ask plainly.
-	if _, err := js.AccountInfo(ctx); err != nil {
-		switch {
-		case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
-			return nil, nil, errors.New("JetStream is not enabled on the NATS server: enable it (`jetstream: enabled` in the server configuration, or `nats-server -js`); courier needs it")
-		case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-			return nil, nil, errors.New("JetStream is not enabled for this NATS account: give the account JetStream limits; courier needs it")
-		default:
-			return nil, nil, err
-		}
-	}
-	stream, err := js.Stream(ctx, cfg.Stream)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, nil, fmt.Errorf("stream %q not found: courier does not create the stream it consumes; create it (e.g. `nats stream add %s`) or fix COURIER_STREAM", cfg.Stream, cfg.Stream)
-	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
-		return nil, nil, fmt.Errorf("JetStream is not enabled on the NATS server (or for this account): enable it, courier needs it")
-	case err != nil:
-		return nil, nil, fmt.Errorf("looking up stream %q: %w", cfg.Stream, err)
-	}
+func (c seenChecker) Record(ctx context.Context, keys ...string) error {
+	return c.s.Record(ctx, keys...)
+}
+func (c seenChecker) Release(context.Context, string) error { return nil }
 
-	if err := ensureDLQ(ctx, js, cfg, stream, log); err != nil {
-		return nil, nil, err
-	}
-
-	cc := jetstream.ConsumerConfig{
-		Durable:       cfg.Consumer,
-		Description:   "courier sidecar",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		MaxDeliver:    cfg.MaxDeliver,
-		AckWait:       cfg.AckWait,
-		MaxAckPending: cfg.MaxAckPending,
-		// No BackOff (it would add to every NAK delay) and no
-		// InactiveThreshold (the server would delete the durable while
-		// courier is down).
-	}
-	if cfg.DeliverPolicy == "new" {
-		cc.DeliverPolicy = jetstream.DeliverNewPolicy
-	}
-	switch len(cfg.Subjects) {
-	case 0:
-	case 1:
-		cc.FilterSubject = cfg.Subjects[0]
-	default:
-		cc.FilterSubjects = cfg.Subjects
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
-	if err != nil {
-		if transientSetupError(err) {
-			return nil, nil, err
-		}
-		return nil, nil, fmt.Errorf("cannot create or update durable consumer %q on stream %q: %w (settings such as COURIER_DELIVER_POLICY are fixed when a durable is created: to change them, delete the consumer or choose a new COURIER_CONSUMER)", cfg.Consumer, cfg.Stream, err)
-	}
-	return stream, cons, nil
+// registerBuildInfo exposes courier_build_info{version,commit,goversion} 1.
+func registerBuildInfo(reg prometheus.Registerer) {
+	v, c, g := buildInfo()
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "courier_build_info",
+		Help:        "courier's version, commit and Go version; always 1.",
+		ConstLabels: prometheus.Labels{"version": v, "commit": c, "goversion": g},
+	})
+	bi.Set(1)
+	reg.MustRegister(bi)
 }

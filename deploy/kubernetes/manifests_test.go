@@ -332,8 +332,10 @@ func (k *podEnv) volume(name string) map[string]any {
 	return nil
 }
 
-// checkProbes: liveness on /healthz, readiness on /readyz, both on the
-// admin port, which the kubelet can reach (not loopback).
+// checkProbes: start-up and liveness on /healthz, on the admin port, which
+// the kubelet can reach (not loopback); no readiness probe on /readyz: in a
+// native sidecar courier's readiness decides the whole Pod's, so a NATS or
+// app outage would take the app out of its Service (SPEC, admin endpoints).
 func (k *podEnv) checkProbes(cfg config.Config) {
 	t := k.t
 	host, port, err := net.SplitHostPort(cfg.AdminAddr)
@@ -362,7 +364,6 @@ func (k *podEnv) checkProbes(cfg config.Config) {
 		required    bool
 	}{
 		{"livenessProbe", "/healthz", true},
-		{"readinessProbe", "/readyz", true},
 		// The app starts only once the startup probe passes, and
 		// /readyz waits for the app's health URL: /healthz, or never.
 		{"startupProbe", "/healthz", false},
@@ -388,6 +389,11 @@ func (k *podEnv) checkProbes(cfg config.Config) {
 		}
 		if p != adminPort {
 			t.Errorf("%s: port %v is not COURIER_ADMIN_ADDR's %d", pr.field, get["port"], adminPort)
+		}
+	}
+	if probe, ok := k.c["readinessProbe"].(map[string]any); ok {
+		if get, ok := probe["httpGet"].(map[string]any); ok && str(get["path"]) == "/readyz" {
+			t.Errorf("readinessProbe on /readyz: in a native sidecar it decides the Pod's readiness, so a NATS or app outage would take the app out of its Service")
 		}
 	}
 }

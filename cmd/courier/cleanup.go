@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/giveup"
+)
+
+const cleanupUsage = `Usage:
+  courier cleanup [--dry-run] [--yes] [--force]
+
+Removes from the server what courier created for COURIER_CONSUMER of
+COURIER_STREAM, in the same environment as the sidecar (COURIER_APP_URL is
+not needed):
+
+  - the durable consumer: only if courier created it, and not while a
+    courier pulls from it;
+  - the stream capturing its max-deliveries advisories (and the durable on
+    it): only if no advisory waits to be turned into a dead letter;
+  - the dead-letter stream: only if courier created it and it holds no dead
+    letter (replay or purge them first: 'courier dlq').
+
+--force lifts those conditions (a dead-letter stream that holds dead letters
+is then deleted with them). Never removed: the stream courier consumes, a
+dead-letter stream courier did not create, the shared dedup bucket (it holds
+every consumer's keys) and the local COURIER_DEDUP_DIR.
+
+cleanup lists what it will remove and what it keeps, then asks for
+confirmation on a terminal; elsewhere it needs --yes. --dry-run only lists.
+`
+
+// runCleanup runs `courier cleanup`.
+func runCleanup(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("courier cleanup", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var opts cleanupOptions
+	fs.BoolVar(&opts.dryRun, "dry-run", false, "")
+	fs.BoolVar(&opts.yes, "yes", false, "")
+	fs.BoolVar(&opts.force, "force", false, "")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, cleanupUsage)
+		return nil
+	} else if err != nil {
+		return usageError("cleanup: %v (see 'courier cleanup --help')", err)
+	}
+	if fs.NArg() > 0 {
+		return usageError("cleanup takes no arguments, only flags (see 'courier cleanup --help')")
+	}
+	cfg, err := loadConfigWithoutApp(environ)
+	if err != nil {
+		return err
+	}
+	if !cfg.ConsumesStream() {
+		return usageError("cleanup needs COURIER_STREAM: it removes what courier created for a consumer of a stream")
+	}
+	if isTerminal(stdout) && isTerminal(os.Stdin) {
+		opts.confirm = func(prompt string) bool {
+			fmt.Fprint(stdout, prompt)
+			answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+			answer = strings.ToLower(strings.TrimSpace(answer))
+			return answer == "y" || answer == "yes"
+		}
+	}
+
+	log := newLogger(cfg, stderr).With("component", "cleanup")
+	nopts, err := natsOptions(cfg, log)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, append(nopts, nats.Name("courier cleanup "+cfg.Stream+"/"+cfg.Consumer))...)
+	if err != nil {
+		if fatal := fatalConnectError(err); fatal != nil {
+			return fatal
+		}
+		return fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	return cleanup(ctx, js, cfg, opts, stdout)
+}
+
+type cleanupOptions struct {
+	dryRun, yes, force bool
+	// confirm asks the user, on a terminal; nil elsewhere.
+	confirm func(prompt string) bool
+}
+
+// item is one thing cleanup found: removed, or kept and why.
+type item struct {
+	what   string
+	keep   string                          // why it is kept; "" to remove it
+	remove func(ctx context.Context) error // nil when kept
+}
+
+// cleanup lists what it will remove and keep, asks, and removes.
+func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opts cleanupOptions, stdout io.Writer) error {
+	items, err := cleanupPlan(ctx, js, cfg, opts.force)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "courier cleanup: consumer %q of stream %q\n", cfg.Consumer, cfg.Stream)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	n := 0
+	for _, it := range items {
+		if it.keep != "" {
+			fmt.Fprintf(tw, "  keep\t%s\t%s\n", it.what, it.keep)
+			continue
+		}
+		n++
+		fmt.Fprintf(tw, "  remove\t%s\t\n", it.what)
+	}
+	tw.Flush()
+	switch {
+	case n == 0:
+		fmt.Fprintln(stdout, "nothing to remove")
+		return nil
+	case opts.dryRun:
+		fmt.Fprintf(stdout, "dry run: would remove %d, nothing changed\n", n)
+		return nil
+	case !opts.yes && opts.confirm == nil:
+		return usageError("cleanup removes the above for good: add --yes to confirm")
+	case !opts.yes && !opts.confirm(fmt.Sprintf("Remove %d? [y/N] ", n)):
+		fmt.Fprintln(stdout, "nothing changed")
+		return nil
+	}
+	var failed int
+	for _, it := range items {
+		if it.keep != "" {
+			continue
+		}
+		if err := it.remove(ctx); err != nil {
+			failed++
+			fmt.Fprintf(stdout, "failed to remove %s: %v\n", it.what, err)
+			continue
+		}
+		fmt.Fprintf(stdout, "removed %s\n", it.what)
+	}
+	if failed > 0 {
+		return fmt.Errorf("cleanup: %d of %d not removed", failed, n)
+	}
+	return nil
+}
+
+// cleanupPlan finds what courier created for the consumer, in the order it
+// is removed: the consumer first, so that no courier starts delivering
+// midway.
+func cleanupPlan(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) ([]item, error) {
+	var items []item
+	for _, find := range []func(context.Context, jetstream.JetStream, config.Config, bool) (*item, error){
+		planConsumer, planAdvisories, planDeadLetters,
+	} {
+		it, err := find(ctx, js, cfg, force)
+		if err != nil {
+			return nil, err
+		}
+		if it != nil {
+			items = append(items, *it)
+		}
+	}
+	return append(items, item{
+		what: fmt.Sprintf("stream %q", cfg.Stream),
+		keep: "the stream courier consumes is never removed",
+	}), nil
+}
+
+func planConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	c, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("looking up consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	info := c.CachedInfo()
+	it := &item{what: fmt.Sprintf("consumer %q on stream %q (%d messages not delivered yet, %d awaiting an ack)",
+		cfg.Consumer, cfg.Stream, info.NumPending, info.NumAckPending)}
+	switch {
+	case force:
+	case info.Config.Description != consumerDescription:
+		it.keep = fmt.Sprintf("not created by courier (description %q): --force removes it", info.Config.Description)
+	case info.NumWaiting > 0:
+		it.keep = fmt.Sprintf("a courier seems to be consuming it (%d pull requests waiting): stop it first, or --force", info.NumWaiting)
+	}
+	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteConsumer(ctx, cfg.Stream, cfg.Consumer) }
+	}
+	return it, nil
+}
+
+// advisoryDescription starts the description giveup gives the stream it
+// creates.
+const advisoryDescription = "courier: max-deliveries advisories"
+
+func planAdvisories(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	name := giveup.StreamName(cfg.Stream, cfg.Consumer)
+	s, err := js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
+	}
+	info := s.CachedInfo()
+	it := &item{what: fmt.Sprintf("stream %q (max-deliveries advisories, %d waiting)", name, info.State.Msgs)}
+	switch {
+	case !strings.HasPrefix(info.Config.Description, advisoryDescription):
+		it.keep = "not created by courier: delete it yourself if it is not needed (nats stream rm)"
+	case force:
+	case info.State.Msgs > 0:
+		it.keep = "advisories wait to be turned into dead letters: run the sidecar until they are, or --force"
+	}
+	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
+	}
+	return it, nil
+}
+
+// deadLetterDescription is the description dlq gives the stream it creates.
+const deadLetterDescription = "courier dead letters"
+
+func planDeadLetters(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	name, err := js.StreamNameBySubject(ctx, cfg.DLQSubject)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("looking up the stream capturing %q: %w", cfg.DLQSubject, err)
+	}
+	if name == cfg.Stream {
+		return nil, nil // listed as the consumed stream
+	}
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
+	}
+	info := s.CachedInfo()
+	it := &item{what: fmt.Sprintf("stream %q (dead letters on %s, %d stored)", name, cfg.DLQSubject, info.State.Msgs)}
+	ours := info.Config.Description == deadLetterDescription &&
+		len(info.Config.Subjects) == 1 && info.Config.Subjects[0] == cfg.DLQSubject
+	switch {
+	case !ours:
+		it.keep = "not created by courier (or it captures more): delete it yourself if it is not needed (nats stream rm)"
+	case force:
+	case info.State.Msgs > 0:
+		it.keep = "holds dead letters: replay or purge them ('courier dlq'), or --force to delete them with it"
+	}
+	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
+	}
+	return it, nil
+}

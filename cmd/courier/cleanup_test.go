@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/giveup"
+)
+
+// cleanupRun runs `courier cleanup args...` in h's environment.
+func (h *harness) cleanupRun(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), append([]string{"cleanup"}, args...), h.env(""), &stdout, &stderr)
+	code := exitCode(err, &stderr)
+	return stdout.String() + stderr.String(), code
+}
+
+func (h *harness) streamExists(name string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := h.js.Stream(ctx, name)
+	return err == nil
+}
+
+// cleanup removes what courier created for its consumer, keeps dead letters
+// unless forced, asks for --yes off a terminal, and never removes the stream
+// it consumes.
+func TestCleanup(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) { w.WriteHeader(http.StatusUnprocessableEntity) })
+	h.publish("orders.created", "hopeless", nil)
+	c := start(t, h.env(a.URL))
+	waitFor(t, 10*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 && h.settled("courier") })
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	advisories := giveup.StreamName("ORDERS", "courier")
+	dlqStream, err := h.js.StreamNameBySubject(context.Background(), dlqSubject)
+	if err != nil || !h.streamExists(advisories) {
+		t.Fatalf("courier's streams: dlq %q (%v), advisories there %v", dlqStream, err, h.streamExists(advisories))
+	}
+
+	// Without --yes, off a terminal: the plan, exit 2, nothing changed.
+	out, code := h.cleanupRun(t)
+	if code != 2 || !strings.Contains(out, "--yes") {
+		t.Errorf("without --yes: exit %d\n%s", code, out)
+	}
+	for _, want := range []string{
+		`remove  consumer "courier" on stream "ORDERS"`,
+		`remove  stream "` + advisories + `"`,
+		`keep    stream "` + dlqStream + `"`, "holds dead letters",
+		`keep    stream "ORDERS"`, "never removed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan lacks %q:\n%s", want, out)
+		}
+	}
+	if out, code := h.cleanupRun(t, "--dry-run"); code != 0 || !strings.Contains(out, "dry run: would remove 2") {
+		t.Errorf("--dry-run: exit %d\n%s", code, out)
+	}
+	if h.consumerInfo("courier") == nil || !h.streamExists(advisories) {
+		t.Fatal("removed something without --yes")
+	}
+
+	out, code = h.cleanupRun(t, "--yes")
+	if code != 0 {
+		t.Fatalf("--yes: exit %d\n%s", code, out)
+	}
+	if h.consumerInfo("courier") != nil || h.streamExists(advisories) {
+		t.Errorf("--yes left the consumer or the advisory stream:\n%s", out)
+	}
+	if !h.streamExists(dlqStream) || !h.streamExists("ORDERS") {
+		t.Fatalf("--yes removed the dead letters or the consumed stream:\n%s", out)
+	}
+
+	out, code = h.cleanupRun(t, "--yes", "--force")
+	if code != 0 || h.streamExists(dlqStream) {
+		t.Errorf("--yes --force: exit %d, dead-letter stream there %v\n%s", code, h.streamExists(dlqStream), out)
+	}
+	if !h.streamExists("ORDERS") || h.streamMsgs() != 1 {
+		t.Error("the consumed stream or its message is gone")
+	}
+	if out, code := h.cleanupRun(t, "--yes"); code != 0 || !strings.Contains(out, "nothing to remove") {
+		t.Errorf("again: exit %d\n%s", code, out)
+	}
+}
+
+// A consumer courier did not create, or one a courier is pulling from, is
+// kept unless forced.
+func TestCleanupKeepsWhatIsNotIdle(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "courier", AckPolicy: jetstream.AckExplicitPolicy, Description: "billing's own",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, code := h.cleanupRun(t, "--yes")
+	if code != 0 || !strings.Contains(out, "not created by courier") || h.consumerInfo("courier") == nil {
+		t.Errorf("someone else's consumer: exit %d\n%s", code, out)
+	}
+	if err := h.js.DeleteConsumer(ctx, "ORDERS", "courier"); err != nil {
+		t.Fatal(err)
+	}
+
+	a := newApp(t, nil)
+	start(t, h.env(a.URL))
+	waitFor(t, 10*time.Second, "courier pulling", func() bool {
+		info := h.consumerInfo("courier")
+		return info != nil && info.NumWaiting > 0
+	})
+	var last string
+	waitFor(t, 10*time.Second, "cleanup seeing the live courier", func() bool {
+		last, _ = h.cleanupRun(t, "--dry-run")
+		return strings.Contains(last, "a courier seems to be consuming it")
+	})
+	if h.consumerInfo("courier") == nil {
+		t.Errorf("the live courier's consumer was removed:\n%s", last)
+	}
+}
+
+func TestCleanupUsage(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"cleanup", "--help"}, nil, &stdout, io.Discard); err != nil || !strings.Contains(stdout.String(), "never removed") && !strings.Contains(stdout.String(), "Never removed") {
+		t.Errorf("cleanup --help: %v\n%s", err, stdout.String())
+	}
+	err := run(context.Background(), []string{"cleanup", "extra"}, nil, io.Discard, io.Discard)
+	if code := exitCode(err, io.Discard); code != 2 {
+		t.Errorf("cleanup extra: exit %d", code)
+	}
+	err = run(context.Background(), []string{"cleanup", "--yes"}, []string{"COURIER_REPLY_SUBJECTS=q", "COURIER_APP_URL=http://h/"}, io.Discard, io.Discard)
+	if code := exitCode(err, io.Discard); code != 2 {
+		t.Errorf("cleanup without a stream: exit %d", code)
+	}
+}

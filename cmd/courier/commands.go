@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// command is one of courier's subcommands. The table in commands is the one
+// place that lists them: run dispatches on it and usage prints it.
+type command struct {
+	name    string   // as typed; "" is the sidecar
+	aliases []string // other spellings, such as --version
+	args    string   // what follows the name in the usage line
+	summary string   // one line for the usage
+	run     func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{name: "", summary: "run the sidecar (configured by environment variables)", run: runSidecarCommand},
+		{name: "config", summary: "print every variable, its meaning, default and value; warn about unknown ones", run: runConfigCommand},
+		{name: "dlq", args: "ls|show|replay|purge", summary: "list, show, replay or purge dead letters ('courier dlq help')", run: runDLQ},
+		{name: "cleanup", args: "[--dry-run] [--yes] [--force]", summary: "remove the consumer and what courier created for it (never the stream it consumes)", run: runCleanup},
+		{name: "demo", summary: "run a self-contained demo on an embedded JetStream server", run: runDemoCommand},
+		{name: "version", aliases: []string{"--version", "-version"}, summary: "print version, commit and Go version", run: runVersion},
+		{name: "help", aliases: []string{"-h", "--help", "-help"}, summary: "print this help", run: runHelp},
+	}
+}
+
+// lookup finds the command called name.
+func lookup(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name || slices.Contains(c.aliases, name) {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// usage is the help text, built from the table.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("courier: a resilience sidecar for NATS JetStream.\n\nUsage:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, c := range commands() {
+		line := strings.TrimSpace("courier " + c.name + " " + c.args)
+		fmt.Fprintf(tw, "  %s\t%s\n", line, c.summary)
+	}
+	tw.Flush()
+	b.WriteString(`
+Environment: see 'courier config'. Admin endpoints on COURIER_ADMIN_ADDR:
+/healthz, /readyz, /metrics.
+`)
+	return b.String()
+}
+
+// noArgs refuses arguments to a command that takes none.
+func noArgs(name string, args []string) error {
+	if len(args) > 0 {
+		return usageError("%s takes no arguments (see 'courier help')", strings.TrimSpace("courier "+name))
+	}
+	return nil
+}
+
+func runSidecarCommand(ctx context.Context, _, environ []string, _, stderr io.Writer) error {
+	return runSidecar(ctx, environ, stderr)
+}
+
+func runConfigCommand(_ context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if err := noArgs("config", args); err != nil {
+		return err
+	}
+	return runConfig(environ, stdout, stderr)
+}
+
+func runDemoCommand(ctx context.Context, args, _ []string, stdout, stderr io.Writer) error {
+	return runDemo(ctx, args, stdout, stderr)
+}
+
+func runVersion(_ context.Context, args, _ []string, stdout, _ io.Writer) error {
+	if err := noArgs("version", args); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(stdout, versionString())
+	return err
+}
+
+func runHelp(_ context.Context, _, _ []string, stdout, _ io.Writer) error {
+	_, err := fmt.Fprint(stdout, usage())
+	return err
+}

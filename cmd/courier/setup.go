@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/retry"
+)
+
+// setupAttemptTimeout bounds one attempt of a start-up step against
+// JetStream; a step that times out is retried.
+const setupAttemptTimeout = 10 * time.Second
+
+// retrySetup runs the start-up step f until it succeeds, fails for good, or
+// ctx ends (then it returns ctx's error). Errors that time can fix (NATS
+// unreachable, timeouts) are retried with backoff; any other is final.
+func retrySetup(ctx context.Context, log *slog.Logger, step string, f func(context.Context) error) error {
+	return retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, setupAttemptTimeout)
+		defer cancel()
+		err := f(actx)
+		if err != nil && !transientSetupError(err) {
+			return retry.Permanent(err)
+		}
+		return err
+	}, func(err error, wait time.Duration) {
+		log.Warn("JetStream not answering; retrying start-up", "step", step, "error", err, "in", wait.Round(time.Millisecond).String())
+	})
+}
+
+func transientSetupError(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+}
+
+// setUp checks the stream, makes sure dead letters are kept, and creates or
+// updates the durable consumer.
+func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (jetstream.Stream, jetstream.Consumer, error) {
+	if err := checkJetStream(ctx, js); err != nil {
+		return nil, nil, err
+	}
+	stream, err := js.Stream(ctx, cfg.Stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil, fmt.Errorf("stream %q not found: courier does not create the stream it consumes; create it (e.g. `nats stream add %s`) or fix COURIER_STREAM", cfg.Stream, cfg.Stream)
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return nil, nil, fmt.Errorf("JetStream is not enabled on the NATS server (or for this account): enable it, courier needs it")
+	case err != nil:
+		return nil, nil, fmt.Errorf("looking up stream %q: %w", cfg.Stream, err)
+	}
+	if err := ensureDLQ(ctx, js, cfg, stream, log); err != nil {
+		return nil, nil, err
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, consumerConfig(cfg))
+	if err != nil {
+		if transientSetupError(err) {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("cannot create or update durable consumer %q on stream %q: %w (settings such as COURIER_DELIVER_POLICY are fixed when a durable is created: to change them, delete the consumer or choose a new COURIER_CONSUMER)", cfg.Consumer, cfg.Stream, err)
+	}
+	return stream, cons, nil
+}
+
+// checkJetStream asks plainly whether JetStream is there: a server without
+// it answers API requests with "no responders", which elsewhere means "not
+// ready yet".
+func checkJetStream(ctx context.Context, js jetstream.JetStream) error {
+	_, err := js.AccountInfo(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return errors.New("JetStream is not enabled on the NATS server: enable it (`jetstream: enabled` in the server configuration, or `nats-server -js`); courier needs it")
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return errors.New("JetStream is not enabled for this NATS account: give the account JetStream limits; courier needs it")
+	}
+	return err
+}
+
+// consumerDescription marks the durable consumers courier creates; `courier
+// cleanup` removes only a consumer that carries it (or with --force).
+const consumerDescription = "courier sidecar"
+
+// consumerConfig is the sidecar's durable consumer.
+func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
+	cc := jetstream.ConsumerConfig{
+		Durable:       cfg.Consumer,
+		Description:   consumerDescription,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxDeliver:    cfg.MaxDeliver,
+		AckWait:       cfg.AckWait,
+		MaxAckPending: cfg.MaxAckPending,
+		// No BackOff (it would add to every NAK delay) and no
+		// InactiveThreshold (the server would delete the durable while
+		// courier is down).
+	}
+	if cfg.DeliverPolicy == "new" {
+		cc.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	switch len(cfg.Subjects) {
+	case 0:
+	case 1:
+		cc.FilterSubject = cfg.Subjects[0]
+	default:
+		cc.FilterSubjects = cfg.Subjects
+	}
+	return cc
+}
+
+// ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
+// and that it is not the stream courier consumes (it would consume its own
+// dead letters).
+func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) error {
+	src := stream.CachedInfo().Config
+	if len(cfg.Subjects) == 0 {
+		for _, s := range src.Subjects {
+			if config.SubjectMatches(s, cfg.DLQSubject) {
+				return fmt.Errorf("dead-letter subject %q is captured by stream %q, which courier consumes: courier would consume its own dead letters; set COURIER_DLQ_SUBJECT to a subject outside the stream, or COURIER_SUBJECTS to filter it out", cfg.DLQSubject, cfg.Stream)
+			}
+		}
+	}
+	info, created, err := dlq.EnsureStream(ctx, js, cfg.DLQSubject, cfg.StreamReplicas)
+	if err != nil {
+		if transientSetupError(err) {
+			return err
+		}
+		return fmt.Errorf("dead letters cannot be kept: %w", err)
+	}
+	if info.Config.Name == cfg.Stream && len(cfg.Subjects) == 0 {
+		return fmt.Errorf("dead-letter subject %q is captured by stream %q, which courier consumes; set COURIER_DLQ_SUBJECT to a subject outside it", cfg.DLQSubject, cfg.Stream)
+	}
+	if created {
+		log.Info("created dead-letter stream", "stream", info.Config.Name, "subject", cfg.DLQSubject,
+			"replicas", info.Config.Replicas)
+	} else {
+		warnings, _ := dlq.CheckStream(info.Config)
+		for _, w := range warnings {
+			log.Warn("dead-letter stream may not keep every dead letter", "stream", info.Config.Name, "warning", w)
+		}
+	}
+	return nil
+}

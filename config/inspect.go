@@ -1,0 +1,119 @@
+package config
+
+import "strings"
+
+// Warning is something in a valid configuration that is most likely a
+// mistake, or will be one: the sidecar logs it at start, `courier config`
+// prints it.
+type Warning struct {
+	// Variable is the variable it is about.
+	Variable string
+	// Text says what is wrong and what to do, in one line.
+	Text string
+}
+
+func (w Warning) String() string { return w.Text }
+
+// Inspect loads environ as Load does and describes it for `courier
+// config`: every variable as Describe shows it, except that a variable
+// with a problem shows its value as given (secrets redacted) and carries
+// its problems; then the warnings (Warnings); then Load's error.
+func Inspect(environ map[string]string) ([]Var, []Warning, error) {
+	cfg, c := load(environ)
+	vars := Describe(cfg)
+	byName := map[string]*Var{}
+	for i := range vars {
+		byName[vars[i].Name] = &vars[i]
+	}
+	for _, p := range c.problems {
+		v, ok := byName[p.name]
+		if !ok {
+			continue
+		}
+		v.Problems = append(v.Problems, p.text)
+		if given := c.environ[p.name]; given != "" {
+			v.Value = redactVar(p.name, given)
+		}
+	}
+	var err error
+	if p := c.sorted(); len(p) > 0 {
+		err = &Error{Problems: p}
+	}
+	return vars, Warnings(cfg, c.environ), err
+}
+
+// Warnings returns what looks wrong in a configuration that Load accepts:
+// unknown COURIER_* variables (most likely misspelt, with the closest known
+// name), the deprecated COURIER_DEDUP_STORE=kv, and a COURIER_MAX_DELIVER
+// too small to survive a restart. cfg is what Load returned for environ.
+func Warnings(cfg Config, environ map[string]string) []Warning {
+	var ws []Warning
+	for _, name := range UnknownVars(environ) {
+		text := name + " is not a courier variable and is ignored"
+		if near := ClosestVar(name); near != "" {
+			text += ": did you mean " + near + "?"
+		} else {
+			text += " (`courier config` lists them)"
+		}
+		ws = append(ws, Warning{Variable: name, Text: text})
+	}
+	if strings.EqualFold(strings.TrimSpace(environ["COURIER_DEDUP_STORE"]), "kv") {
+		ws = append(ws, Warning{Variable: "COURIER_DEDUP_STORE",
+			Text: `COURIER_DEDUP_STORE=kv is the old name of "shared", read as shared: set COURIER_DEDUP_STORE=shared`})
+	}
+	if cfg.ConsumesStream() {
+		switch cfg.MaxDeliver {
+		case 1:
+			ws = append(ws, Warning{Variable: "COURIER_MAX_DELIVER",
+				Text: "COURIER_MAX_DELIVER=1 allows no retry: a transient failure (a 503, a timeout) dead-letters the message at once, and so does stopping courier (a rollout, an app outage) while it holds messages; keep it at 3 or more"})
+		case 2:
+			ws = append(ws, Warning{Variable: "COURIER_MAX_DELIVER",
+				Text: "COURIER_MAX_DELIVER=2 allows one retry, which a restart while courier holds a message (a rollout, an app outage) may already spend; keep it at 3 or more"})
+		}
+	}
+	return ws
+}
+
+// ClosestVar returns the courier variable closest to name in spelling, if
+// one is close enough to be what was meant, else "".
+func ClosestVar(name string) string {
+	const prefix = "COURIER_"
+	got := strings.TrimPrefix(strings.ToUpper(name), prefix)
+	best, bestDist := "", -1
+	for _, s := range specs() {
+		known, ok := strings.CutPrefix(s.name, prefix)
+		if !ok {
+			continue
+		}
+		d := editDistance(got, known)
+		if d > max(2, len(known)/3) {
+			continue
+		}
+		if bestDist < 0 || d < bestDist {
+			best, bestDist = s.name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes
+// (variable names are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

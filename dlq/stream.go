@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Errors of EnsureStream, for errors.Is. Both mean retrying will not help
@@ -193,15 +195,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, subject string, r
 }
 
 // checkSubject rejects subjects dead letters cannot be published to.
-func checkSubject(subject string) error {
-	bad := subject == "" || strings.ContainsAny(subject, " \t\r\n")
-	for tok := range strings.SplitSeq(subject, ".") {
-		if tok == "" || tok == "*" || tok == ">" {
-			bad = true
-		}
-	}
-	if bad {
-		return fmt.Errorf("dlq: dead-letter subject %q is not a valid literal subject", subject)
+func checkSubject(s string) error {
+	if err := subject.CheckLiteral(s); err != nil {
+		return fmt.Errorf("dlq: dead-letter subject %w", err)
 	}
 	return nil
 }

@@ -7,11 +7,12 @@ import (
 	"iter"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Errors of the dead-letter tools, for errors.Is.
@@ -169,7 +170,7 @@ func (s Selection) Matches(d *DeadLetter) bool {
 	case s.Stream != "" && d.Stream != s.Stream,
 		s.Consumer != "" && d.Consumer != s.Consumer,
 		s.Reason != "" && d.Reason != s.Reason,
-		s.Subject != "" && !subjectMatches(s.Subject, d.Subject),
+		s.Subject != "" && !subject.Matches(s.Subject, d.Subject),
 		!s.Since.IsZero() && d.Time.Before(s.Since):
 		return false
 	}
@@ -621,40 +622,5 @@ func (p *pacer) wait(ctx context.Context) error {
 		now = p.next
 	}
 	p.next = now.Add(p.every)
-	return nil
-}
-
-// subjectMatches reports whether the subject filter pattern ('*' one token,
-// '>' as the last token one or more) matches the literal subject.
-func subjectMatches(pattern, subject string) bool {
-	pt := strings.Split(pattern, ".")
-	st := strings.Split(subject, ".")
-	for i, p := range pt {
-		if p == ">" {
-			return len(st) > i
-		}
-		if i >= len(st) || (p != "*" && p != st[i]) {
-			return false
-		}
-	}
-	return len(pt) == len(st)
-}
-
-// CheckFilter explains why pattern is not a valid subject filter for
-// Selection.Subject, or returns nil.
-func CheckFilter(pattern string) error {
-	tokens := strings.Split(pattern, ".")
-	for i, t := range tokens {
-		switch {
-		case t == "":
-			return fmt.Errorf("dlq: subject filter %q has an empty token", pattern)
-		case strings.ContainsAny(t, " \t\r\n"):
-			return fmt.Errorf("dlq: subject filter %q contains whitespace", pattern)
-		case t == ">" && i != len(tokens)-1:
-			return fmt.Errorf("dlq: subject filter %q: '>' can only be the last token", pattern)
-		case t != "*" && t != ">" && strings.ContainsAny(t, "*>"):
-			return fmt.Errorf("dlq: subject filter %q: '*' and '>' are wildcards only as whole tokens", pattern)
-		}
-	}
 	return nil
 }

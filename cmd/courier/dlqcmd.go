@@ -22,6 +22,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 const dlqUsage = `Usage:
@@ -214,7 +215,7 @@ type dlqFilters struct {
 func (f dlqFilters) selection(seqs []string, now time.Time) (dlq.Selection, error) {
 	sel := dlq.Selection{Reason: strings.TrimSpace(f.reason), Subject: strings.TrimSpace(f.subject)}
 	if sel.Subject != "" {
-		if err := dlq.CheckFilter(sel.Subject); err != nil {
+		if err := subject.Check(sel.Subject); err != nil {
 			return sel, fmt.Errorf("--subject: %w", err)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // DefaultPublishTimeout bounds Publisher.Publish when its context has no
@@ -59,7 +61,7 @@ func (p *Publisher) Publish(ctx context.Context, l Letter) (*jetstream.PubAck, e
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return nil, fmt.Errorf("dlq: publish dead letter to %q: no stream captures the subject: %w", p.subject, err)
 		}
-		if perr := PermissionDenied(p.js, err, `"`+p.subject+`"`); perr != nil {
+		if perr := jsutil.PermissionDenied(p.js, err, `"`+p.subject+`"`); perr != nil {
 			return nil, fmt.Errorf("dlq: publish dead letter to %q: %w (%w)", p.subject, perr, err)
 		}
 		return nil, fmt.Errorf("dlq: publish dead letter to %q: %w", p.subject, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // DeadLetterer stores dead letters; *dlq.Publisher is one. Publish must
@@ -466,7 +467,7 @@ func (c *Catcher) settle(ctx context.Context, m jetstream.Msg, result string, lo
 		c.mu.Lock()
 		acks := "$JS.ACK." + c.capture + "."
 		c.mu.Unlock()
-		if perr := dlq.PermissionDenied(c.js, err, acks); perr != nil {
+		if perr := jsutil.PermissionDenied(c.js, err, acks); perr != nil {
 			// Every advisory would come back for ever: say what to grant.
 			log.Error("no permission to ack advisories: grant courier's user publish to "+acks+">", "error", perr)
 		} else {

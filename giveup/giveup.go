@@ -28,11 +28,14 @@ import (
 	"github.com/courierhq/courier/internal/jsutil"
 )
 
-// DeadLetterer stores dead letters; *dlq.Publisher is one. Publish must
-// return nil only once the dead letter is stored durably (a duplicate of one
-// already stored counts), and must be safe for concurrent use.
+// DeadLetterer stores dead letters; *dlq.Publisher is one. DeadLetter
+// reports the outcome as dlq.Publisher.DeadLetter does: nil once stored
+// with the body; dlq.ErrDuplicate when stored already (not counted again);
+// dlq.ErrBodyOmitted when stored as a reference dead letter, whose original
+// must then stay in its stream; any other error when nothing is stored. It
+// must be safe for concurrent use.
 type DeadLetterer interface {
-	Publish(ctx context.Context, l dlq.Letter) (*jetstream.PubAck, error)
+	DeadLetter(ctx context.Context, l dlq.Letter) error
 }
 
 // Options configures a Catcher. Zero values take the documented defaults.
@@ -390,26 +393,32 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 		letter.FailedAt = c.o.Now()
 	}
 	sctx, cancel = context.WithTimeout(work, c.o.StepTimeout)
-	ack, err := c.dl.Publish(sctx, letter)
+	err = c.dl.DeadLetter(sctx, letter)
 	cancel()
-	if err != nil {
+	if !dlq.Stored(err) {
 		log.Error("cannot store the dead letter of a message JetStream gave up on; advisory handled again later",
 			"subject", orig.Subject, "error", err)
 		c.retry(m, tries, log)
 		return
 	}
+	duplicate, reference := errors.Is(err, dlq.ErrDuplicate), errors.Is(err, dlq.ErrBodyOmitted)
 	result := ResultDeadLettered
-	if ack.Duplicate {
+	if duplicate {
 		result = ResultDuplicate
 	}
-	log = log.With("subject", orig.Subject, "dlq_seq", ack.Sequence)
+	log = log.With("subject", orig.Subject)
 
-	if !c.removeOriginal(work, a.StreamSeq, tries, log) {
+	if reference {
+		// The dead letter refers to the original for its body: it must
+		// stay, even in a work-queue stream.
+		log.Warn("dead letter stored without the original's body (too large with its envelope); the original is left in its stream, where replay reads it",
+			"size", len(orig.Data))
+	} else if !c.removeOriginal(work, a.StreamSeq, tries, log) {
 		c.retry(m, tries, log)
 		return
 	}
-	log.Info("dead-lettered a message JetStream gave up on", "reason", dlq.ReasonMaxDeliveries, "duplicate", ack.Duplicate)
-	if !ack.Duplicate && c.o.OnDeadLetter != nil {
+	log.Info("dead-lettered a message JetStream gave up on", "reason", dlq.ReasonMaxDeliveries, "duplicate", duplicate)
+	if !duplicate && c.o.OnDeadLetter != nil {
 		c.o.OnDeadLetter()
 	}
 	c.settle(work, m, result, log)

@@ -591,3 +591,44 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 		t.Errorf("%d dead letters, want 1", n)
 	}
 }
+
+func TestGiveUpOptionsRefused(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	tests := []struct {
+		o     giveup.Options
+		field string
+	}{
+		{giveup.Options{Replicas: -1}, "Replicas"},
+		{giveup.Options{MaxAge: -time.Hour}, "MaxAge"},
+		{giveup.Options{AckWait: -time.Second}, "AckWait"},
+		{giveup.Options{RetryInitial: -time.Second}, "RetryInitial"},
+		{giveup.Options{RetryMax: -time.Second}, "RetryMax"},
+		{giveup.Options{StepTimeout: -time.Second}, "StepTimeout"},
+		{giveup.Options{RetryInitial: time.Minute, RetryMax: time.Second}, "RetryMax"},
+	}
+	for _, tt := range tests {
+		_, err := giveup.New(e.js, e.src, consumer, e.pub, tt.o)
+		if err == nil || !strings.Contains(err.Error(), "Options."+tt.field) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tt.o, err, tt.field)
+		}
+	}
+}
+
+// A deleted advisory consumer is created again by Run, which goes on
+// dead-lettering.
+func TestGiveUpCatcherRecreatesConsumer(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	e.newCatcher(nil).run(t)
+	advisories := giveup.StreamName("ORDERS", consumer)
+	poll.Until(t, 5*time.Second, "the catch pulling", func() bool { return e.advisoryConsumer().NumWaiting > 0 })
+	if err := e.js.DeleteConsumer(ctx(t, 5*time.Second), advisories, giveup.ConsumerName(consumer)); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 15*time.Second, "the advisory consumer created again", func() bool {
+		_, err := e.js.Consumer(ctx(t, 5*time.Second), advisories, giveup.ConsumerName(consumer))
+		return err == nil
+	})
+	e.publish("orders.created", "after", nil)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+}

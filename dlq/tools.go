@@ -1,13 +1,16 @@
 package dlq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"iter"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,6 +25,10 @@ var (
 	ErrNoStream = errors.New("dlq: no stream captures the dead-letter subject")
 	// ErrNotFound: no dead letter at that sequence on the subject.
 	ErrNotFound = errors.New("dlq: dead letter not found")
+	// ErrOriginalGone: the original of a reference dead letter (see
+	// ErrBodyOmitted) is no longer in its stream (deleted, expired, or the
+	// stream created again since), so its body cannot be read.
+	ErrOriginalGone = errors.New("dlq: the original is no longer in its stream")
 )
 
 // DefaultDeleteTimeout bounds the removal of a dead letter after its
@@ -63,11 +70,15 @@ type DeadLetter struct {
 	Error string
 	// Attempts is HeaderAttempts.
 	Attempts int
-	// Subject is the original's subject (HeaderSubject), where replay
-	// republishes it.
+	// Subject is the original's exact subject (Subject of the headers:
+	// HeaderSubjectBase64, else HeaderSubject), where replay republishes
+	// it. It need not be valid UTF-8: clean it before display.
 	Subject string
 	// Stream is the stream the original was consumed from (HeaderStream).
 	Stream string
+	// StreamCreated is Stream's creation time (HeaderStreamCreated); zero
+	// in dead letters stored before courier wrote it.
+	StreamCreated time.Time
 	// StreamSequence is the original's sequence in Stream (HeaderSequence).
 	StreamSequence uint64
 	// Consumer is the durable that gave up on the original (HeaderConsumer).
@@ -82,24 +93,30 @@ type DeadLetter struct {
 	// headers the server adds to a fetched message (Nats-Stream,
 	// Nats-Sequence, Nats-Time-Stamp, Nats-Subject and the like).
 	Header nats.Header
-	// Data is the body, the original's unchanged.
+	// Data is the body, the original's unchanged; empty in a reference
+	// dead letter until Queue.Load reads it from the source stream.
 	Data []byte
+	// BodyOmitted is set for a reference dead letter (HeaderBody): it does
+	// not carry the original's body, which was left in Stream at
+	// StreamSequence; BodySize is the body's size (HeaderBodySize).
+	BodyOmitted bool
+	BodySize    int
+	// HeadersOmitted is set when the dead letter does not carry the
+	// original's headers either (HeaderHeaders); Queue.Load reads them.
+	HeadersOmitted bool
+
+	loaded nats.Header // the original's headers read by Load, when omitted
 }
 
 // newDeadLetter parses a stored dead letter.
 func newDeadLetter(m *jetstream.RawStreamMsg) *DeadLetter {
-	h := make(nats.Header, len(m.Header))
-	for name, values := range m.Header {
-		if !slices.Contains(serverHeaders, name) {
-			h[name] = append([]string(nil), values...)
-		}
-	}
+	h := withoutServerHeaders(m.Header)
 	d := &DeadLetter{
 		Sequence: m.Sequence,
 		Time:     m.Time,
 		Reason:   h.Get(HeaderReason),
 		Error:    h.Get(HeaderError),
-		Subject:  h.Get(HeaderSubject),
+		Subject:  Subject(h),
 		Stream:   h.Get(HeaderStream),
 		Consumer: h.Get(HeaderConsumer),
 		Header:   h,
@@ -110,6 +127,10 @@ func newDeadLetter(m *jetstream.RawStreamMsg) *DeadLetter {
 	d.StreamSequence, _ = strconv.ParseUint(h.Get(HeaderSequence), 10, 64)
 	d.FailedAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderFailedAt))
 	d.Published, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderPublished))
+	d.StreamCreated, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderStreamCreated))
+	d.BodyOmitted = h.Get(HeaderBody) != ""
+	d.BodySize, _ = strconv.Atoi(h.Get(HeaderBodySize))
+	d.HeadersOmitted = h.Get(HeaderHeaders) != ""
 	return d
 }
 
@@ -119,8 +140,17 @@ func newDeadLetter(m *jetstream.RawStreamMsg) *DeadLetter {
 // Nats-Batch-* (atomic batch publishing), and server headers such as
 // Nats-Stream, Nats-Sequence, Nats-Time-Stamp and Nats-Subject. The
 // original's Nats-Msg-Id is kept, as are Nats-TTL and Nats-Rollup.
+//
+// For a dead letter whose headers were omitted, they are those Queue.Load
+// read from the source stream (none before it).
 func (d *DeadLetter) Original() nats.Header {
 	h := Original(d.Header)
+	if d.HeadersOmitted {
+		h = make(nats.Header, len(d.loaded))
+		for name, values := range d.loaded {
+			h[name] = append([]string(nil), values...)
+		}
+	}
 	for name := range h {
 		if hasPrefixFold(name, "Nats-Expected-") || hasPrefixFold(name, "Nats-Batch-") || slices.Contains(serverHeaders, name) {
 			delete(h, name)
@@ -130,18 +160,105 @@ func (d *DeadLetter) Original() nats.Header {
 }
 
 // Republish returns the message Replay publishes for d: to the original
-// subject, the original body, and the headers of Original. An original that
-// carried no Nats-Msg-Id is given the dead letter's own (MsgID), so that
-// publishing it again after an interrupted replay is recognised as a
-// duplicate by the source stream, as an original Nats-Msg-Id would be.
-func (d *DeadLetter) Republish() *nats.Msg {
+// subject, the original body, and the headers of Original (load a reference
+// dead letter's first, see Queue.Load).
+//
+// An original whose dedup key courier derived, having neither a non-empty
+// idempotencyHeader (looked up as the delivery loop does: as sent, then in
+// any case) nor a Nats-Msg-Id, is given that derived key (DerivedKey) in
+// idempotencyHeader, so that the app sees the Idempotency-Key of the failed
+// attempts; this needs HeaderStreamCreated (dead letters stored before
+// courier wrote it are republished without). An empty idempotencyHeader
+// adds no key. An original that carried no Nats-Msg-Id is given the dead
+// letter's own (MsgID), so that publishing it again after an interrupted
+// replay is recognised as a duplicate by the source stream, as an original
+// Nats-Msg-Id would be.
+func (d *DeadLetter) Republish(idempotencyHeader string) *nats.Msg {
 	h := d.Original()
+	if idempotencyHeader != "" && headerValue(h, idempotencyHeader) == "" && h.Get(msgIDHeader) == "" && !d.StreamCreated.IsZero() {
+		h.Set(idempotencyHeader, DerivedKey(d.Stream, d.StreamCreated, d.StreamSequence))
+	}
 	if _, ok := h[msgIDHeader]; !ok {
 		if id := d.Header.Get(msgIDHeader); id != "" {
 			h[msgIDHeader] = []string{id}
 		}
 	}
 	return &nats.Msg{Subject: d.Subject, Header: h, Data: d.Data}
+}
+
+// headerValue looks a header up as sent (NATS header names are
+// case-sensitive) and then in any case, as the delivery loop does.
+func headerValue(h nats.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	for k, vs := range h {
+		if len(vs) > 0 && strings.EqualFold(k, name) {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+// Load reads what a reference dead letter left in the source stream: the
+// original's body into d.Data and, when HeadersOmitted, its headers (for
+// Original). It does nothing for a dead letter that carries its body. The
+// message read must be the original: same subject, same stream timestamp,
+// from the stream created at StreamCreated; otherwise, or when it is not
+// there, the error wraps ErrOriginalGone.
+func (q *Queue) Load(ctx context.Context, d *DeadLetter) error {
+	if !d.BodyOmitted {
+		return nil
+	}
+	m, err := q.source(ctx, d)
+	if err != nil {
+		return err
+	}
+	d.Data = m.Data
+	if d.HeadersOmitted {
+		d.loaded = withoutServerHeaders(m.Header)
+	}
+	return nil
+}
+
+// source fetches the original of a reference dead letter.
+func (q *Queue) source(ctx context.Context, d *DeadLetter) (*jetstream.RawStreamMsg, error) {
+	where := fmt.Sprintf("stream %q sequence %d", d.Stream, d.StreamSequence)
+	gone := func(why string) error {
+		return fmt.Errorf("%w: the body of dead letter %d was left in %s, which %s", ErrOriginalGone, d.Sequence, where, why)
+	}
+	s, err := q.js.Stream(ctx, d.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, gone("no longer exists")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read the original of dead letter %d from %s: %w", d.Sequence, where, err)
+	}
+	if created := s.CachedInfo().Created; !d.StreamCreated.IsZero() && !created.Equal(d.StreamCreated) {
+		return nil, gone("was deleted and created again since")
+	}
+	m, err := s.GetMsg(ctx, d.StreamSequence)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil, gone("no longer holds it (deleted, expired or removed from a work queue)")
+	case err != nil:
+		return nil, fmt.Errorf("dlq: read the original of dead letter %d from %s: %w", d.Sequence, where, err)
+	case m.Subject != d.Subject && utf8.ValidString(d.Subject), // the API's JSON mangles others
+		!d.Published.IsZero() && !m.Time.Equal(d.Published):
+		return nil, gone("holds another message there")
+	}
+	return m, nil
+}
+
+// withoutServerHeaders returns a copy of h without serverHeaders.
+func withoutServerHeaders(h nats.Header) nats.Header {
+	out := make(nats.Header, len(h))
+	for name, values := range h {
+		if !slices.Contains(serverHeaders, name) {
+			out[name] = append([]string(nil), values...)
+		}
+	}
+	return out
 }
 
 // Selection chooses dead letters: those meeting every criterion set. The
@@ -162,6 +279,9 @@ type Selection struct {
 	// sequences of the dead-letter stream; a sequence holding none on the
 	// subject is skipped.
 	Sequences []uint64
+	// Originals, when not empty, selects the dead letters of the originals
+	// at these sequences of their stream (HeaderSequence).
+	Originals []uint64
 }
 
 // Matches reports whether d is selected by s (Sequences aside).
@@ -171,7 +291,8 @@ func (s Selection) Matches(d *DeadLetter) bool {
 		s.Consumer != "" && d.Consumer != s.Consumer,
 		s.Reason != "" && d.Reason != s.Reason,
 		s.Subject != "" && !subject.Matches(s.Subject, d.Subject),
-		!s.Since.IsZero() && d.Time.Before(s.Since):
+		!s.Since.IsZero() && d.Time.Before(s.Since),
+		len(s.Originals) > 0 && !slices.Contains(s.Originals, d.StreamSequence):
 		return false
 	}
 	return true
@@ -332,10 +453,12 @@ const (
 	// Also when the source stream called the republish a duplicate of a
 	// copy stored by an earlier, interrupted replay (ReplayResult.Earlier).
 	Replayed Outcome = iota + 1
-	// Kept: the source stream called the republish a duplicate of the
-	// original itself, whose Nats-Msg-Id is still inside its duplicate
-	// window; the dead letter is kept (ReplayResult.RetryAt says when to
-	// try again).
+	// Kept: the source stream called the republish a duplicate and it
+	// cannot be shown to be an earlier replay's copy: of the original
+	// itself, whose Nats-Msg-Id is still inside its duplicate window, or of
+	// another message stored under the same id, or of one no longer there
+	// to compare. The republish stored nothing and the dead letter is kept
+	// (ReplayResult.Why says which, RetryAt when to try again).
 	Kept
 	// Failed: the republish or the removal failed (ReplayResult.Err). When
 	// the republish was acknowledged but the removal failed, a later
@@ -370,24 +493,37 @@ type ReplayResult struct {
 	// a dry run or when the republish failed.
 	Ack *jetstream.PubAck
 	// Earlier is set when the republish was a duplicate of a copy stored
-	// by an earlier, interrupted replay (Ack.Sequence is that copy's).
+	// by an earlier, interrupted replay (Ack.Sequence is that copy's, and
+	// it holds the same body and headers).
 	Earlier bool
-	// RetryAt, for Kept, is when the original's Nats-Msg-Id leaves the
-	// source stream's duplicate window: the original's stream timestamp
-	// plus the window. Zero if the window could not be learned.
+	// Why, for Kept, says why the duplicate was not taken for an earlier
+	// replay's copy, in a phrase such as "stream ORDERS calls the
+	// republish a duplicate of the original (sequence 7), whose
+	// Nats-Msg-Id is still inside its duplicate window".
+	Why string
+	// RetryAt, for Kept, is when the Nats-Msg-Id leaves the source
+	// stream's duplicate window: the stream timestamp of the message
+	// stored under it plus the window (now plus the window, an upper
+	// bound, when that message is gone). Zero if the window could not be
+	// learned.
 	RetryAt time.Time
 	// Err, for Failed, says why.
 	Err error
 }
 
 // ReplayOptions tunes Replay. The zero value replays every selected dead
-// letter as fast as the server acknowledges.
+// letter as fast as the server acknowledges. Negative values are refused.
 type ReplayOptions struct {
 	// Limit, when more than 0, stops after that many selected dead
 	// letters (whatever their outcome).
 	Limit int
 	// Rate, when more than 0, limits republishes to that many per second.
 	Rate float64
+	// IdempotencyHeader is the header that carries the dedup key
+	// (COURIER_IDEMPOTENCY_HEADER): an original whose key was derived is
+	// republished with it there (see DeadLetter.Republish). Empty adds
+	// none.
+	IdempotencyHeader string
 	// DryRun selects and reports without publishing or removing anything.
 	DryRun bool
 	// Progress, when set, is called after each dead letter is handled, on
@@ -411,20 +547,33 @@ type ReplaySummary struct {
 // the dead-letter stream. It handles dead letters one at a time, in
 // sequence order, up to the stream's last sequence when it began.
 //
+// A reference dead letter (BodyOmitted) is republished with the body read
+// from the source stream (Load); when the original is gone it fails with
+// ErrOriginalGone and is kept.
+//
 // When the source stream calls a republish a duplicate (same Nats-Msg-Id
-// within its duplicate window), the acknowledged sequence decides: if it is
-// the original's own (HeaderSequence in HeaderStream), the original's id is
-// still inside the window, the republish stored nothing, and the dead
-// letter is kept (Kept, with RetryAt); otherwise it is a copy stored by an
-// earlier replay that was interrupted before removing the dead letter, and
-// the dead letter is removed (Replayed, Earlier). So an interrupted replay,
-// run again within the duplicate window, neither loses nor doubles a
-// message.
+// within its duplicate window), the republish stored nothing, and the
+// acknowledged sequence decides: if it is the original's own
+// (HeaderSequence in HeaderStream), the original's id is still inside the
+// window and the dead letter is kept (Kept, with RetryAt). Otherwise the
+// message stored there is read and compared with the republish: the same
+// body and headers make it a copy stored by an earlier replay that was
+// interrupted before removing the dead letter, and the dead letter is
+// removed (Replayed, Earlier); a different message (its publisher reused
+// the id), or none left to compare, keeps the dead letter (Kept, with Why).
+// So an interrupted replay, run again within the duplicate window, neither
+// loses nor doubles a message.
 //
 // A failure with one dead letter is counted and reported, and Replay goes
 // on with the next. The error is for what stops the whole run: ctx ending,
 // reading the dead-letter stream failing, the connection closed.
 func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (ReplaySummary, error) {
+	switch {
+	case opts.Limit < 0:
+		return ReplaySummary{}, fmt.Errorf("dlq: ReplayOptions.Limit %d must not be negative (0: no limit)", opts.Limit)
+	case opts.Rate < 0:
+		return ReplaySummary{}, fmt.Errorf("dlq: ReplayOptions.Rate %g must not be negative (0: no limit)", opts.Rate)
+	}
 	var (
 		sum     ReplaySummary
 		pace    = newPacer(opts.Rate)
@@ -445,7 +594,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 				stopErr = err
 				return false
 			}
-			r = q.replayOne(ctx, d, windows)
+			r = q.replayOne(ctx, d, opts.IdempotencyHeader, windows)
 		}
 		switch r.Outcome {
 		case Replayed:
@@ -480,7 +629,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 
 // replayOne republishes d and removes it as Replay describes. windows caches
 // the source streams' duplicate windows.
-func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, windows map[string]time.Duration) ReplayResult {
+func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, idempotencyHeader string, windows map[string]time.Duration) ReplayResult {
 	r := ReplayResult{Letter: d}
 	fail := func(err error) ReplayResult {
 		r.Outcome, r.Err = Failed, err
@@ -489,31 +638,93 @@ func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, windows map[string
 	if d.Subject == "" {
 		return fail(fmt.Errorf("dlq: dead letter %d has no %s: nowhere to republish it", d.Sequence, HeaderSubject))
 	}
-	ack, err := q.js.PublishMsg(ctx, d.Republish())
+	if err := q.Load(ctx, d); err != nil {
+		return fail(fmt.Errorf("dlq: dead letter %d cannot be replayed, it is kept: %w", d.Sequence, err))
+	}
+	msg := d.Republish(idempotencyHeader)
+	ack, err := q.js.PublishMsg(ctx, msg)
 	if err != nil {
 		return fail(fmt.Errorf("dlq: republish dead letter %d to %q: %w", d.Sequence, d.Subject, err))
 	}
 	r.Ack = ack
-	if ack.Duplicate && ack.Stream == d.Stream && ack.Sequence == d.StreamSequence {
-		// Kept even if the window cannot be learned: the republish
-		// stored nothing.
-		r.Outcome = Kept
-		if window, err := q.duplicateWindow(ctx, ack.Stream, windows); err == nil {
-			published := d.Published
-			if published.IsZero() {
-				published = time.Now() // an upper bound
-			}
-			r.RetryAt = published.Add(window)
+	if ack.Duplicate {
+		if keep := q.checkDuplicate(ctx, d, msg, ack, windows, &r); keep {
+			r.Outcome = Kept
+			return r
 		}
-		return r
+		r.Earlier = true
 	}
-	r.Earlier = ack.Duplicate
 	if err := q.remove(ctx, d.Sequence); err != nil {
 		return fail(fmt.Errorf("republished to %q (stream %q sequence %d) but not removed, a later replay will remove it: %w",
 			d.Subject, ack.Stream, ack.Sequence, err))
 	}
 	r.Outcome = Replayed
 	return r
+}
+
+// checkDuplicate decides whether the republish msg of d, which the source
+// stream called a duplicate, was stored by an earlier replay (false) or
+// stored nothing and d must be kept (true, with r.Why and r.RetryAt set).
+func (q *Queue) checkDuplicate(ctx context.Context, d *DeadLetter, msg *nats.Msg, ack *jetstream.PubAck, windows map[string]time.Duration, r *ReplayResult) bool {
+	// Kept even if the window cannot be learned: the republish stored
+	// nothing.
+	retryAt := func(stored time.Time) {
+		if window, err := q.duplicateWindow(ctx, ack.Stream, windows); err == nil {
+			r.RetryAt = stored.Add(window)
+		}
+	}
+	if ack.Stream == d.Stream && ack.Sequence == d.StreamSequence {
+		r.Why = fmt.Sprintf("stream %s calls the republish a duplicate of the original (sequence %d), whose Nats-Msg-Id is still inside its duplicate window",
+			ack.Stream, ack.Sequence)
+		published := d.Published
+		if published.IsZero() {
+			published = time.Now() // an upper bound
+		}
+		retryAt(published)
+		return true
+	}
+	id := msg.Header.Get(msgIDHeader)
+	stored, err := q.storedAt(ctx, ack.Stream, ack.Sequence)
+	if err != nil {
+		r.Why = fmt.Sprintf("stream %s calls the republish a duplicate of sequence %d (Nats-Msg-Id %q), which cannot be read to check that it is an earlier replay's copy (%v); if it was, the sidecar's dedup recognises a later replay",
+			ack.Stream, ack.Sequence, id, err)
+		retryAt(time.Now()) // the id is inside the window now: an upper bound
+		return true
+	}
+	if !bytes.Equal(stored.Data, msg.Data) || !sameHeaders(withoutServerHeaders(stored.Header), msg.Header) {
+		r.Why = fmt.Sprintf("stream %s holds another message under the same Nats-Msg-Id %q at sequence %d (its publisher reused the id), so the republish stored nothing",
+			ack.Stream, id, ack.Sequence)
+		retryAt(stored.Time)
+		return true
+	}
+	return false
+}
+
+// storedAt reads the message at seq of stream.
+func (q *Queue) storedAt(ctx context.Context, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	s, err := q.js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, errors.New("it is no longer in the stream")
+	}
+	return m, err
+}
+
+// sameHeaders reports whether a and b hold the same names with the same
+// values in the same order.
+func sameHeaders(a, b nats.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, values := range a {
+		if !slices.Equal(values, b[name]) {
+			return false
+		}
+	}
+	return true
 }
 
 // duplicateWindow returns the duplicate window of stream, cached in windows.
@@ -539,7 +750,7 @@ type PurgeResult struct {
 }
 
 // PurgeOptions tunes Purge. The zero value purges every selected dead
-// letter.
+// letter; a negative Limit is refused.
 type PurgeOptions struct {
 	// Limit, when more than 0, stops after that many selected dead letters.
 	Limit int
@@ -559,6 +770,9 @@ type PurgeSummary struct {
 // letter is counted and reported, and Purge goes on; the error is for what
 // stops the whole run (ctx ending, reading the stream failing).
 func (q *Queue) Purge(ctx context.Context, sel Selection, opts PurgeOptions) (PurgeSummary, error) {
+	if opts.Limit < 0 {
+		return PurgeSummary{}, fmt.Errorf("dlq: PurgeOptions.Limit %d must not be negative (0: no limit)", opts.Limit)
+	}
 	var (
 		sum     PurgeSummary
 		n       int

@@ -164,7 +164,11 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	reg.MustRegister(dlq.NewDepthCollector(js, cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
+	depth, err := dlq.NewDepthCollector(js, cfg.DLQSubject, dlq.DepthOptions{})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(depth) // courier_dead_letters
 
 	// One count of dead letters by reason, whoever stores them.
 	deadLetterCount := proxy.NewDeadLetterCounter()

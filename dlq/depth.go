@@ -36,7 +36,8 @@ func subjectDepth(ctx context.Context, s jetstream.Stream, subject string) (uint
 	return info.State.Subjects[subject], nil
 }
 
-// DepthOptions tunes a DepthCollector. Zero values take the defaults.
+// DepthOptions tunes a DepthCollector. Zero values take the defaults;
+// negative ones are refused.
 type DepthOptions struct {
 	// Timeout bounds the query of the stream's state at a scrape.
 	// Default 2s.
@@ -68,12 +69,19 @@ type DepthCollector struct {
 }
 
 // NewDepthCollector returns a collector of the dead letters on subject.
-// Register it on the Registry behind /metrics.
-func NewDepthCollector(js jetstream.JetStream, subject string, opts DepthOptions) *DepthCollector {
-	if opts.Timeout <= 0 {
+// Register it on the Registry behind /metrics. A negative option is an
+// error naming it.
+func NewDepthCollector(js jetstream.JetStream, subject string, opts DepthOptions) (*DepthCollector, error) {
+	switch {
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("dlq: DepthOptions.Timeout %s must not be negative (0 takes the default)", opts.Timeout)
+	case opts.CacheFor < 0:
+		return nil, fmt.Errorf("dlq: DepthOptions.CacheFor %s must not be negative (0 takes the default)", opts.CacheFor)
+	}
+	if opts.Timeout == 0 {
 		opts.Timeout = 2 * time.Second
 	}
-	if opts.CacheFor <= 0 {
+	if opts.CacheFor == 0 {
 		opts.CacheFor = 5 * time.Second
 	}
 	return &DepthCollector{
@@ -84,7 +92,7 @@ func NewDepthCollector(js jetstream.JetStream, subject string, opts DepthOptions
 		desc: prometheus.NewDesc("courier_dead_letters",
 			"Dead letters waiting in the dead-letter stream on this courier's dead-letter subject, from the stream's state.",
 			nil, nil),
-	}
+	}, nil
 }
 
 // Describe implements prometheus.Collector.

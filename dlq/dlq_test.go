@@ -72,6 +72,7 @@ func TestEnvelope(t *testing.T) {
 		dlq.HeaderAttempts:                             {"3"},
 		dlq.HeaderSubject:                              {"orders.created"},
 		dlq.HeaderStream:                               {"ORDERS"},
+		dlq.HeaderStreamCreated:                        {"2025-01-02T03:04:05.000000006Z"},
 		dlq.HeaderSequence:                             {"7"},
 		dlq.HeaderConsumer:                             {"courier"},
 		dlq.HeaderFailedAt:                             {"2025-02-03T04:05:07.123456789Z"},
@@ -96,7 +97,8 @@ func TestEnvelope(t *testing.T) {
 
 func TestEnvelopeOmitsEmpty(t *testing.T) {
 	h := dlq.Envelope(dlq.Letter{Stream: "S", Consumer: "c", Sequence: 1})
-	for _, name := range []string{dlq.HeaderStatus, dlq.HeaderError, dlq.HeaderFailedAt, dlq.HeaderPublished} {
+	for _, name := range []string{dlq.HeaderStatus, dlq.HeaderError, dlq.HeaderFailedAt, dlq.HeaderPublished,
+		dlq.HeaderStreamCreated, dlq.HeaderSubjectBase64, dlq.HeaderBody, dlq.HeaderBodySize, dlq.HeaderHeaders} {
 		if v, ok := h[name]; ok {
 			t.Errorf("%s = %q, want it absent", name, v)
 		}

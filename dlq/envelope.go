@@ -5,6 +5,7 @@
 package dlq
 
 import (
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"time"
@@ -29,10 +30,21 @@ const (
 	HeaderError = "Courier-Error"
 	// HeaderAttempts is the number of delivery attempts made.
 	HeaderAttempts = "Courier-Attempts"
-	// HeaderSubject is the original message's subject.
+	// HeaderSubject is the original message's subject, made a readable
+	// header value (see HeaderSubjectBase64 for the exact one).
 	HeaderSubject = "Courier-Subject"
+	// HeaderSubjectBase64 is the original's exact subject, base64 (standard
+	// encoding, padded), present only when HeaderSubject differs from it: a
+	// subject that is not valid UTF-8 or holds control characters, which a
+	// header value cannot carry as they are. Replay publishes to this one.
+	HeaderSubjectBase64 = "Courier-Subject-Base64"
 	// HeaderStream is the stream the original was consumed from.
 	HeaderStream = "Courier-Stream"
+	// HeaderStreamCreated is HeaderStream's creation time, RFC 3339 with
+	// nanoseconds, UTC. With HeaderStream and HeaderSequence it reproduces
+	// the key courier derived for an original that had neither an
+	// idempotency header nor a Nats-Msg-Id (DerivedKey).
+	HeaderStreamCreated = "Courier-Stream-Created"
 	// HeaderSequence is the original's sequence in HeaderStream.
 	HeaderSequence = "Courier-Sequence"
 	// HeaderConsumer is the durable consumer that gave up on the original.
@@ -43,11 +55,27 @@ const (
 	// HeaderPublished is the original's stream timestamp, RFC 3339 with
 	// nanoseconds, UTC.
 	HeaderPublished = "Courier-Published"
+	// HeaderBody, when present, says the dead letter does not carry the
+	// original's body: BodyOmittedTooLarge. The original was then left in
+	// its stream (HeaderStream, HeaderSequence), where replay fetches it.
+	HeaderBody = "Courier-Body"
+	// HeaderBodySize is the original body's size in bytes, present with
+	// HeaderBody.
+	HeaderBodySize = "Courier-Body-Size"
+	// HeaderHeaders, when present, says the dead letter does not carry the
+	// original's headers either (BodyOmittedTooLarge): they were too large
+	// even without the body.
+	HeaderHeaders = "Courier-Headers"
 	// OriginalPrefix prefixes the name of every original header that could
 	// act on the dead-letter stream ("Nats-*") or be mistaken for courier's
 	// own ("Courier-*"): Nats-Msg-Id is kept as Courier-Original-Nats-Msg-Id.
 	OriginalPrefix = "Courier-Original-"
 )
+
+// BodyOmittedTooLarge is the value of HeaderBody (and HeaderHeaders) in a
+// reference dead letter: with its envelope the original would not fit in a
+// message the server accepts (its max_payload).
+const BodyOmittedTooLarge = "omitted-too-large"
 
 // Values of HeaderReason used by courier. Other words are allowed.
 const (
@@ -60,7 +88,24 @@ const (
 	// ReasonMaxDeliveries: JetStream gave up on the message (its
 	// max-deliveries advisory) without courier seeing the last attempt.
 	ReasonMaxDeliveries = "max-deliveries"
+	// ReasonAppUnavailable: courier stopped during an app outage while it
+	// held a message on its last allowed delivery, which a NAK would lose.
+	ReasonAppUnavailable = "app-unavailable"
+	// ReasonNotAttempted: the message's last allowed delivery was spent
+	// without calling the app (courier stopped, or the app was unreachable,
+	// while it held the message).
+	ReasonNotAttempted = "not-attempted"
+	// ReasonUnknown is written when a Letter gives no reason.
+	ReasonUnknown = "unknown"
 )
+
+// Reasons returns the reasons courier writes, in the order of the
+// constants above, ReasonUnknown last: what the dlq CLI lists in its help
+// and accepts as --reason. It returns a new slice each time.
+func Reasons() []string {
+	return []string{ReasonRejected, ReasonExhausted, ReasonExpired, ReasonMaxDeliveries,
+		ReasonAppUnavailable, ReasonNotAttempted, ReasonUnknown}
+}
 
 // MaxErrorLen bounds HeaderError, in bytes.
 const MaxErrorLen = 1024
@@ -69,9 +114,11 @@ const MaxErrorLen = 1024
 const msgIDHeader = "Nats-Msg-Id"
 
 // Letter is one dead letter: the original message as it was stored, where it
-// came from, and why courier gave up on it.
+// came from, and why courier gave up on it. It is what the delivery loop
+// (proxy) and the max-deliveries catch (giveup) hand to Publisher.DeadLetter.
 type Letter struct {
-	// Subject is the original message's subject.
+	// Subject is the original message's subject, exactly (it need not be
+	// valid UTF-8).
 	Subject string
 	// Data is the original body; the dead letter carries it unchanged.
 	Data []byte
@@ -90,7 +137,7 @@ type Letter struct {
 	// Consumer is the durable consumer's name.
 	Consumer string
 	// Reason is why the message was dead-lettered (the Reason constants);
-	// empty is written as "unknown".
+	// empty is written as ReasonUnknown.
 	Reason string
 	// Status is the app's last HTTP status; 0 means none.
 	Status int
@@ -100,6 +147,8 @@ type Letter struct {
 	Attempts int
 	// FailedAt is when courier gave up; Publisher.Publish fills it with the
 	// current time when zero.
+	//
+	// Fields may be added (trace context); those above keep their names.
 	FailedAt time.Time
 }
 
@@ -111,7 +160,9 @@ type Letter struct {
 //     dead-letter stream, and a Courier-* header would be confused with the
 //     envelope's own. Original reverses this;
 //   - the Courier-* fields of l (HeaderStatus only when Status is not 0,
-//     HeaderError only when Error is not empty, times only when not zero);
+//     HeaderError only when Error is not empty, times only when not zero,
+//     HeaderSubjectBase64 only when the subject is not a clean header
+//     value);
 //   - Nats-Msg-Id set to MsgID(l), so the same dead letter is stored once.
 //
 // Envelope does not modify l.
@@ -126,7 +177,7 @@ func Envelope(l Letter) nats.Header {
 
 	reason := l.Reason
 	if reason == "" {
-		reason = "unknown"
+		reason = ReasonUnknown
 	}
 	h.Set(HeaderReason, cleanValue(reason, MaxErrorLen))
 	if l.Status != 0 {
@@ -136,8 +187,15 @@ func Envelope(l Letter) nats.Header {
 		h.Set(HeaderError, cleanValue(l.Error, MaxErrorLen))
 	}
 	h.Set(HeaderAttempts, strconv.Itoa(l.Attempts))
-	h.Set(HeaderSubject, cleanValue(l.Subject, 0))
+	subject := cleanValue(l.Subject, 0)
+	h.Set(HeaderSubject, subject)
+	if subject != l.Subject {
+		h.Set(HeaderSubjectBase64, base64.StdEncoding.EncodeToString([]byte(l.Subject)))
+	}
 	h.Set(HeaderStream, cleanValue(l.Stream, 0))
+	if !l.StreamCreated.IsZero() {
+		h.Set(HeaderStreamCreated, formatTime(l.StreamCreated))
+	}
 	h.Set(HeaderSequence, strconv.FormatUint(l.Sequence, 10))
 	h.Set(HeaderConsumer, cleanValue(l.Consumer, 0))
 	if !l.FailedAt.IsZero() {
@@ -182,6 +240,29 @@ func MsgID(l Letter) string {
 	}
 	return "courier-dlq:" + l.Consumer + ":" + l.Stream + ":" +
 		strconv.FormatInt(created, 10) + ":" + strconv.FormatUint(l.Sequence, 10)
+}
+
+// Subject returns the original's exact subject from the headers of its dead
+// letter: HeaderSubjectBase64 decoded when present, else HeaderSubject. It
+// returns "" when neither is there or HeaderSubjectBase64 is unreadable.
+func Subject(h nats.Header) string {
+	if enc := h.Get(HeaderSubjectBase64); enc != "" {
+		b, err := base64.StdEncoding.DecodeString(enc)
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	return h.Get(HeaderSubject)
+}
+
+// DerivedKey returns the dedup key courier derives for a message that has
+// neither an idempotency header nor a Nats-Msg-Id: its stream, the stream's
+// creation time and its sequence. It must stay equal to the key the delivery
+// loop derives (proxy.ResolveKey), which the app received as
+// Idempotency-Key: replay republishes it so the app sees the same key.
+func DerivedKey(stream string, created time.Time, seq uint64) string {
+	return stream + ":" + strconv.FormatInt(created.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
 }
 
 // isReserved reports whether an original header name must be moved under

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Errors of EnsureStream, for errors.Is. Both mean retrying will not help
@@ -38,41 +40,14 @@ const (
 	// without a warning.
 	MinDuplicateWindow = time.Minute
 
-	streamPrefix     = "COURIER_DLQ_"
-	maxStreamNameLen = 64
+	streamPrefix = "COURIER_DLQ_"
 )
 
 // StreamName returns the name of the stream EnsureStream creates for subject:
-// "COURIER_DLQ_" followed by the subject, made safe by SafeStreamName (a name
+// "COURIER_DLQ_" followed by the subject, made safe by jsutil.SafeStreamName (a name
 // cut to 64 characters ends in a hash of the subject).
 func StreamName(subject string) string {
-	return SafeStreamName(streamPrefix, subject, subject)
-}
-
-// SafeStreamName returns prefix and key, uppercased, every character other
-// than a letter, digit, '-' or '_' replaced by '_', as a stream name. Names
-// longer than 64 characters are cut and end in a hash of unique, which
-// identifies key, so that they stay distinct. prefix must be a valid name.
-func SafeStreamName(prefix, key, unique string) string {
-	var b strings.Builder
-	b.WriteString(prefix)
-	for _, r := range key {
-		switch {
-		case r >= 'a' && r <= 'z':
-			b.WriteRune(r - 'a' + 'A')
-		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	name := b.String()
-	if len(name) <= maxStreamNameLen {
-		return name
-	}
-	h := fnv.New32a()
-	h.Write([]byte(unique))
-	return fmt.Sprintf("%s_%08X", name[:maxStreamNameLen-9], h.Sum32())
+	return jsutil.SafeStreamName(streamPrefix, subject, subject)
 }
 
 // StreamConfig returns the configuration of the stream EnsureStream creates
@@ -174,7 +149,7 @@ func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 // StreamConfig(subject, replicas) is created and returned with created true.
 //
 // Errors wrap ErrUnsuitableStream when the capturing stream would not keep
-// dead letters, and ErrCannotCreateStream and a *SetupError when none exists
+// dead letters, and ErrCannotCreateStream and a *jsutil.SetupError when none exists
 // and none can be created (no permission, JetStream not enabled, the name
 // taken), its text giving the stream configuration to create; neither goes
 // away by retrying. Other errors (a
@@ -184,8 +159,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, subject string, r
 	if err := checkSubject(subject); err != nil {
 		return nil, false, err
 	}
-	info, created, err := EnsureCapture(ctx, js, StreamConfig(subject, replicas), CheckStream)
-	var serr *SetupError
+	info, created, err := jsutil.EnsureCapture(ctx, js, StreamConfig(subject, replicas), CheckStream)
+	var serr *jsutil.SetupError
 	if errors.As(err, &serr) {
 		return nil, false, fmt.Errorf("%w: %w", ErrCannotCreateStream, err)
 	}
@@ -193,15 +168,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, subject string, r
 }
 
 // checkSubject rejects subjects dead letters cannot be published to.
-func checkSubject(subject string) error {
-	bad := subject == "" || strings.ContainsAny(subject, " \t\r\n")
-	for tok := range strings.SplitSeq(subject, ".") {
-		if tok == "" || tok == "*" || tok == ">" {
-			bad = true
-		}
-	}
-	if bad {
-		return fmt.Errorf("dlq: dead-letter subject %q is not a valid literal subject", subject)
+func checkSubject(s string) error {
+	if err := subject.CheckLiteral(s); err != nil {
+		return fmt.Errorf("dlq: dead-letter subject %w", err)
 	}
 	return nil
 }

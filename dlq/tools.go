@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"iter"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Errors of the dead-letter tools, for errors.Is.
@@ -21,6 +20,10 @@ var (
 	ErrNoStream = errors.New("dlq: no stream captures the dead-letter subject")
 	// ErrNotFound: no dead letter at that sequence on the subject.
 	ErrNotFound = errors.New("dlq: dead letter not found")
+	// ErrOriginalGone: the original of a reference dead letter (see
+	// ErrBodyOmitted) is no longer in its stream (deleted, expired, or the
+	// stream created again since), so its body cannot be read.
+	ErrOriginalGone = errors.New("dlq: the original is no longer in its stream")
 )
 
 // DefaultDeleteTimeout bounds the removal of a dead letter after its
@@ -29,119 +32,6 @@ var (
 // a duplicate while inside the source stream's duplicate window), but
 // removing it at once is better.
 const DefaultDeleteTimeout = 5 * time.Second
-
-// serverHeaders are set by the server on a stored message or a direct get,
-// never by a publisher. They are dropped from a DeadLetter's Header and from
-// a republish (an original fetched with GetMsg may carry them).
-var serverHeaders = []string{
-	jetstream.StreamHeader,
-	jetstream.SequenceHeader,
-	jetstream.TimeStampHeaer,
-	jetstream.SubjectHeader,
-	jetstream.LastSequenceHeader,
-	"Nats-Num-Pending",
-	"Nats-UpTo-Sequence",
-	jetstream.MarkerReasonHeader,
-	jetstream.SchedulerHeader,
-	jetstream.ScheduleNextHeader,
-}
-
-// DeadLetter is one dead letter as stored in the dead-letter stream, with
-// the fields of its envelope parsed. Fields an envelope lacks or holds in
-// an unreadable form are zero.
-type DeadLetter struct {
-	// Sequence is the dead letter's sequence in the dead-letter stream.
-	Sequence uint64
-	// Time is when the dead-letter stream stored it.
-	Time time.Time
-	// Reason is HeaderReason, such as ReasonRejected.
-	Reason string
-	// Status is HeaderStatus, the app's last HTTP status; 0 if none.
-	Status int
-	// Error is HeaderError, the last error; empty if none.
-	Error string
-	// Attempts is HeaderAttempts.
-	Attempts int
-	// Subject is the original's subject (HeaderSubject), where replay
-	// republishes it.
-	Subject string
-	// Stream is the stream the original was consumed from (HeaderStream).
-	Stream string
-	// StreamSequence is the original's sequence in Stream (HeaderSequence).
-	StreamSequence uint64
-	// Consumer is the durable that gave up on the original (HeaderConsumer).
-	Consumer string
-	// FailedAt is HeaderFailedAt; zero if absent.
-	FailedAt time.Time
-	// Published is the original's stream timestamp (HeaderPublished); zero
-	// if absent.
-	Published time.Time
-	// Header holds the dead letter's headers as stored: the envelope
-	// (Original recovers the original's headers from it), without the
-	// headers the server adds to a fetched message (Nats-Stream,
-	// Nats-Sequence, Nats-Time-Stamp, Nats-Subject and the like).
-	Header nats.Header
-	// Data is the body, the original's unchanged.
-	Data []byte
-}
-
-// newDeadLetter parses a stored dead letter.
-func newDeadLetter(m *jetstream.RawStreamMsg) *DeadLetter {
-	h := make(nats.Header, len(m.Header))
-	for name, values := range m.Header {
-		if !slices.Contains(serverHeaders, name) {
-			h[name] = append([]string(nil), values...)
-		}
-	}
-	d := &DeadLetter{
-		Sequence: m.Sequence,
-		Time:     m.Time,
-		Reason:   h.Get(HeaderReason),
-		Error:    h.Get(HeaderError),
-		Subject:  h.Get(HeaderSubject),
-		Stream:   h.Get(HeaderStream),
-		Consumer: h.Get(HeaderConsumer),
-		Header:   h,
-		Data:     m.Data,
-	}
-	d.Status, _ = strconv.Atoi(h.Get(HeaderStatus))
-	d.Attempts, _ = strconv.Atoi(h.Get(HeaderAttempts))
-	d.StreamSequence, _ = strconv.ParseUint(h.Get(HeaderSequence), 10, 64)
-	d.FailedAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderFailedAt))
-	d.Published, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderPublished))
-	return d
-}
-
-// Original returns the headers of the original message as its publisher
-// sent them: Original(d.Header) without what made sense only at the first
-// publish or was added by the server: Nats-Expected-* expectations,
-// Nats-Batch-* (atomic batch publishing), and server headers such as
-// Nats-Stream, Nats-Sequence, Nats-Time-Stamp and Nats-Subject. The
-// original's Nats-Msg-Id is kept, as are Nats-TTL and Nats-Rollup.
-func (d *DeadLetter) Original() nats.Header {
-	h := Original(d.Header)
-	for name := range h {
-		if hasPrefixFold(name, "Nats-Expected-") || hasPrefixFold(name, "Nats-Batch-") || slices.Contains(serverHeaders, name) {
-			delete(h, name)
-		}
-	}
-	return h
-}
-
-// Republish returns the message Replay publishes for d: to the original
-// subject, the original body, and the headers of Original. An original that
-// carried no Nats-Msg-Id is given the dead letter's own (MsgID), so that
-// publishing it again after an interrupted replay is recognised as a
-// duplicate by the source stream, as an original Nats-Msg-Id would be.
-func (d *DeadLetter) Republish() *nats.Msg {
-	h := d.Original()
-	if _, ok := h[msgIDHeader]; !ok {
-		if id := d.Header.Get(msgIDHeader); id != "" {
-			h[msgIDHeader] = []string{id}
-		}
-	}
-	return &nats.Msg{Subject: d.Subject, Header: h, Data: d.Data}
-}
 
 // Selection chooses dead letters: those meeting every criterion set. The
 // zero value selects every dead letter on the subject.
@@ -161,6 +51,9 @@ type Selection struct {
 	// sequences of the dead-letter stream; a sequence holding none on the
 	// subject is skipped.
 	Sequences []uint64
+	// Originals, when not empty, selects the dead letters of the originals
+	// at these sequences of their stream (HeaderSequence).
+	Originals []uint64
 }
 
 // Matches reports whether d is selected by s (Sequences aside).
@@ -169,8 +62,9 @@ func (s Selection) Matches(d *DeadLetter) bool {
 	case s.Stream != "" && d.Stream != s.Stream,
 		s.Consumer != "" && d.Consumer != s.Consumer,
 		s.Reason != "" && d.Reason != s.Reason,
-		s.Subject != "" && !subjectMatches(s.Subject, d.Subject),
-		!s.Since.IsZero() && d.Time.Before(s.Since):
+		s.Subject != "" && !subject.Matches(s.Subject, d.Subject),
+		!s.Since.IsZero() && d.Time.Before(s.Since),
+		len(s.Originals) > 0 && !slices.Contains(s.Originals, d.StreamSequence):
 		return false
 	}
 	return true
@@ -323,212 +217,6 @@ func (q *Queue) remove(ctx context.Context, seq uint64) error {
 	return fmt.Errorf("dlq: remove dead letter %d from stream %q: %w", seq, q.StreamName(), err)
 }
 
-// Outcome is what Replay did with one dead letter.
-type Outcome int
-
-const (
-	// Replayed: republished and acknowledged, and the dead letter removed.
-	// Also when the source stream called the republish a duplicate of a
-	// copy stored by an earlier, interrupted replay (ReplayResult.Earlier).
-	Replayed Outcome = iota + 1
-	// Kept: the source stream called the republish a duplicate of the
-	// original itself, whose Nats-Msg-Id is still inside its duplicate
-	// window; the dead letter is kept (ReplayResult.RetryAt says when to
-	// try again).
-	Kept
-	// Failed: the republish or the removal failed (ReplayResult.Err). When
-	// the republish was acknowledged but the removal failed, a later
-	// replay within the source stream's duplicate window removes it.
-	Failed
-	// WouldReplay: a dry run; nothing was published or removed.
-	WouldReplay
-)
-
-// String returns "replayed", "kept", "failed" or "would replay".
-func (o Outcome) String() string {
-	switch o {
-	case Replayed:
-		return "replayed"
-	case Kept:
-		return "kept"
-	case Failed:
-		return "failed"
-	case WouldReplay:
-		return "would replay"
-	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
-
-// ReplayResult is the fate of one dead letter in Replay.
-type ReplayResult struct {
-	// Letter is the dead letter.
-	Letter *DeadLetter
-	// Outcome is what happened to it.
-	Outcome Outcome
-	// Ack is the source stream's acknowledgement of the republish; nil on
-	// a dry run or when the republish failed.
-	Ack *jetstream.PubAck
-	// Earlier is set when the republish was a duplicate of a copy stored
-	// by an earlier, interrupted replay (Ack.Sequence is that copy's).
-	Earlier bool
-	// RetryAt, for Kept, is when the original's Nats-Msg-Id leaves the
-	// source stream's duplicate window: the original's stream timestamp
-	// plus the window. Zero if the window could not be learned.
-	RetryAt time.Time
-	// Err, for Failed, says why.
-	Err error
-}
-
-// ReplayOptions tunes Replay. The zero value replays every selected dead
-// letter as fast as the server acknowledges.
-type ReplayOptions struct {
-	// Limit, when more than 0, stops after that many selected dead
-	// letters (whatever their outcome).
-	Limit int
-	// Rate, when more than 0, limits republishes to that many per second.
-	Rate float64
-	// DryRun selects and reports without publishing or removing anything.
-	DryRun bool
-	// Progress, when set, is called after each dead letter is handled, on
-	// Replay's goroutine.
-	Progress func(ReplayResult)
-}
-
-// ReplaySummary counts the outcomes of a Replay.
-type ReplaySummary struct {
-	// Replayed, Kept, Failed and WouldReplay count the dead letters of
-	// each Outcome.
-	Replayed, Kept, Failed, WouldReplay int
-	// RetryAt is the latest RetryAt of the kept dead letters: after it,
-	// all of them can be replayed. Zero when none was kept.
-	RetryAt time.Time
-}
-
-// Replay republishes each selected dead letter (its Republish message:
-// original subject, body and headers) with a JetStream publish and, only
-// once the source stream has acknowledged it, removes the dead letter from
-// the dead-letter stream. It handles dead letters one at a time, in
-// sequence order, up to the stream's last sequence when it began.
-//
-// When the source stream calls a republish a duplicate (same Nats-Msg-Id
-// within its duplicate window), the acknowledged sequence decides: if it is
-// the original's own (HeaderSequence in HeaderStream), the original's id is
-// still inside the window, the republish stored nothing, and the dead
-// letter is kept (Kept, with RetryAt); otherwise it is a copy stored by an
-// earlier replay that was interrupted before removing the dead letter, and
-// the dead letter is removed (Replayed, Earlier). So an interrupted replay,
-// run again within the duplicate window, neither loses nor doubles a
-// message.
-//
-// A failure with one dead letter is counted and reported, and Replay goes
-// on with the next. The error is for what stops the whole run: ctx ending,
-// reading the dead-letter stream failing, the connection closed.
-func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (ReplaySummary, error) {
-	var (
-		sum     ReplaySummary
-		pace    = newPacer(opts.Rate)
-		windows = map[string]time.Duration{}
-		stopErr error
-		n       int
-	)
-	err := q.scan(ctx, sel, func(d *DeadLetter) bool {
-		if opts.Limit > 0 && n >= opts.Limit {
-			return false
-		}
-		n++
-		var r ReplayResult
-		if opts.DryRun {
-			r = ReplayResult{Letter: d, Outcome: WouldReplay}
-		} else {
-			if err := pace.wait(ctx); err != nil {
-				stopErr = err
-				return false
-			}
-			r = q.replayOne(ctx, d, windows)
-		}
-		switch r.Outcome {
-		case Replayed:
-			sum.Replayed++
-		case Kept:
-			sum.Kept++
-			if r.RetryAt.After(sum.RetryAt) {
-				sum.RetryAt = r.RetryAt
-			}
-		case Failed:
-			sum.Failed++
-		case WouldReplay:
-			sum.WouldReplay++
-		}
-		if opts.Progress != nil {
-			opts.Progress(r)
-		}
-		if r.Outcome == Failed && (ctx.Err() != nil || errors.Is(r.Err, nats.ErrConnectionClosed)) {
-			stopErr = r.Err
-			return false
-		}
-		return true
-	})
-	if err == nil {
-		err = stopErr
-	}
-	if err != nil {
-		return sum, fmt.Errorf("dlq: replay stopped: %w", err)
-	}
-	return sum, nil
-}
-
-// replayOne republishes d and removes it as Replay describes. windows caches
-// the source streams' duplicate windows.
-func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, windows map[string]time.Duration) ReplayResult {
-	r := ReplayResult{Letter: d}
-	fail := func(err error) ReplayResult {
-		r.Outcome, r.Err = Failed, err
-		return r
-	}
-	if d.Subject == "" {
-		return fail(fmt.Errorf("dlq: dead letter %d has no %s: nowhere to republish it", d.Sequence, HeaderSubject))
-	}
-	ack, err := q.js.PublishMsg(ctx, d.Republish())
-	if err != nil {
-		return fail(fmt.Errorf("dlq: republish dead letter %d to %q: %w", d.Sequence, d.Subject, err))
-	}
-	r.Ack = ack
-	if ack.Duplicate && ack.Stream == d.Stream && ack.Sequence == d.StreamSequence {
-		// Kept even if the window cannot be learned: the republish
-		// stored nothing.
-		r.Outcome = Kept
-		if window, err := q.duplicateWindow(ctx, ack.Stream, windows); err == nil {
-			published := d.Published
-			if published.IsZero() {
-				published = time.Now() // an upper bound
-			}
-			r.RetryAt = published.Add(window)
-		}
-		return r
-	}
-	r.Earlier = ack.Duplicate
-	if err := q.remove(ctx, d.Sequence); err != nil {
-		return fail(fmt.Errorf("republished to %q (stream %q sequence %d) but not removed, a later replay will remove it: %w",
-			d.Subject, ack.Stream, ack.Sequence, err))
-	}
-	r.Outcome = Replayed
-	return r
-}
-
-// duplicateWindow returns the duplicate window of stream, cached in windows.
-func (q *Queue) duplicateWindow(ctx context.Context, stream string, windows map[string]time.Duration) (time.Duration, error) {
-	if w, ok := windows[stream]; ok {
-		return w, nil
-	}
-	s, err := q.js.Stream(ctx, stream)
-	if err != nil {
-		return 0, fmt.Errorf("dlq: stream %q: %w", stream, err)
-	}
-	w := s.CachedInfo().Config.Duplicates
-	windows[stream] = w
-	return w, nil
-}
-
 // PurgeResult is the fate of one dead letter in Purge.
 type PurgeResult struct {
 	// Letter is the dead letter.
@@ -538,7 +226,7 @@ type PurgeResult struct {
 }
 
 // PurgeOptions tunes Purge. The zero value purges every selected dead
-// letter.
+// letter; a negative Limit is refused.
 type PurgeOptions struct {
 	// Limit, when more than 0, stops after that many selected dead letters.
 	Limit int
@@ -558,6 +246,9 @@ type PurgeSummary struct {
 // letter is counted and reported, and Purge goes on; the error is for what
 // stops the whole run (ctx ending, reading the stream failing).
 func (q *Queue) Purge(ctx context.Context, sel Selection, opts PurgeOptions) (PurgeSummary, error) {
+	if opts.Limit < 0 {
+		return PurgeSummary{}, fmt.Errorf("dlq: PurgeOptions.Limit %d must not be negative (0: no limit)", opts.Limit)
+	}
 	var (
 		sum     PurgeSummary
 		n       int
@@ -589,72 +280,4 @@ func (q *Queue) Purge(ctx context.Context, sel Selection, opts PurgeOptions) (Pu
 		return sum, fmt.Errorf("dlq: purge stopped: %w", err)
 	}
 	return sum, nil
-}
-
-// pacer spaces out calls to wait to at most rate per second; a rate of 0 or
-// less does not wait.
-type pacer struct {
-	every time.Duration
-	next  time.Time
-}
-
-func newPacer(rate float64) *pacer {
-	if rate <= 0 {
-		return &pacer{}
-	}
-	return &pacer{every: time.Duration(float64(time.Second) / rate)}
-}
-
-func (p *pacer) wait(ctx context.Context) error {
-	if p.every <= 0 {
-		return ctx.Err()
-	}
-	now := time.Now()
-	if d := p.next.Sub(now); d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-		now = p.next
-	}
-	p.next = now.Add(p.every)
-	return nil
-}
-
-// subjectMatches reports whether the subject filter pattern ('*' one token,
-// '>' as the last token one or more) matches the literal subject.
-func subjectMatches(pattern, subject string) bool {
-	pt := strings.Split(pattern, ".")
-	st := strings.Split(subject, ".")
-	for i, p := range pt {
-		if p == ">" {
-			return len(st) > i
-		}
-		if i >= len(st) || (p != "*" && p != st[i]) {
-			return false
-		}
-	}
-	return len(pt) == len(st)
-}
-
-// CheckFilter explains why pattern is not a valid subject filter for
-// Selection.Subject, or returns nil.
-func CheckFilter(pattern string) error {
-	tokens := strings.Split(pattern, ".")
-	for i, t := range tokens {
-		switch {
-		case t == "":
-			return fmt.Errorf("dlq: subject filter %q has an empty token", pattern)
-		case strings.ContainsAny(t, " \t\r\n"):
-			return fmt.Errorf("dlq: subject filter %q contains whitespace", pattern)
-		case t == ">" && i != len(tokens)-1:
-			return fmt.Errorf("dlq: subject filter %q: '>' can only be the last token", pattern)
-		case t != "*" && t != ">" && strings.ContainsAny(t, "*>"):
-			return fmt.Errorf("dlq: subject filter %q: '*' and '>' are wildcards only as whole tokens", pattern)
-		}
-	}
-	return nil
 }

@@ -300,7 +300,7 @@ func TestReplayGivesMsgIDWhenOriginalHasNone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := d.Republish().Header.Get("Nats-Msg-Id"); got != d.Header.Get("Nats-Msg-Id") || got == "" {
+	if got := d.Republish("").Header.Get("Nats-Msg-Id"); got != d.Header.Get("Nats-Msg-Id") || got == "" {
 		t.Errorf("Republish Nats-Msg-Id = %q, want the dead letter's %q", got, d.Header.Get("Nats-Msg-Id"))
 	}
 	if _, ok := d.Original()["Nats-Msg-Id"]; ok {
@@ -352,7 +352,7 @@ func TestReplayAfterInterruptedReplay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.js.PublishMsg(ctx(t, 5*time.Second), d.Republish()); err != nil {
+			if _, err := e.js.PublishMsg(ctx(t, 5*time.Second), d.Republish("")); err != nil {
 				t.Fatal(err)
 			}
 
@@ -494,7 +494,7 @@ func TestDepthCollector(t *testing.T) {
 	s := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, s)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(dlq.NewDepthCollector(js, toolsSubject, dlq.DepthOptions{CacheFor: time.Nanosecond}))
+	reg.MustRegister(depthCollector(t, js, dlq.DepthOptions{CacheFor: time.Nanosecond}))
 
 	if v, ok := gauge(t, reg); ok {
 		t.Errorf("courier_dead_letters = %v before any stream captures the subject, want no sample", v)
@@ -524,10 +524,19 @@ func TestDepthCollector(t *testing.T) {
 	}
 
 	cached := prometheus.NewRegistry()
-	cached.MustRegister(dlq.NewDepthCollector(js, toolsSubject, dlq.DepthOptions{CacheFor: time.Hour}))
+	cached.MustRegister(depthCollector(t, js, dlq.DepthOptions{CacheFor: time.Hour}))
 	gauge(t, cached)
 	e.deadLetter(3, "orders.a", dlq.ReasonRejected, nil, "c")
 	if v, _ := gauge(t, cached); v != 1 {
 		t.Errorf("cached courier_dead_letters = %v, want the cached 1", v)
 	}
+}
+
+func depthCollector(t *testing.T, js jetstream.JetStream, o dlq.DepthOptions) *dlq.DepthCollector {
+	t.Helper()
+	c, err := dlq.NewDepthCollector(js, toolsSubject, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

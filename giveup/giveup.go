@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,16 +26,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/retry"
 )
 
-// DeadLetterer stores dead letters; *dlq.Publisher is one. Publish must
-// return nil only once the dead letter is stored durably (a duplicate of one
-// already stored counts), and must be safe for concurrent use.
+// DeadLetterer stores dead letters; *dlq.Publisher is one. DeadLetter
+// reports the outcome as dlq.Publisher.DeadLetter does: nil once stored
+// with the body; dlq.ErrDuplicate when stored already (not counted again);
+// dlq.ErrBodyOmitted when stored as a reference dead letter, whose original
+// must then stay in its stream; any other error when nothing is stored. It
+// must be safe for concurrent use.
 type DeadLetterer interface {
-	Publish(ctx context.Context, l dlq.Letter) (*jetstream.PubAck, error)
+	DeadLetter(ctx context.Context, l dlq.Letter) error
 }
 
-// Options configures a Catcher. Zero values take the documented defaults.
+// Options configures a Catcher. Zero values take the documented defaults;
+// negative durations or counts are refused by New.
 type Options struct {
 	// Replicas is the replica count of the advisory stream, when courier
 	// creates it (COURIER_STREAM_REPLICAS). Default 1.
@@ -48,7 +55,8 @@ type Options struct {
 	AckWait time.Duration
 	// RetryInitial and RetryMax bound the delay before an advisory whose
 	// dead letter could not be stored is handled again; the delay doubles
-	// with each try. Defaults 1s and 1m.
+	// with each try. Defaults 1s and 1m (RetryInitial when larger); a
+	// RetryMax below RetryInitial is refused.
 	RetryInitial, RetryMax time.Duration
 	// StepTimeout bounds each request to JetStream while an advisory is
 	// handled. Default 10s.
@@ -66,23 +74,48 @@ type Options struct {
 	OnDeadLetter func()
 }
 
-func (o *Options) defaults() {
-	if o.Replicas < 1 {
+// defaults fills the zero values of o with the defaults. A negative value,
+// or a RetryMax set below RetryInitial, is an error naming the field: it is
+// a mistake to report, not to replace silently.
+func (o *Options) defaults() error {
+	var problems []string
+	for _, f := range []struct {
+		name string
+		neg  bool
+	}{
+		{"Replicas", o.Replicas < 0},
+		{"MaxAge", o.MaxAge < 0},
+		{"AckWait", o.AckWait < 0},
+		{"RetryInitial", o.RetryInitial < 0},
+		{"RetryMax", o.RetryMax < 0},
+		{"StepTimeout", o.StepTimeout < 0},
+	} {
+		if f.neg {
+			problems = append(problems, "Options."+f.name+" must not be negative (0 takes the default)")
+		}
+	}
+	if o.RetryMax > 0 && o.RetryInitial > 0 && o.RetryMax < o.RetryInitial {
+		problems = append(problems, fmt.Sprintf("Options.RetryMax (%s) must not be less than Options.RetryInitial (%s)", o.RetryMax, o.RetryInitial))
+	}
+	if len(problems) > 0 {
+		return errors.New("giveup: " + strings.Join(problems, "; "))
+	}
+	if o.Replicas == 0 {
 		o.Replicas = 1
 	}
-	if o.MaxAge <= 0 {
+	if o.MaxAge == 0 {
 		o.MaxAge = DefaultMaxAge
 	}
-	if o.AckWait <= 0 {
+	if o.AckWait == 0 {
 		o.AckWait = 30 * time.Second
 	}
-	if o.RetryInitial <= 0 {
+	if o.RetryInitial == 0 {
 		o.RetryInitial = time.Second
 	}
-	if o.RetryMax < o.RetryInitial {
+	if o.RetryMax == 0 {
 		o.RetryMax = max(time.Minute, o.RetryInitial)
 	}
-	if o.StepTimeout <= 0 {
+	if o.StepTimeout == 0 {
 		o.StepTimeout = 10 * time.Second
 	}
 	if o.Logger == nil {
@@ -94,6 +127,7 @@ func (o *Options) defaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	return nil
 }
 
 // Results of handling an advisory, the values of the result label of
@@ -149,6 +183,7 @@ type Catcher struct {
 // stream's name, creation time (part of every dead letter's Nats-Msg-Id, so
 // it must be the value the delivery loop uses) and retention. dl stores the
 // dead letters. New does no I/O; it registers the metrics on o.Registerer.
+// Invalid options are an error naming the field.
 func New(js jetstream.JetStream, stream jetstream.Stream, consumer string, dl DeadLetterer, o Options) (*Catcher, error) {
 	if js == nil || stream == nil || dl == nil || consumer == "" {
 		return nil, errors.New("giveup: JetStream, stream, consumer and dead-letterer are required")
@@ -157,7 +192,9 @@ func New(js jetstream.JetStream, stream jetstream.Stream, consumer string, dl De
 	if info == nil || info.Config.Name == "" {
 		return nil, errors.New("giveup: the stream handle carries no info")
 	}
-	o.defaults()
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
 	handled := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_giveup_advisories_total",
 		Help: "Max-deliveries advisories (JetStream gave up on a message) handled, by result: dead_lettered, duplicate (dead letter already stored), gone (message no longer in the stream), malformed (terminated), retry (NAK'd, comes back).",
@@ -226,31 +263,39 @@ func (c *Catcher) Run(ctx context.Context) error {
 	}
 	c.log.Info("catching max-deliveries advisories", "advisory_stream", capture, "advisory_consumer", ConsumerName(c.consumer))
 
-	wait := 100 * time.Millisecond
-	for ctx.Err() == nil {
+	// Losing the server or the consumer ends consume with an error: wait,
+	// create the consumer again (it may have been deleted) and go on. A
+	// consume that had been working for a while starts a fresh schedule.
+	policy := retry.Policy{Initial: 100 * time.Millisecond, Max: 10 * time.Second}
+	failed := false
+	op := func(ctx context.Context) error {
+		if failed {
+			sctx, cancel := context.WithTimeout(ctx, c.o.StepTimeout)
+			again, err := ensureConsumer(sctx, c.js, capture, consumerConfig(c.info.Config.Name, c.consumer, c.o.AckWait))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("cannot re-create the advisory consumer: %w", err)
+			}
+			cons, failed = again, false
+		}
 		began := time.Now()
 		err := c.consume(ctx, cons)
-		if ctx.Err() != nil {
-			break
-		}
-		if time.Since(began) > time.Minute {
-			wait = 100 * time.Millisecond // it had been working: retry soon
-		}
-		c.log.Warn("consuming advisories failed; retrying", "error", err, "in", wait.String())
-		select {
-		case <-ctx.Done():
+		if err == nil || ctx.Err() != nil {
 			return nil
-		case <-time.After(wait):
 		}
-		wait = min(wait*2, 10*time.Second)
-		// The consumer may have been deleted: create it again.
-		sctx, cancel := context.WithTimeout(ctx, c.o.StepTimeout)
-		if again, err := ensureConsumer(sctx, c.js, capture, consumerConfig(c.info.Config.Name, c.consumer, c.o.AckWait)); err == nil {
-			cons = again
-		} else if ctx.Err() == nil {
-			c.log.Warn("cannot re-create the advisory consumer", "error", err)
+		failed = true
+		if time.Since(began) > time.Minute {
+			return retry.Permanent(err)
 		}
-		cancel()
+		return err
+	}
+	notify := func(err error, wait time.Duration) {
+		c.log.Warn("consuming advisories failed; retrying", "error", err, "in", wait.String())
+	}
+	for ctx.Err() == nil {
+		if err := retry.Do(ctx, policy, op, notify); err != nil && ctx.Err() == nil {
+			c.log.Warn("consuming advisories failed after working a while; retrying", "error", err)
+		}
 	}
 	return nil
 }
@@ -389,26 +434,32 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 		letter.FailedAt = c.o.Now()
 	}
 	sctx, cancel = context.WithTimeout(work, c.o.StepTimeout)
-	ack, err := c.dl.Publish(sctx, letter)
+	err = c.dl.DeadLetter(sctx, letter)
 	cancel()
-	if err != nil {
+	if !dlq.Stored(err) {
 		log.Error("cannot store the dead letter of a message JetStream gave up on; advisory handled again later",
 			"subject", orig.Subject, "error", err)
 		c.retry(m, tries, log)
 		return
 	}
+	duplicate, reference := errors.Is(err, dlq.ErrDuplicate), errors.Is(err, dlq.ErrBodyOmitted)
 	result := ResultDeadLettered
-	if ack.Duplicate {
+	if duplicate {
 		result = ResultDuplicate
 	}
-	log = log.With("subject", orig.Subject, "dlq_seq", ack.Sequence)
+	log = log.With("subject", orig.Subject)
 
-	if !c.removeOriginal(work, a.StreamSeq, tries, log) {
+	if reference {
+		// The dead letter refers to the original for its body: it must
+		// stay, even in a work-queue stream.
+		log.Warn("dead letter stored without the original's body (too large with its envelope); the original is left in its stream, where replay reads it",
+			"size", len(orig.Data))
+	} else if !c.removeOriginal(work, a.StreamSeq, tries, log) {
 		c.retry(m, tries, log)
 		return
 	}
-	log.Info("dead-lettered a message JetStream gave up on", "reason", dlq.ReasonMaxDeliveries, "duplicate", ack.Duplicate)
-	if !ack.Duplicate && c.o.OnDeadLetter != nil {
+	log.Info("dead-lettered a message JetStream gave up on", "reason", dlq.ReasonMaxDeliveries, "duplicate", duplicate)
+	if !duplicate && c.o.OnDeadLetter != nil {
 		c.o.OnDeadLetter()
 	}
 	c.settle(work, m, result, log)
@@ -466,7 +517,7 @@ func (c *Catcher) settle(ctx context.Context, m jetstream.Msg, result string, lo
 		c.mu.Lock()
 		acks := "$JS.ACK." + c.capture + "."
 		c.mu.Unlock()
-		if perr := dlq.PermissionDenied(c.js, err, acks); perr != nil {
+		if perr := jsutil.PermissionDenied(c.js, err, acks); perr != nil {
 			// Every advisory would come back for ever: say what to grant.
 			log.Error("no permission to ack advisories: grant courier's user publish to "+acks+">", "error", perr)
 		} else {
@@ -480,11 +531,12 @@ func (c *Catcher) settle(ctx context.Context, m jetstream.Msg, result string, lo
 
 // retry NAKs an advisory with a delay doubling with each try.
 func (c *Catcher) retry(m jetstream.Msg, tries int, log *slog.Logger) {
-	delay := c.o.RetryInitial
-	for i := 1; i < tries && delay < c.o.RetryMax; i++ {
-		delay *= 2
+	// JetStream's delivery count is the one counter: the delay is computed
+	// from it, and the advisory waits on the server, not here.
+	delay := c.o.RetryMax
+	if shift := max(tries-1, 0); shift < 63 && c.o.RetryInitial <= c.o.RetryMax>>shift {
+		delay = c.o.RetryInitial << shift
 	}
-	delay = min(delay, c.o.RetryMax)
 	if err := m.NakWithDelay(delay); err != nil {
 		log.Warn("cannot NAK advisory; it comes back after the ack wait", "error", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -41,13 +42,7 @@ func ctx(t *testing.T, d time.Duration) context.Context {
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, timeout, what, cond)
 }
 
 // env is a server with stream ORDERS, its durable "courier" (ack wait 1s,
@@ -444,17 +439,43 @@ func TestGiveUpCatcherMalformed(t *testing.T) {
 	}
 }
 
+// A message JetStream gave up on that is too large to dead-letter with its
+// body is dead-lettered as a reference, and left in its work-queue stream,
+// where replay reads it, rather than removed (issue #17.2).
+func TestGiveUpCatcherTooLargeKeepsOriginal(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
+	_, js := natstest.Connect(t, srv)
+	e := newEnvOn(t, srv, js, jetstream.WorkQueuePolicy)
+	c := e.newCatcher(nil).run(t)
+	seq := e.publish("orders.created", strings.Repeat("x", 8000), nats.Header{"Content-Type": {"text/plain"}})
+	e.exhaust()
+
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	dl := e.deadLetters()[0]
+	if len(dl.Data) != 0 || dl.Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge || dl.Header.Get(dlq.HeaderSequence) != strconv.FormatUint(seq, 10) {
+		t.Errorf("dead letter: %d bytes of body, %s=%q, %s=%q; want a reference to sequence %d", len(dl.Data),
+			dlq.HeaderBody, dl.Header.Get(dlq.HeaderBody), dlq.HeaderSequence, dl.Header.Get(dlq.HeaderSequence), seq)
+	}
+	if !e.originalExists(seq) {
+		t.Error("original removed from its work-queue stream, though its dead letter does not carry its body")
+	}
+	if n := c.handled(giveup.ResultDeadLettered); n != 1 {
+		t.Errorf("dead_lettered = %d, want 1", n)
+	}
+}
+
 // flaky fails its first n publishes.
 type flaky struct {
 	dl    giveup.DeadLetterer
 	fails atomic.Int32
 }
 
-func (f *flaky) Publish(ctx context.Context, l dlq.Letter) (*jetstream.PubAck, error) {
+func (f *flaky) DeadLetter(ctx context.Context, l dlq.Letter) error {
 	if f.fails.Add(-1) >= 0 {
-		return nil, errors.New("dlq down")
+		return errors.New("dlq down")
 	}
-	return f.dl.Publish(ctx, l)
+	return f.dl.DeadLetter(ctx, l)
 }
 
 func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
@@ -569,4 +590,45 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
+}
+
+func TestGiveUpOptionsRefused(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	tests := []struct {
+		o     giveup.Options
+		field string
+	}{
+		{giveup.Options{Replicas: -1}, "Replicas"},
+		{giveup.Options{MaxAge: -time.Hour}, "MaxAge"},
+		{giveup.Options{AckWait: -time.Second}, "AckWait"},
+		{giveup.Options{RetryInitial: -time.Second}, "RetryInitial"},
+		{giveup.Options{RetryMax: -time.Second}, "RetryMax"},
+		{giveup.Options{StepTimeout: -time.Second}, "StepTimeout"},
+		{giveup.Options{RetryInitial: time.Minute, RetryMax: time.Second}, "RetryMax"},
+	}
+	for _, tt := range tests {
+		_, err := giveup.New(e.js, e.src, consumer, e.pub, tt.o)
+		if err == nil || !strings.Contains(err.Error(), "Options."+tt.field) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tt.o, err, tt.field)
+		}
+	}
+}
+
+// A deleted advisory consumer is created again by Run, which goes on
+// dead-lettering.
+func TestGiveUpCatcherRecreatesConsumer(t *testing.T) {
+	e := newEnv(t, jetstream.LimitsPolicy)
+	e.newCatcher(nil).run(t)
+	advisories := giveup.StreamName("ORDERS", consumer)
+	poll.Until(t, 5*time.Second, "the catch pulling", func() bool { return e.advisoryConsumer().NumWaiting > 0 })
+	if err := e.js.DeleteConsumer(ctx(t, 5*time.Second), advisories, giveup.ConsumerName(consumer)); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 15*time.Second, "the advisory consumer created again", func() bool {
+		_, err := e.js.Consumer(ctx(t, 5*time.Second), advisories, giveup.ConsumerName(consumer))
+		return err == nil
+	})
+	e.publish("orders.created", "after", nil)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 }

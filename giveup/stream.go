@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // Errors of EnsureStream and Catcher.Setup, for errors.Is. Both mean
@@ -55,10 +55,10 @@ func AdvisorySubject(stream, consumer string) string {
 
 // StreamName returns the name of the stream EnsureStream creates for the
 // advisories of consumer on stream: "COURIER_ADVISORIES_" followed by the
-// stream name, "_" and the consumer name, made safe by dlq.SafeStreamName (a
+// stream name, "_" and the consumer name, made safe by jsutil.SafeStreamName (a
 // name cut to 64 characters ends in a hash of both names).
 func StreamName(stream, consumer string) string {
-	return dlq.SafeStreamName(streamPrefix, stream+"_"+consumer, stream+"\x00"+consumer)
+	return jsutil.SafeStreamName(streamPrefix, stream+"_"+consumer, stream+"\x00"+consumer)
 }
 
 // ConsumerName returns the name of the durable consumer through which the
@@ -148,13 +148,13 @@ func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 // with created true.
 //
 // Errors wrap ErrUnsuitableStream when the capturing stream would not keep
-// advisories, and ErrCannotCreate and a *dlq.SetupError when none exists and
+// advisories, and ErrCannotCreate and a *jsutil.SetupError when none exists and
 // none can be created (no permission, JetStream not enabled, the name taken),
 // its text giving the stream to create; neither goes away by retrying.
 // Other errors (a time-out, a lost connection) may.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int, maxAge time.Duration) (*jetstream.StreamInfo, bool, error) {
-	info, created, err := dlq.EnsureCapture(ctx, js, StreamConfig(stream, consumer, replicas, maxAge), CheckStream)
-	var serr *dlq.SetupError
+	info, created, err := jsutil.EnsureCapture(ctx, js, StreamConfig(stream, consumer, replicas, maxAge), CheckStream)
+	var serr *jsutil.SetupError
 	if errors.As(err, &serr) {
 		return nil, false, fmt.Errorf("%w: %w", ErrCannotCreate, err)
 	}
@@ -179,7 +179,7 @@ func consumerConfig(stream, consumer string, ackWait time.Duration) jetstream.Co
 }
 
 // ensureConsumer creates or updates the durable consumer on the advisory
-// stream named streamName. Errors wrap ErrCannotCreate and a *dlq.SetupError
+// stream named streamName. Errors wrap ErrCannotCreate and a *jsutil.SetupError
 // when retrying will not help.
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, streamName string, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, streamName, cc)
@@ -187,7 +187,7 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, streamName stri
 		return cons, nil
 	}
 	doing := fmt.Sprintf("create or update consumer %q on stream %q", cc.Durable, streamName)
-	if serr := dlq.ExplainSetup(js, err, "CONSUMER.CREATE."+streamName+"."+cc.Durable, doing, howToCreateConsumer(streamName, cc)); serr != nil {
+	if serr := jsutil.ExplainSetup(js, err, "CONSUMER.CREATE."+streamName+"."+cc.Durable, doing, howToCreateConsumer(streamName, cc)); serr != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCannotCreate, serr)
 	}
 	return nil, fmt.Errorf("giveup: %s: %w", doing, err)

@@ -58,7 +58,7 @@ func BenchmarkDrain(b *testing.B) {
 				defer st.Close()
 				dd = checker{st}
 			}
-			r, err := proxy.New(cons, dlqAdapter{dlq.NewPublisher(js, "dlq.s")}, dd, proxy.Options{
+			r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), dd, proxy.Options{
 				AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 16, Registerer: prometheus.NewRegistry(),
 			})
 			if err != nil {

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
@@ -24,7 +26,7 @@ import (
 func (e *env) runWith(t *testing.T, dd proxy.Deduper, o proxy.Options) (*proxy.Runner, func()) {
 	t.Helper()
 	o.AppURL, o.Stream, o.Consumer, o.Registerer = e.url, "S", "c", e.reg
-	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, dd, o)
+	r, err := proxy.New(e.cons, dlq.NewPublisher(e.js, "dlq.s"), dd, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,3 +226,63 @@ func TestNoPullLeakWhileDisconnected(t *testing.T) {
 type nopDLQ struct{}
 
 func (nopDLQ) DeadLetter(context.Context, dlq.Letter) error { return nil }
+
+// A message near the server's max_payload can still be dead-lettered (the
+// envelope's headers would push a copy over the limit): a dead letter that
+// refers to the original is stored, and the only worker goes on to the next
+// message.
+func TestMessageNearMaxPayloadIsDeadLettered(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 1000 {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ok.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	if _, err := js.Publish(ctx, "s.big", make([]byte, 8000)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := js.Publish(ctx, "s.small", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, proxy.Options{
+		AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 1, Registerer: reg, TermKeepsMessage: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(runCtx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the messages behind the large one delivered", func() bool { return ok.Load() == 3 })
+	waitFor(t, "the large message dead-lettered", func() bool {
+		return counter(t, reg, "courier_dead_letters_total", dlq.ReasonRejected) == 1
+	})
+	q, err := dlq.Open(ctx, js, "dlq.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	letters, err := q.List(ctx, dlq.Selection{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dead letters: %d, %v", len(letters), err)
+	}
+}

@@ -88,6 +88,11 @@ type Options struct {
 	// there was traffic); no line is logged per successful message at info.
 	// Default 1m.
 	SummaryInterval time.Duration
+	// TermKeepsMessage says that terminating a message leaves it in its
+	// stream (limits retention). When false (work-queue or interest
+	// retention), the original of a dead letter stored without its body is
+	// not terminated, so that it is kept.
+	TermKeepsMessage bool
 	// Connected, when set, reports whether the NATS connection is up
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -9,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
 )
 
 // Headers courier adds to every request to the app.
@@ -35,7 +36,7 @@ func ResolveKey(h nats.Header, header string, stream string, created time.Time, 
 	if v := h.Get(nats.MsgIdHdr); v != "" {
 		return v
 	}
-	return fmt.Sprintf("%s:%d:%d", stream, created.UnixNano(), seq)
+	return dlq.DerivedKey(stream, created, seq)
 }
 
 // headerValue looks a header up as sent (NATS header names are

@@ -63,13 +63,6 @@ func (f *flakyStore) Record(ctx context.Context, keys ...string) error {
 	return f.Store.Record(ctx, keys...)
 }
 
-type dlqAdapter struct{ p *dlq.Publisher }
-
-func (d dlqAdapter) DeadLetter(ctx context.Context, l dlq.Letter) error {
-	_, err := d.p.Publish(ctx, l)
-	return err
-}
-
 type env struct {
 	js       jetstream.JetStream
 	cons     jetstream.Consumer
@@ -110,7 +103,7 @@ func setup(t *testing.T) *env {
 
 func (e *env) run(t *testing.T, dd proxy.Deduper) (stop func()) {
 	t.Helper()
-	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, dd, proxy.Options{
+	r, err := proxy.New(e.cons, dlq.NewPublisher(e.js, "dlq.s"), dd, proxy.Options{
 		AppURL: e.url, Stream: "S", Consumer: "c", MaxDeliver: 5, AckWait: 5 * time.Second,
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Registerer: e.reg,
 	})
@@ -299,7 +292,7 @@ func TestFetchQueueBoundedInBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, nil, proxy.Options{
+	r, err := proxy.New(e.cons, dlq.NewPublisher(e.js, "dlq.s"), nil, proxy.Options{
 		AppURL: e.url, Stream: "S", Consumer: "c", MaxInflight: 1, AckWait: 5 * time.Second,
 		Registerer: e.reg, MaxPayload: 1 << 20,
 	})

@@ -179,7 +179,8 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 			l.Status = ae.Status
 		}
 	}
-	if err := r.dl.DeadLetter(ctx, l); err != nil {
+	err := r.dl.DeadLetter(ctx, l)
+	if !dlq.Stored(err) {
 		r.m.dlqErrors.Inc()
 		r.dlqErr.Store(&err)
 		r.log.Error("cannot store dead letter; message kept and tried again",
@@ -187,12 +188,27 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		return false
 	}
 	r.track.remove(d.m)
-	if err := d.m.TermWithReason(f.reason); err != nil {
+	if errors.Is(err, dlq.ErrBodyOmitted) && !r.o.TermKeepsMessage {
+		// The dead letter refers to the original, too large to copy: a
+		// Term would remove it from a work-queue or interest stream. It is
+		// given back with a long delay until JetStream's budget is spent,
+		// after which JetStream keeps it in the stream.
+		d.log.Warn("dead letter stored without the body (too large to copy); the original stays in its stream, not terminated",
+			"reason", f.reason)
+		if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
+			r.log.Warn("cannot NAK the original of a reference dead letter", "subject", l.Subject, "error", err)
+		}
+	} else if err := d.m.TermWithReason(f.reason); err != nil {
 		// The dead letter is stored; if the original comes back, its dead
 		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
 		r.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
 	}
 	r.m.deadLettered.Inc()
+	if errors.Is(err, dlq.ErrDuplicate) {
+		// Stored by an earlier delivery: counted then.
+		d.log.Debug("dead letter was stored already", "reason", f.reason)
+		return true
+	}
 	r.m.deadLetters.WithLabelValues(f.reason).Inc()
 	attrs := []any{"reason", f.reason}
 	if f.err != nil {

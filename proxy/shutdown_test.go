@@ -29,7 +29,7 @@ func TestGraceEndingWhileReading2xxBodyStillAcks(t *testing.T) {
 		}
 	}))
 	defer func() { close(release); app.Close() }()
-	r, err := proxy.New(e.cons, dlqAdapter{dlq.NewPublisher(e.js, "dlq.s")}, nil, proxy.Options{
+	r, err := proxy.New(e.cons, dlq.NewPublisher(e.js, "dlq.s"), nil, proxy.Options{
 		AppURL: app.URL, Stream: "S", Consumer: "c", MaxDeliver: 5, AckWait: 5 * time.Second,
 		ShutdownGrace: 300 * time.Millisecond, Registerer: e.reg,
 	})

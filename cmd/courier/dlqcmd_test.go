@@ -148,12 +148,12 @@ func TestDLQReplayRestoresWhatTheAppGets(t *testing.T) {
 			continue
 		}
 		got := second[i]
+		// "no id" had its key derived from its stream position, which
+		// the republish changes: replay carries the derived key in
+		// Idempotency-Key, so the app sees the same key (issue #16).
 		wantH, gotH := appHeaders(want), appHeaders(got)
-		if want.Body == "no id" {
-			// Its key was derived from its stream position, which the
-			// republish changes.
-			delete(wantH, "Idempotency-Key")
-			delete(gotH, "Idempotency-Key")
+		if wantH.Get("Idempotency-Key") == "" {
+			t.Errorf("%q: the app got no Idempotency-Key", want.Body)
 		}
 		if !equalHeaders(wantH, gotH) {
 			t.Errorf("%q: the app got headers\n%v\nthe first time and\n%v\nafter replay", want.Body, wantH, gotH)
@@ -211,8 +211,9 @@ func TestDLQListShowBesideLiveSidecar(t *testing.T) {
 	}
 	rows := res.rows()
 	i := slices.IndexFunc(rows, func(r string) bool { return strings.Contains(r, "orders.created") })
-	if f := strings.Fields(rows[max(i, 0)]); i < 0 || len(f) < 6 || f[2] != "rejected" || f[3] != "422" || f[5] != "1" {
-		t.Errorf("ls rows = %q, want one of rejected 422 orders.created 1", rows)
+	// SEQ ORIG_STREAM ORIG_SEQ TIME REASON STATUS SUBJECT ATTEMPTS ERROR
+	if f := strings.Fields(rows[max(i, 0)]); i < 0 || len(f) < 8 || f[1] != "ORDERS" || f[2] != "1" || f[4] != "rejected" || f[5] != "422" || f[7] != "1" {
+		t.Errorf("ls rows = %q, want one of ORDERS 1 rejected 422 orders.created 1", rows)
 	}
 	createdSeq := strings.Fields(rows[max(i, 0)])[0]
 
@@ -272,6 +273,17 @@ func TestDLQListShowBesideLiveSidecar(t *testing.T) {
 		!slices.Equal(o.Headers["X-Tenant"], []string{"acme"}) {
 		t.Errorf("show --json = %+v (%v):\n%s", o, err, res.stdout)
 	}
+	// The same dead letter by its original's sequence in ORDERS.
+	res = h.dlqCLI(live, "show", "--original", "1")
+	res.want(t, 0, "Dead letter "+createdSeq+" ", "rejected", "created body")
+	h.dlqCLI(live, "show", "--original", "99").want(t, 1) // another consumer's
+	res = h.dlqCLI(live, "ls", "--reason", "bogus")
+	res.want(t, 2)
+	for _, r := range dlq.Reasons() {
+		if !strings.Contains(res.stderr, r) {
+			t.Errorf("ls --reason bogus: stderr does not list %q:\n%s", r, res.stderr)
+		}
+	}
 	h.dlqCLI(live, "show", "99999").want(t, 1)
 	h.dlqCLI(live, "show").want(t, 2)
 	h.dlqCLI(live, "show", "abc").want(t, 2)
@@ -294,6 +306,9 @@ func TestDLQReplayDryRunAndLimit(t *testing.T) {
 
 	res := h.dlq("replay", "--dry-run")
 	res.want(t, 0, "dry run: would replay 3, nothing changed")
+	if n := strings.Count(res.stdout, "would replay "); n != 4 { // 3 lines of the plan and the summary
+		t.Errorf("dry run: the plan on stdout has %d lines, want 3:\n%s", n-1, res.stdout)
+	}
 	if got := h.deadLetterSeqs(); !slices.Equal(got, before) || h.streamMsgs() != 3 {
 		t.Fatalf("dry run changed something: dead letters %v (was %v), %d originals", got, before, h.streamMsgs())
 	}
@@ -330,7 +345,7 @@ func TestDLQReplayAfterInterruptedReplay(t *testing.T) {
 		t.Fatalf("List = %d, %v", len(letters), err)
 	}
 	for _, d := range letters {
-		if _, err := h.js.PublishMsg(context.Background(), d.Republish()); err != nil {
+		if _, err := h.js.PublishMsg(context.Background(), d.Republish("Idempotency-Key")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -410,14 +425,21 @@ func TestDLQPurge(t *testing.T) {
 
 func TestDLQUsageAndSetupErrors(t *testing.T) {
 	h := newHarness(t)
+	res := h.dlq("help")
+	for _, r := range dlq.Reasons() {
+		if !strings.Contains(res.stdout, r) {
+			t.Errorf("dlq help does not list the reason %q", r)
+		}
+	}
 	h.dlq().want(t, 2)
 	h.dlq("bogus").want(t, 2)
 	h.dlq("ls", "extra").want(t, 2)
 	h.dlq("ls", "--no-such-flag").want(t, 2)
 	h.dlq("help").want(t, 0, "courier dlq replay")
 	h.dlqCLI([]string{"COURIER_STREAM="}, "ls").want(t, 2)
+	h.dlq("ls", "--reason", "bogus").want(t, 2) // before connecting
 	// No sidecar ever ran: no stream captures the dead-letter subject.
-	res := h.dlq("ls")
+	res = h.dlq("ls")
 	res.want(t, 1)
 	if !strings.Contains(res.stderr, "no stream captures the dead-letter subject") {
 		t.Errorf("stderr = %q", res.stderr)
@@ -435,4 +457,30 @@ func TestDLQDepthGauge(t *testing.T) {
 	waitFor(t, 15*time.Second, "courier_dead_letters 2", func() bool { return metric(t, admin, "courier_dead_letters") == 2 })
 	h.dlq("purge", "--yes", "--limit", "1").want(t, 0, "purged 1, failed 0")
 	waitFor(t, 15*time.Second, "courier_dead_letters 1", func() bool { return metric(t, admin, "courier_dead_letters") == 1 })
+}
+
+// A long replay reports progress on stderr, besides its line per dead
+// letter.
+func TestDLQReplayProgress(t *testing.T) {
+	h := newHarness(t)
+	if _, _, err := dlq.EnsureStream(context.Background(), h.js, dlqSubject, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := dlq.NewPublisher(h.js, dlqSubject)
+	const n = 2*replayProgressEvery + 10
+	for i := range n {
+		if err := p.DeadLetter(context.Background(), dlq.Letter{
+			Subject: "orders.created", Data: []byte(strconv.Itoa(i)), Stream: "ORDERS", Sequence: uint64(1000 + i),
+			Consumer: "courier", Reason: dlq.ReasonRejected, Attempts: 1,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := h.dlq("replay")
+	res.want(t, 0, "replayed "+strconv.Itoa(n)+", kept 0")
+	for _, want := range []string{"progress: 100 handled so far: replayed 100, kept 0, failed 0", "progress: 200 handled so far"} {
+		if !strings.Contains(res.stderr, want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
 }

@@ -225,7 +225,11 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.reg.MustRegister(dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})) // courier_dead_letters
+	depth, err := dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})
+	if err != nil {
+		return err
+	}
+	s.reg.MustRegister(depth) // courier_dead_letters
 	return nil
 }
 
@@ -233,7 +237,7 @@ func (s *sidecar) setUp(ctx context.Context) error {
 // stopped fetching and settled what it held.
 func (s *sidecar) deliver(ctx context.Context) error {
 	cfg := s.cfg
-	runner, err := proxy.New(s.cons, &deadLetters{p: dlq.NewPublisher(s.js, cfg.DLQSubject)}, s.dd, proxy.Options{
+	runner, err := proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
@@ -259,6 +263,7 @@ func (s *sidecar) deliver(ctx context.Context) error {
 		BreakerProbe:      cfg.BreakerProbe,
 		MaxRate:           cfg.MaxRate,
 		Connected:         s.nc.IsConnected,
+		TermKeepsMessage:  s.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
 	})
 	if err != nil {
 		return err
@@ -302,14 +307,6 @@ func (s *sidecar) warnNotWired() {
 			s.log.Warn("this build of courier does not act on "+v.name+" yet: it is ignored", "variable", v.name)
 		}
 	}
-}
-
-// deadLetters adapts the dlq publisher to the delivery loop's DeadLetterer.
-type deadLetters struct{ p *dlq.Publisher }
-
-func (d *deadLetters) DeadLetter(ctx context.Context, l dlq.Letter) error {
-	_, err := d.p.Publish(ctx, l)
-	return err
 }
 
 // seenChecker gives a store that answers only Seen the delivery loop's

@@ -1,10 +1,16 @@
-package dlq
+// Package jsutil holds the JetStream set-up helpers that more than one of
+// courier's packages needs: making sure a stream captures a subject and will
+// keep what it receives, explaining a set-up request the server refused
+// (no permission, JetStream not enabled) with what to create by hand, and
+// making stream names from arbitrary text. It imports nothing of courier's.
+package jsutil
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -19,8 +25,8 @@ const errCodeSubjectOverlap jetstream.ErrorCode = 10065
 // accepts it. If one does (js.StreamNameBySubject), check is called on its
 // configuration and the stream returned with created false; the warnings of
 // check are dropped, call it again for them. If none does, a stream with cfg
-// is created and returned with created true. EnsureStream is EnsureCapture
-// for dead letters.
+// is created and returned with created true. dlq.EnsureStream is
+// EnsureCapture for dead letters.
 //
 // When the capturing stream will not do, the error wraps check's. When none
 // exists and none can be created (no permission, JetStream not enabled, the
@@ -29,7 +35,7 @@ const errCodeSubjectOverlap jetstream.ErrorCode = 10065
 // Other errors (a time-out, a lost connection) may.
 func EnsureCapture(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) (warnings []string, err error)) (*jetstream.StreamInfo, bool, error) {
 	if len(cfg.Subjects) == 0 {
-		return nil, false, fmt.Errorf("dlq: stream %q to capture no subject", cfg.Name)
+		return nil, false, fmt.Errorf("jsutil: stream %q to capture no subject", cfg.Name)
 	}
 	subject := cfg.Subjects[0]
 	name, err := js.StreamNameBySubject(ctx, subject)
@@ -190,4 +196,34 @@ func HowToCreateStream(cfg jetstream.StreamConfig) string {
 		return cmd
 	}
 	return cmd + " (API config " + string(doc) + ")"
+}
+
+// maxStreamNameLen is the longest stream name SafeStreamName returns: names
+// are file names on the server, and short ones read better in the CLI.
+const maxStreamNameLen = 64
+
+// SafeStreamName returns prefix and key, uppercased, every character other
+// than a letter, digit, '-' or '_' replaced by '_', as a stream name. Names
+// longer than 64 characters are cut and end in a hash of unique, which
+// identifies key, so that they stay distinct. prefix must be a valid name.
+func SafeStreamName(prefix, key, unique string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, r := range key {
+		switch {
+		case r >= 'a' && r <= 'z':
+			b.WriteRune(r - 'a' + 'A')
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	name := b.String()
+	if len(name) <= maxStreamNameLen {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(unique))
+	return fmt.Sprintf("%s_%08X", name[:maxStreamNameLen-9], h.Sum32())
 }

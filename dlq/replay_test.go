@@ -1,0 +1,183 @@
+package dlq_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+// replayAll replays every dead letter and returns the summary and the one
+// result it expects.
+func (e *toolsEnv) replayAll(opts dlq.ReplayOptions) (dlq.ReplaySummary, dlq.ReplayResult) {
+	e.t.Helper()
+	var res []dlq.ReplayResult
+	opts.Progress = func(r dlq.ReplayResult) { res = append(res, r) }
+	sum, err := e.queue().Replay(ctx(e.t, 10*time.Second), dlq.Selection{}, opts)
+	if err != nil || len(res) != 1 {
+		e.t.Fatalf("Replay = %+v, %v, %d results; want one result", sum, err, len(res))
+	}
+	return sum, res[0]
+}
+
+// Replay publishes to the original's exact subject, not to the readable
+// form the envelope shows (issue #17.7).
+func TestReplayToExactSubject(t *testing.T) {
+	for _, subject := range []string{"orders.caf\xe9", "orders.a\x01b"} {
+		t.Run(subject, func(t *testing.T) {
+			e := newToolsEnv(t)
+			e.deadLetter(7, subject, dlq.ReasonRejected, nil, "x")
+			// The stream API's JSON cannot carry such a subject as it is
+			// (it gives U+FFFD): see it as a subscriber does.
+			sub, err := e.js.Conn().SubscribeSync("orders.>")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum, res := e.replayAll(dlq.ReplayOptions{})
+			if sum.Replayed != 1 {
+				t.Fatalf("Replay = %+v, %v", sum, res.Err)
+			}
+			m, err := sub.NextMsg(5 * time.Second)
+			if err != nil || m.Subject != subject {
+				t.Errorf("republished to %q (%v), want %q", m.Subject, err, subject)
+			}
+		})
+	}
+}
+
+// A duplicate ack that points at another message stored under the same
+// Nats-Msg-Id (its publisher reused the id) is not an earlier replay's
+// copy: the dead letter is kept, not deleted (issue #17.8).
+func TestReplayDuplicateOfReusedIDIsKept(t *testing.T) {
+	e := newToolsEnv(t)
+	other := e.publishOriginal("orders.created", "another order", nats.Header{"Nats-Msg-Id": {"order-1"}})
+	// The dead letter's original (sequence 7, gone) carried the same id.
+	seq := e.deadLetter(7, "orders.created", dlq.ReasonRejected, nats.Header{"Nats-Msg-Id": {"order-1"}}, "the failed order")
+
+	sum, res := e.replayAll(dlq.ReplayOptions{})
+	if sum.Kept != 1 || res.Outcome != dlq.Kept || res.Earlier || !strings.Contains(res.Why, "another message") {
+		t.Fatalf("Replay = %+v, %+v; want kept because another message holds the id", sum, res)
+	}
+	if res.RetryAt.IsZero() || !res.RetryAt.After(other.Time) {
+		t.Errorf("RetryAt = %v, want the end of the window of the message at %v", res.RetryAt, other.Time)
+	}
+	if _, err := e.queue().Show(ctx(t, 5*time.Second), seq); err != nil {
+		t.Errorf("dead letter deleted though its message was never stored again: %v", err)
+	}
+
+	// The same id and the same content: an earlier replay's copy.
+	e2 := newToolsEnv(t)
+	e2.publishOriginal("orders.created", "the failed order", nats.Header{"Nats-Msg-Id": {"order-1"}})
+	e2.deadLetter(7, "orders.created", dlq.ReasonRejected, nats.Header{"Nats-Msg-Id": {"order-1"}}, "the failed order")
+	if sum, res := e2.replayAll(dlq.ReplayOptions{}); sum.Replayed != 1 || !res.Earlier {
+		t.Errorf("Replay of an earlier copy = %+v, %+v; want replayed (earlier)", sum, res)
+	}
+}
+
+// An original whose key was derived is republished with that key in the
+// idempotency header, so the app sees the same Idempotency-Key (issue #16).
+func TestReplayRepublishesDerivedKey(t *testing.T) {
+	tests := []struct {
+		name string
+		hdr  nats.Header
+		want string // the idempotency header of the republish; "derived": DerivedKey
+	}{
+		{"derived", nats.Header{"X-A": {"1"}}, "derived"},
+		{"no headers", nil, "derived"},
+		{"own key", nats.Header{"Idempotency-Key": {"k-1"}}, "k-1"},
+		{"own key in another case", nats.Header{"idempotency-key": {"k-2"}}, ""},
+		{"msg id", nats.Header{"Nats-Msg-Id": {"order-1"}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newToolsEnv(t)
+			e.deadLetter(7, "orders.created", dlq.ReasonRejected, tt.hdr, "x")
+			if sum, res := e.replayAll(dlq.ReplayOptions{IdempotencyHeader: "Idempotency-Key"}); sum.Replayed != 1 {
+				t.Fatalf("Replay = %+v, %v", sum, res.Err)
+			}
+			want := tt.want
+			if want == "derived" {
+				want = dlq.DerivedKey("ORDERS", e.created, 7)
+			}
+			if got := e.originals()[0].Header.Get("Idempotency-Key"); got != want {
+				t.Errorf("Idempotency-Key = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// A reference dead letter (body too large to carry) is shown without its
+// body, loaded from the source stream, and replayed with it; when the
+// original is gone, replay says so and keeps the dead letter (issue #17.2).
+func TestReplayReferenceDeadLetter(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
+	_, js := natstest.Connect(t, s)
+	orders, err := js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ensure(t, js, toolsSubject)
+	e := &toolsEnv{t: t, js: js, subject: toolsSubject, pub: dlq.NewPublisher(js, toolsSubject), orders: orders, created: orders.CachedInfo().Created}
+
+	body := strings.Repeat("b", 8000)
+	orig := e.publishOriginal("orders.created", body, nats.Header{"Content-Type": {"text/plain"}})
+	seq := e.letterOf(orig, dlq.ReasonRejected)
+	q := e.queue()
+	d, err := q.Show(ctx(t, 5*time.Second), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.BodyOmitted || d.BodySize != len(body) || len(d.Data) != 0 {
+		t.Fatalf("Show = omitted %v, size %d, %d bytes; want a reference to %d bytes", d.BodyOmitted, d.BodySize, len(d.Data), len(body))
+	}
+	if err := q.Load(ctx(t, 5*time.Second), d); err != nil || string(d.Data) != body {
+		t.Fatalf("Load = %v, %d bytes; want the original's body", err, len(d.Data))
+	}
+
+	sum, res := e.replayAll(dlq.ReplayOptions{})
+	if sum.Replayed != 1 {
+		t.Fatalf("Replay = %+v, %v", sum, res.Err)
+	}
+	got := e.originals()
+	if len(got) != 2 || string(got[1].Data) != body || got[1].Header.Get("Content-Type") != "text/plain" {
+		t.Errorf("ORDERS holds %d messages; want the original and its republish with the body", len(got))
+	}
+
+	// Gone: the original was deleted.
+	orig2 := e.publishOriginal("orders.created", body, nil)
+	seq2 := e.letterOf(orig2, dlq.ReasonRejected)
+	if err := orders.DeleteMsg(ctx(t, 5*time.Second), orig2.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	sum, res = e.replayAll(dlq.ReplayOptions{})
+	if sum.Failed != 1 || !errors.Is(res.Err, dlq.ErrOriginalGone) || !strings.Contains(res.Err.Error(), "no longer holds it") {
+		t.Errorf("Replay with the original gone = %+v, %v; want failed, ErrOriginalGone", sum, res.Err)
+	}
+	if _, err := q.Show(ctx(t, 5*time.Second), seq2); err != nil {
+		t.Errorf("dead letter removed: %v", err)
+	}
+}
+
+func TestReplayPurgeOptionsRefused(t *testing.T) {
+	e := newToolsEnv(t)
+	q := e.queue()
+	if _, err := q.Replay(ctx(t, 5*time.Second), dlq.Selection{}, dlq.ReplayOptions{Limit: -1}); err == nil || !strings.Contains(err.Error(), "Limit") {
+		t.Errorf("Replay with Limit -1 = %v, want an error naming Limit", err)
+	}
+	if _, err := q.Replay(ctx(t, 5*time.Second), dlq.Selection{}, dlq.ReplayOptions{Rate: -1}); err == nil || !strings.Contains(err.Error(), "Rate") {
+		t.Errorf("Replay with Rate -1 = %v, want an error naming Rate", err)
+	}
+	if _, err := q.Purge(ctx(t, 5*time.Second), dlq.Selection{}, dlq.PurgeOptions{Limit: -1}); err == nil || !strings.Contains(err.Error(), "Limit") {
+		t.Errorf("Purge with Limit -1 = %v, want an error naming Limit", err)
+	}
+	if _, err := dlq.NewDepthCollector(e.js, toolsSubject, dlq.DepthOptions{CacheFor: -time.Second}); err == nil || !strings.Contains(err.Error(), "CacheFor") {
+		t.Errorf("NewDepthCollector with CacheFor -1s = %v, want an error naming CacheFor", err)
+	}
+}

@@ -1,0 +1,109 @@
+package jsutil_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+func TestSafeStreamName(t *testing.T) {
+	tests := []struct{ prefix, key, want string }{
+		{"P_", "orders.created", "P_ORDERS_CREATED"},
+		{"P_", "dlq.orders-v2.*.>", "P_DLQ_ORDERS-V2____"},
+		{"P_", "café x", "P_CAF__X"},
+	}
+	for _, tt := range tests {
+		if got := jsutil.SafeStreamName(tt.prefix, tt.key, tt.key); got != tt.want {
+			t.Errorf("SafeStreamName(%q, %q) = %q, want %q", tt.prefix, tt.key, got, tt.want)
+		}
+	}
+	long := strings.Repeat("segment.", 20)
+	a, b := jsutil.SafeStreamName("P_", long+"a", long+"a"), jsutil.SafeStreamName("P_", long+"b", long+"b")
+	if len(a) > 64 || len(b) > 64 || a == b || !strings.HasPrefix(a, "P_SEGMENT_") {
+		t.Errorf("long names = %q, %q: want distinct names of at most 64 characters", a, b)
+	}
+}
+
+func cfg(name, subject string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage, Duplicates: time.Minute, Replicas: 1}
+}
+
+var errRefused = errors.New("refused")
+
+func refuseMemory(c jetstream.StreamConfig) ([]string, error) {
+	if c.Storage == jetstream.MemoryStorage {
+		return nil, errRefused
+	}
+	return nil, nil
+}
+
+func TestEnsureCapture(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	info, created, err := jsutil.EnsureCapture(ctx, js, cfg("A", "a.x"), refuseMemory)
+	if err != nil || !created || info.Config.Name != "A" {
+		t.Fatalf("first EnsureCapture = %v, %v, %v; want stream A created", info, created, err)
+	}
+	// Captured already, by a stream of another name: that one is used.
+	info, created, err = jsutil.EnsureCapture(ctx, js, cfg("B", "a.x"), refuseMemory)
+	if err != nil || created || info.Config.Name != "A" {
+		t.Fatalf("second EnsureCapture = %v, %v, %v; want stream A found", info, created, err)
+	}
+	// Captured by a stream check refuses.
+	mem := cfg("M", "m.>")
+	mem.Storage = jetstream.MemoryStorage
+	if _, err := js.CreateStream(ctx, mem); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := jsutil.EnsureCapture(ctx, js, cfg("C", "m.x"), refuseMemory); !errors.Is(err, errRefused) || !strings.Contains(err.Error(), `"m.x"`) {
+		t.Errorf("EnsureCapture on a refused stream = %v, want errRefused naming the subject", err)
+	}
+	// The name is taken by a stream capturing something else.
+	_, _, err = jsutil.EnsureCapture(ctx, js, cfg("A", "other"), refuseMemory)
+	var serr *jsutil.SetupError
+	if !errors.As(err, &serr) || !strings.Contains(err.Error(), "nats stream add A --subjects='other'") {
+		t.Errorf("EnsureCapture with a taken name = %v, want a *SetupError saying what to create", err)
+	}
+	if _, _, err := jsutil.EnsureCapture(ctx, js, jetstream.StreamConfig{Name: "N"}, refuseMemory); err == nil {
+		t.Error("EnsureCapture without subjects succeeded")
+	}
+}
+
+func TestExplainSetupPermissionDenied(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Users = []*server.User{{Username: "app", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES"}},
+		}}}
+	}})
+	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("app", "pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _, err = jsutil.EnsureCapture(ctx, js, cfg("A", "a.x"), refuseMemory)
+	var serr *jsutil.SetupError
+	if !errors.As(err, &serr) || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "no permission") {
+		t.Fatalf("EnsureCapture without permission = %v, want a *SetupError wrapping the permissions violation", err)
+	}
+	if got := jsutil.ExplainSetup(js, context.DeadlineExceeded, "NOT.THIS.ONE\"", "x", "y"); got != nil {
+		t.Errorf("ExplainSetup of another request's time-out = %v, want nil", got)
+	}
+}

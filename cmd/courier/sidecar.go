@@ -183,30 +183,46 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 
 	// Dedup store.
 	var dd proxy.Deduper
-	var store *dedup.Store
+	var store interface{ Close() error } // nil, or the store to close at shutdown
 	switch {
-	case cfg.DedupEnabled() && cfg.DedupStore == "kv":
-		// Shared by every courier of the durable; created like the other
-		// streams courier makes, retried while JetStream does not answer.
-		var kv *dedup.KV
-		err = retrySetup(ctx, log, func(ctx context.Context) error {
-			var err error
-			kv, err = dedup.OpenKV(ctx, js, cfg.DedupBucket, cfg.Stream+"/"+cfg.Consumer, cfg.DedupTTL, cfg.StreamReplicas)
-			return err
-		})
-		if err != nil || kv == nil {
-			return err
-		}
-		dd = kv
-		log.Info("dedup keys in a shared key-value bucket", "bucket", cfg.DedupBucket, "ttl", cfg.DedupTTL.String())
-	case cfg.DedupEnabled():
-		store, err = dedup.Open(cfg.DedupDir, dedup.Options{
+	case cfg.DedupEnabled() && (cfg.DedupStore == "kv" || cfg.DedupStore == "shared"):
+		// Shared by every courier of the durable through a bucket, with the
+		// embedded store as this courier's cache. The bucket is created like
+		// the other streams courier makes, retried while JetStream does not
+		// answer.
+		local, err := dedup.Open(cfg.DedupDir, dedup.Options{
 			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log, Registerer: reg,
 		})
 		if err != nil {
 			return err
 		}
-		dd = store
+		var shared *dedup.Shared
+		err = retrySetup(ctx, log, func(ctx context.Context) error {
+			var err error
+			shared, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{
+				Bucket: cfg.DedupBucket, Replicas: cfg.StreamReplicas, TTL: cfg.DedupTTL,
+				// A claim outlives an attempt, and lapses about an ack wait
+				// after its courier died.
+				ClaimTTL: (max(cfg.AckWait, cfg.HTTPTimeout) + time.Second - 1).Truncate(time.Second),
+				Scope:    cfg.Stream + "/" + cfg.Consumer,
+				Logger:   log, Registerer: reg,
+			})
+			return err
+		})
+		if err != nil || shared == nil {
+			_ = local.Close()
+			return err
+		}
+		dd, store = shared, shared
+		log.Info("dedup keys in a shared key-value bucket", "bucket", cfg.DedupBucket, "ttl", cfg.DedupTTL.String())
+	case cfg.DedupEnabled():
+		local, err := dedup.Open(cfg.DedupDir, dedup.Options{
+			TTL: cfg.DedupTTL, Scope: cfg.Stream + "/" + cfg.Consumer, Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		dd, store = local, local
 	default:
 		log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
 	}

@@ -104,8 +104,8 @@ type Shared struct {
 	timeout  time.Duration
 	m        *sharedMetrics
 
-	// kv reads the last record of a key (stream direct get).
-	kv jetstream.Stream
+	// msgGet is the API subject readLast asks the stream leader.
+	msgGet string
 
 	// claims maps the bucket key of each claim this store holds to its
 	// revision, for Release; entries older than claimTTL are dropped.
@@ -165,11 +165,8 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 	if err := s.openBucket(ctx); err != nil {
 		return nil, err
 	}
-	st, err := js.Stream(ctx, s.stream)
-	if err != nil {
-		return nil, fmt.Errorf("dedup: key-value bucket %s: %w", s.bucket, err)
-	}
-	s.kv = st
+	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
+	var err error
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
 	}
@@ -294,21 +291,26 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 			return New, s.bucketError("claim", err)
 		}
 		// The key exists: read what it holds.
-		m, err := s.kv.GetLastMsgForSubject(ctx, bk)
+		r, err := s.readLast(ctx, bk)
 		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound) && expect == 0:
+			// Refused, yet nothing stored: on a replicated bucket the
+			// leader refuses a write while another to the key is still
+			// being replicated. Someone's claim (or record) is on its way.
+			return Claimed, nil
 		case errors.Is(err, jetstream.ErrMsgNotFound):
-			expect = 0 // gone meanwhile (or this replica is behind): create
+			expect = 0 // the marker expired meanwhile: create
 			continue
 		case err != nil:
 			return New, s.bucketError("read", err)
 		}
 		switch {
-		case m.Header.Get(kvOperation) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "":
-			expect = m.Sequence // released or lapsed: claim over the marker
-		case string(m.Data) == string(claimValue):
+		case r.deleted():
+			expect = r.rev // released or lapsed: claim over the marker
+		case r.claim():
 			return Claimed, nil
 		default:
-			s.cache(ctx, key, m.Time)
+			s.cache(ctx, key, r.time)
 			return Processed, nil
 		}
 	}
@@ -462,17 +464,15 @@ func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
 		}
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
-		m, err := s.kv.GetLastMsgForSubject(ctx, bk)
+		r, err := s.readLast(ctx, bk)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			return nil
 		case err != nil:
 			return s.bucketError("read", err)
 		}
-		seen = len(m.Header) == 0 || m.Header.Get(kvOperation) == "" && m.Header.Get(jetstream.MarkerReasonHeader) == ""
-		seen = seen && string(m.Data) != string(claimValue)
-		if seen {
-			s.cache(ctx, key, m.Time)
+		if seen = !r.deleted() && !r.claim(); seen {
+			s.cache(ctx, key, r.time)
 		}
 		return nil
 	})

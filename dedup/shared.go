@@ -351,33 +351,40 @@ func (s *Shared) Record(ctx context.Context, keys ...string) error {
 	return s.use(func() error {
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
-		localErr := make(chan error, 1)
-		go func() { localErr <- s.local.Record(ctx, keys...) }()
-		err := s.publishProcessed(ctx, bks)
+		// The bucket's writes go out first; the local commit runs while
+		// they travel.
+		futures, sendErr := s.sendProcessed(bks)
+		localErr := s.local.Record(ctx, keys...)
+		err := s.awaitProcessed(ctx, bks, futures, sendErr, true)
 		s.drop(bks...)
-		return errors.Join(err, <-localErr)
+		return errors.Join(err, localErr)
 	})
 }
 
-// publishProcessed writes a processed record for each key, pipelined, and
-// awaits every acknowledgement.
-func (s *Shared) publishProcessed(ctx context.Context, bks []string) error {
+// sendProcessed publishes a processed record for each key without waiting
+// for any acknowledgement. It stops at the first publish that cannot be
+// sent.
+func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(bks))
-	send := func(bk string) error {
+	for _, bk := range bks {
 		f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: bk}, jetstream.WithMsgTTL(s.ttl))
 		if err != nil {
-			return err
+			return futures, err
 		}
 		futures = append(futures, f)
-		return nil
+	}
+	return futures, nil
+}
+
+// awaitProcessed awaits the acknowledgements of sendProcessed. If every
+// failure says no stream answered and the bucket turns out deleted, it is
+// created again and those keys written into it (once, if mayRecreate).
+func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
+	if sendErr != nil {
+		return s.bucketError("record", sendErr)
 	}
 	var failed []string
 	var errs []error
-	for _, bk := range bks {
-		if err := send(bk); err != nil {
-			return s.bucketError("record", err)
-		}
-	}
 	for i, f := range futures {
 		select {
 		case <-f.Ok():
@@ -393,26 +400,9 @@ func (s *Shared) publishProcessed(ctx context.Context, bks []string) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	if len(failed) == len(errs) && s.recreate(ctx) {
-		// The bucket was gone: write those again, into the new one.
-		futures, errs = futures[:0], nil
-		for _, bk := range failed {
-			if err := send(bk); err != nil {
-				return s.bucketError("record", err)
-			}
-		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				errs = append(errs, err)
-			case <-ctx.Done():
-				return s.bucketError("record", ctx.Err())
-			}
-		}
-		if len(errs) == 0 {
-			return nil
-		}
+	if mayRecreate && len(failed) == len(errs) && s.recreate(ctx) {
+		futures, sendErr := s.sendProcessed(failed)
+		return s.awaitProcessed(ctx, failed, futures, sendErr, false)
 	}
 	return s.bucketError("record", fmt.Errorf("%d of %d keys not recorded: %w", len(errs), len(bks), errs[0]))
 }

@@ -7,8 +7,12 @@
 // a caller that gathers the keys of concurrent deliveries (group commit) pays
 // for one commit, and returns only once they are all committed.
 //
-// The package knows nothing of HTTP or of JetStream; its callers declare the
-// small interface they need (Seen and Record) and Store satisfies it.
+// Shared (shared.go) puts a replicated JetStream key-value bucket behind the
+// same methods, with a Store as its local cache, so that several couriers of
+// one durable share their keys and claim a key before calling the app.
+//
+// The package knows nothing of HTTP; its callers declare the small interface
+// they need (Check, Record, Release) and Store and Shared satisfy it.
 package dedup
 
 import (
@@ -17,12 +21,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/verdict"
 )
 
 // Defaults for the zero values of Options.
@@ -30,6 +37,26 @@ const (
 	// DefaultGCInterval is how often the value log is garbage-collected when
 	// Options.GCInterval is zero.
 	DefaultGCInterval = 5 * time.Minute
+	// DefaultCloseTimeout bounds Close when Options.CloseTimeout is zero.
+	DefaultCloseTimeout = 5 * time.Second
+)
+
+// Verdict is Check's answer for a key (internal/verdict: the one type the
+// delivery loop, which asks, and this package share).
+type Verdict = verdict.Verdict
+
+// Verdicts of Check.
+const (
+	// New: the key is not recorded. For a Shared store the caller now holds
+	// the key's claim: it must end it with Record (after a 2xx) or Release
+	// (after a failure). For a Store there is no claim.
+	New = verdict.New
+	// Processed: the key is recorded; the delivery is a duplicate, to be
+	// acked without calling the app.
+	Processed = verdict.Processed
+	// Claimed: another courier holds a live claim on the key (Shared only):
+	// hold the delivery and Check again later.
+	Claimed = verdict.Claimed
 )
 
 // gcDiscardRatio is the share of a value-log file that must be garbage before
@@ -62,6 +89,14 @@ var (
 	// ErrKeyTooLong is returned by Seen and Record for a key that, with its
 	// scope, exceeds Badger's key size limit (65000 bytes).
 	ErrKeyTooLong = errors.New("dedup: idempotency key too long")
+	// ErrDiskLow is wrapped by the errors of Check (for a key not recorded),
+	// Record and Healthy while the free space of the store's file system is
+	// below Options.DiskFloor: nothing is written then, since Badger dies
+	// (SIGBUS) writing its memory-mapped log on a full disk.
+	ErrDiskLow = errors.New("dedup: disk space low")
+	// ErrCloseTimeout is wrapped by Close's error when the store could not
+	// be closed within Options.CloseTimeout.
+	ErrCloseTimeout = errors.New("dedup: close timed out")
 )
 
 // Options tunes a Store. TTL is required; every other zero value means the
@@ -84,6 +119,20 @@ type Options struct {
 	// GCInterval is how often the value log is garbage-collected.
 	// Zero means DefaultGCInterval (5m).
 	GCInterval time.Duration
+	// DiskFloor is the free space, in bytes, of the store's file system
+	// below which Check and Record refuse with ErrDiskLow and Healthy
+	// reports it. Zero means DefaultDiskFloor (64 MiB); negative turns the
+	// watch off.
+	DiskFloor int64
+	// DiskInterval is how often free space is measured. Zero means
+	// DefaultDiskInterval (1s).
+	DiskInterval time.Duration
+	// CloseTimeout bounds Close. Zero means DefaultCloseTimeout (5s).
+	CloseTimeout time.Duration
+
+	// diskFree measures free space; nil means statfs (tests fake a full
+	// disk, which cannot be made for real).
+	diskFree func(dir string) (int64, error)
 }
 
 // Store is the processed-key store on Badger. Create it with Open; the caller
@@ -117,8 +166,12 @@ type Store struct {
 	// filter spares most checks of new keys a read of Badger.
 	filter *filter
 
-	// writeKeys commits keys (write; tests hold it to hold a commit).
-	writeKeys func(keys [][]byte) error
+	// writeKeys commits keys to live ttl (write; tests hold it to hold a
+	// commit).
+	writeKeys func(keys [][]byte, ttl time.Duration) error
+
+	disk         *diskWatch
+	closeTimeout time.Duration
 
 	stop      chan struct{}  // closed by Close: stops the GC loop and the filter's load
 	wg        sync.WaitGroup // the GC loop, the filter's load and the commits in progress
@@ -163,6 +216,44 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	}
 }
 
+// Check reports whether key was recorded as processed: Processed if so, New
+// if not. A Store has no claims, so it never answers Claimed and New holds
+// nothing (Release is a no-op). For a key not recorded it returns an error
+// wrapping ErrDiskLow while free space is below the floor, so that no work
+// starts whose key could not be recorded; a recorded key is still answered.
+// Otherwise its errors are Seen's.
+func (s *Store) Check(ctx context.Context, key string) (Verdict, error) {
+	seen, err := s.Seen(ctx, key)
+	switch {
+	case err != nil:
+		return New, err
+	case seen:
+		return Processed, nil
+	}
+	if err := s.disk.ok(); err != nil {
+		return New, err
+	}
+	return New, nil
+}
+
+// Release does nothing: a Store holds no claims. It is there so that a Store
+// and a Shared store serve the same callers.
+func (s *Store) Release(context.Context, string) error { return nil }
+
+// Healthy returns nil while the store can take writes; an error wrapping
+// ErrDiskLow while free space is below the floor (or cannot be measured,
+// as when the directory was removed), ErrClosed after Close. A caller should
+// stop taking work while it reports an error.
+func (s *Store) Healthy() error {
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	return s.disk.ok()
+}
+
 // Record durably records keys as processed, to be remembered for
 // Options.TTL. The keys are written together, in one Badger transaction (in
 // several if they exceed Badger's transaction size), so a caller that gathers
@@ -170,10 +261,17 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 // are written together by Badger's own write batching. It returns once every
 // key is committed (see Store for what survives what). It validates every key
 // before writing any: an empty or too long key fails the call with
-// ErrEmptyKey or ErrKeyTooLong and nothing is recorded. If ctx ends first it
-// returns ctx's error, and the keys may or may not be recorded. It returns
-// ErrClosed after Close.
+// ErrEmptyKey or ErrKeyTooLong and nothing is recorded; so does low disk
+// space, with an error wrapping ErrDiskLow. If ctx ends first it returns
+// ctx's error, and the keys may or may not be recorded. It returns ErrClosed
+// after Close.
 func (s *Store) Record(ctx context.Context, keys ...string) error {
+	return s.record(ctx, s.ttl, keys)
+}
+
+// record is Record with the time the keys are to live (a Shared store caches
+// a key for what is left of its life in the bucket).
+func (s *Store) record(ctx context.Context, ttl time.Duration, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -186,6 +284,10 @@ func (s *Store) Record(ctx context.Context, keys ...string) error {
 		sks[i] = k
 	}
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.disk.ok(); err != nil {
+		s.m.recordErrors.Add(float64(len(sks)))
 		return err
 	}
 
@@ -205,7 +307,7 @@ func (s *Store) Record(ctx context.Context, keys ...string) error {
 	s.m.batchSize.Observe(float64(len(sks)))
 	go func() {
 		defer s.wg.Done()
-		done <- s.commit(sks)
+		done <- s.commit(sks, ttl)
 	}()
 	s.mu.RUnlock()
 
@@ -219,7 +321,17 @@ func (s *Store) Record(ctx context.Context, keys ...string) error {
 
 // Close waits for the commits of the Records already started (whose
 // callers may have stopped waiting), stops the store's goroutines and waits
-// for them, unregisters its metrics and closes Badger.
+// for them, unregisters its metrics and closes Badger, which flushes its
+// memtable to disk.
+//
+// It returns within Options.CloseTimeout (5s by default) whatever happens.
+// Badger retries a flush that fails (its directory removed, the disk full)
+// every second without end; then Close returns an error wrapping
+// ErrCloseTimeout and leaves that one goroutine behind, still trying: only
+// acceptable because the caller is exiting. Keys committed before are in the
+// write-ahead log, which the next Open replays, if the directory is still
+// there.
+//
 // It is idempotent: later calls wait for the first and return its result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -227,11 +339,30 @@ func (s *Store) Close() error {
 		s.closed = true
 		s.mu.Unlock()
 		close(s.stop)
-		s.wg.Wait()
-		s.m.unregister()
-		if err := s.db.Close(); err != nil {
-			s.closeErr = fmt.Errorf("dedup store %s: close: %w", s.dir, err)
+		done := make(chan error, 1) // buffered: left behind, it never blocks
+		go func() {
+			s.wg.Wait()
+			done <- s.db.Close()
+		}()
+		timer := time.NewTimer(s.closeTimeout)
+		defer timer.Stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				s.closeErr = fmt.Errorf("dedup store %s: close: %w", s.dir, err)
+			}
+		case <-timer.C:
+			why := "Badger is still flushing its memtable"
+			if _, err := os.Stat(s.dir); err != nil {
+				why += ": " + err.Error()
+			} else if err := s.disk.measure(); err != nil {
+				why += ": " + err.Error()
+			}
+			s.closeErr = fmt.Errorf("dedup store %s: not closed within %s (%s): %w",
+				s.dir, s.closeTimeout, why, ErrCloseTimeout)
+			s.log.Error("dedup store not closed", "err", s.closeErr)
 		}
+		s.m.unregister()
 	})
 	return s.closeErr
 }
@@ -253,8 +384,8 @@ func (s *Store) storeKey(key string) ([]byte, error) {
 
 // commit writes keys in one transaction, or in as few as Badger's
 // transaction size allows, and counts them.
-func (s *Store) commit(keys [][]byte) error {
-	err := s.writeKeys(keys)
+func (s *Store) commit(keys [][]byte, ttl time.Duration) error {
+	err := s.writeKeys(keys, ttl)
 	if err != nil {
 		s.m.recordErrors.Add(float64(len(keys)))
 		s.log.Error("recording idempotency keys failed", "keys", len(keys), "err", err)
@@ -264,13 +395,13 @@ func (s *Store) commit(keys [][]byte) error {
 	return nil
 }
 
-// write commits keys at a new timestamp, in parts if Badger finds the
-// transaction too big.
-func (s *Store) write(keys [][]byte) error {
+// write commits keys to live ttl at a new timestamp, in parts if Badger
+// finds the transaction too big.
+func (s *Store) write(keys [][]byte, ttl time.Duration) error {
 	txn := s.db.NewTransactionAt(math.MaxUint64, true)
 	defer func() { txn.Discard() }()
 	for i, k := range keys {
-		e := badger.NewEntry(k, nil).WithTTL(s.ttl)
+		e := badger.NewEntry(k, nil).WithTTL(ttl)
 		err := txn.SetEntry(e)
 		if errors.Is(err, badger.ErrTxnTooBig) && i > 0 {
 			if err := txn.CommitAt(s.ts.Add(1), nil); err != nil {

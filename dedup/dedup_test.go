@@ -486,9 +486,9 @@ func TestRecordHonoursContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	s.writeKeys = func(keys [][]byte) error {
+	s.writeKeys = func(keys [][]byte, ttl time.Duration) error {
 		<-release
-		return s.write(keys)
+		return s.write(keys, ttl)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

@@ -20,9 +20,10 @@ type metrics struct {
 	gcRuns       prometheus.Counter
 	gcRewrites   prometheus.Counter
 	sizeBytes    prometheus.GaugeFunc
+	diskFree     prometheus.GaugeFunc
 }
 
-func newMetrics(dir string, reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(dir string, disk *diskWatch, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		keysRecorded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dedup_keys_recorded_total",
@@ -56,13 +57,17 @@ func newMetrics(dir string, reg prometheus.Registerer) (*metrics, error) {
 			Name: "courier_dedup_store_size_bytes",
 			Help: "Disk space taken by the files in the dedup store's directory.",
 		}, func() float64 { return float64(dirSize(dir)) }),
+		diskFree: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_dedup_disk_free_bytes",
+			Help: "Free space of the dedup store's file system at the last measure (once a second); -1 when it cannot be measured. Below the floor (64 MiB by default) the store records nothing.",
+		}, func() float64 { return float64(disk.freeBytes.Load()) }),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	m.reg = reg
 	for _, c := range []prometheus.Collector{
-		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes,
+		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes, m.diskFree,
 	} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()

@@ -57,6 +57,12 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.GCInterval == 0 {
 		opts.GCInterval = DefaultGCInterval
 	}
+	if opts.DiskInterval == 0 {
+		opts.DiskInterval = DefaultDiskInterval
+	}
+	if opts.CloseTimeout == 0 {
+		opts.CloseTimeout = DefaultCloseTimeout
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -73,7 +79,8 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(dir, opts.Registerer)
+	disk := newDiskWatch(dir, opts, log)
+	m, err := newMetrics(dir, disk, opts.Registerer)
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("dedup store %s: register metrics: %w", dir, err)
@@ -92,6 +99,9 @@ func Open(dir string, opts Options) (*Store, error) {
 		stop:   make(chan struct{}),
 		m:      m,
 		filter: newFilter(),
+		disk:   disk,
+
+		closeTimeout: opts.CloseTimeout,
 	}
 	s.writeKeys = s.write
 	// Versions continue above what is stored, whichever mode wrote it.
@@ -100,6 +110,10 @@ func Open(dir string, opts Options) (*Store, error) {
 	s.wg.Add(2)
 	go s.gcLoop(opts.GCInterval)
 	go s.loadFilter()
+	if disk.floor > 0 {
+		s.wg.Add(1)
+		go s.diskLoop(opts.DiskInterval)
+	}
 	log.Debug("dedup store open", "dir", dir, "ttl", opts.TTL, "scope", opts.Scope)
 	return s, nil
 }
@@ -114,6 +128,12 @@ func (o Options) validate() error {
 	}
 	if o.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("dedup: GC interval %v: must not be negative", o.GCInterval))
+	}
+	if o.DiskInterval < 0 {
+		errs = append(errs, fmt.Errorf("dedup: disk interval %v: must not be negative", o.DiskInterval))
+	}
+	if o.CloseTimeout < 0 {
+		errs = append(errs, fmt.Errorf("dedup: close timeout %v: must not be negative", o.CloseTimeout))
 	}
 	return errors.Join(errs...)
 }

@@ -23,19 +23,9 @@ import (
 	"github.com/courierhq/courier/proxy"
 )
 
-// checker gives the embedded store the Check and Release of proxy.Deduper
-// (it holds no claims).
+// checker is the embedded store, for test stores to wrap.
 type checker struct{ *dedup.Store }
 
-func (c checker) Check(ctx context.Context, key string) (verdict.Verdict, error) {
-	seen, err := c.Seen(ctx, key)
-	if seen {
-		return verdict.Processed, err
-	}
-	return verdict.New, err
-}
-
-func (c checker) Release(context.Context, string) error { return nil }
 
 // flakyStore wraps a real Badger store with failures that cannot be produced
 // on demand for real: a store that errors on check or on record.

@@ -16,7 +16,6 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
-	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -58,6 +57,7 @@ type sidecar struct {
 	stream jetstream.Stream
 	cons   jetstream.Consumer
 	dd     proxy.Deduper // nil: dedup off
+	local  *dedup.Store  // the embedded store (the shared store's cache)
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 
@@ -88,9 +88,11 @@ func (s *sidecar) run(ctx context.Context) (err error) {
 	// The shared store's bucket lives on the server.
 	if s.cfg.DedupEnabled() && s.cfg.DedupStore == config.DedupShared {
 		s.health.at("opening the shared dedup bucket")
-		if s.closeStore, err = s.openSharedStore(ctx); err != nil {
+		closeShared, err := s.openSharedStore(ctx)
+		if err != nil {
 			return err
 		}
+		s.closeStore = closeShared // closes the embedded store too
 	}
 	// The stream, the dead-letter stream and the durable consumer.
 	s.health.at("setting up the stream, dead-letter stream and consumer")
@@ -143,14 +145,12 @@ func (s *sidecar) startAdmin() (func(), error) {
 	}, nil
 }
 
-// openStore opens the embedded dedup store, unless dedup is off or shared.
+// openStore opens the embedded dedup store (for the shared store, its local
+// cache), unless dedup is off.
 func (s *sidecar) openStore() (func(), error) {
-	switch {
-	case !s.cfg.DedupEnabled():
+	if !s.cfg.DedupEnabled() {
 		s.log.Info("dedup off (COURIER_DEDUP_TTL=0): every delivery reaches the app")
 		return nil, nil
-	case s.cfg.DedupStore == config.DedupShared:
-		return nil, nil // openSharedStore, once connected
 	}
 	store, err := dedup.Open(s.cfg.DedupDir, dedup.Options{
 		TTL: s.cfg.DedupTTL, Scope: s.scope(), Logger: s.log, Registerer: s.reg,
@@ -158,26 +158,33 @@ func (s *sidecar) openStore() (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	s.dd = seenChecker{store}
+	s.local, s.dd = store, store
 	return s.closer("dedup store", store), nil
 }
 
 // openSharedStore opens the key-value bucket shared by every courier of the
-// durable, created like the other streams courier makes and retried while
-// JetStream does not answer.
+// durable, with the embedded store as its local cache; the bucket is created
+// like the other streams courier makes, retried while JetStream does not
+// answer. The shared store takes the embedded one over and closes it.
 func (s *sidecar) openSharedStore(ctx context.Context) (func(), error) {
-	var kv *dedup.KV
+	var shared *dedup.Shared
 	err := retrySetup(ctx, s.log, "shared dedup bucket", func(ctx context.Context) error {
 		var err error
-		kv, err = dedup.OpenKV(ctx, s.js, s.cfg.DedupBucket, s.scope(), s.cfg.DedupTTL, s.cfg.StreamReplicas)
+		shared, err = dedup.OpenShared(ctx, s.js, s.local, dedup.SharedOptions{
+			Bucket: s.cfg.DedupBucket, Replicas: s.cfg.StreamReplicas, TTL: s.cfg.DedupTTL,
+			// A claim outlives an attempt, and lapses about an ack wait
+			// after its courier died.
+			ClaimTTL: (max(s.cfg.AckWait, s.cfg.HTTPTimeout) + time.Second - 1).Truncate(time.Second),
+			Scope:    s.scope(), Logger: s.log, Registerer: s.reg,
+		})
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.dd = seenChecker{kv}
+	s.dd = shared
 	s.log.Info("dedup keys in a shared key-value bucket", "bucket", s.cfg.DedupBucket, "ttl", s.cfg.DedupTTL.String())
-	return s.closer("shared dedup store", kv), nil
+	return s.closer("shared dedup store", shared), nil
 }
 
 // closer returns what closes store, if it holds anything to close.
@@ -308,28 +315,6 @@ func (s *sidecar) warnNotWired() {
 		}
 	}
 }
-
-// seenChecker gives a store that answers only Seen the delivery loop's
-// Check and Release (it holds no claims).
-type seenChecker struct {
-	s interface {
-		Seen(ctx context.Context, key string) (bool, error)
-		Record(ctx context.Context, keys ...string) error
-	}
-}
-
-func (c seenChecker) Check(ctx context.Context, key string) (verdict.Verdict, error) {
-	seen, err := c.s.Seen(ctx, key)
-	if seen {
-		return verdict.Processed, err
-	}
-	return verdict.New, err
-}
-
-func (c seenChecker) Record(ctx context.Context, keys ...string) error {
-	return c.s.Record(ctx, keys...)
-}
-func (c seenChecker) Release(context.Context, string) error { return nil }
 
 // registerBuildInfo exposes courier_build_info{version,commit,goversion} 1.
 func registerBuildInfo(reg prometheus.Registerer) {

@@ -1,5 +1,5 @@
-// Package natstest starts an embedded JetStream-enabled nats-server for
-// courier's tests. It is imported only from _test.go files and the demo.
+// Package natstest starts an embedded JetStream-enabled nats-server, or a
+// cluster of them, for courier's tests. It is imported only from _test.go files and the demo.
 package natstest
 
 import (
@@ -79,7 +79,14 @@ func Stop(s *server.Server) {
 // test ends.
 func Connect(tb testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream) {
 	tb.Helper()
-	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return ConnectURL(tb, s.ClientURL())
+}
+
+// ConnectURL is Connect to url (a comma-separated list fails over, as with
+// Cluster.URL), reconnecting without limit.
+func ConnectURL(tb testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		tb.Fatalf("natstest: connect: %v", err)
 	}

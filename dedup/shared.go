@@ -1,0 +1,593 @@
+package dedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults for the zero values of SharedOptions.
+const (
+	// DefaultClaimTTL is how long a claim lives when SharedOptions.ClaimTTL
+	// is zero: JetStream's default AckWait.
+	DefaultClaimTTL = 30 * time.Second
+	// DefaultSharedTimeout bounds a call to the bucket whose context has no
+	// deadline, when SharedOptions.Timeout is zero.
+	DefaultSharedTimeout = 5 * time.Second
+)
+
+// What a key holds in the bucket. A processed key is empty, as the earlier
+// kv store wrote them, so a bucket it filled is read correctly.
+var claimValue = []byte("claim")
+
+// kvOperation is the header of a key-value delete marker (nats.go's kvop).
+const kvOperation = "KV-Operation"
+
+// maxEncodedKey bounds an idempotency key written as such into a bucket key
+// (a subject); a longer one is written as its SHA-256.
+const maxEncodedKey = 512
+
+// claimTries bounds how many times Check re-reads a key that changed under
+// it (a claim lapsing, a follower behind its leader) before giving up.
+const claimTries = 5
+
+// SharedOptions tunes a Shared store. TTL is required; every other zero
+// value means the documented default.
+type SharedOptions struct {
+	// Bucket is the key-value bucket; empty means DefaultBucket
+	// (COURIER_DEDUP). Several scopes share one bucket.
+	Bucket string
+	// Replicas of the bucket when it is created, and the least an existing
+	// bucket must have. Zero means 1.
+	Replicas int
+	// TTL is how long a processed key is remembered (COURIER_DEDUP_TTL);
+	// required, whole seconds, at least 1s.
+	TTL time.Duration
+	// ClaimTTL is how long a claim lives if its holder neither records nor
+	// releases it (it died): about the consumer's AckWait, so that the
+	// redelivery of a message whose courier died goes ahead. It should
+	// exceed the longest attempt (HTTP timeout), or a second delivery of
+	// the same key elsewhere may go ahead while the first still runs.
+	// Whole seconds, at least 1s; zero means DefaultClaimTTL (30s).
+	ClaimTTL time.Duration
+	// Scope prefixes every key in the bucket (typically stream/consumer).
+	Scope string
+	// Timeout bounds a call whose context has no deadline; zero means
+	// DefaultSharedTimeout (5s).
+	Timeout time.Duration
+	// Logger receives the store's logs, narrowed with component=dedup.
+	// Nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the store's metrics (courier_dedup_shared_*),
+	// unregistered by Close. Nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// Shared is a key store shared by every courier of a durable: processed keys
+// and claims live in a replicated JetStream key-value bucket, and the local
+// Store caches the keys this courier has seen processed, so checking them
+// costs no round trip.
+//
+// A key's life in the bucket: Check of a key unknown locally creates it
+// (create-if-absent, with a per-key TTL of ClaimTTL) holding a claim, and
+// answers New; Record overwrites it with a processed record (TTL); Release
+// deletes the claim if it is still the caller's. A Check that finds a live
+// claim answers Claimed; one that finds a processed record answers
+// Processed and caches the key. A courier that dies holding a claim loses
+// nothing: the claim lapses after ClaimTTL.
+//
+// Every bucket write is one publish awaited by its caller; concurrent
+// callers' publishes share the connection (pipelined), and Record sends a
+// batch's publishes together before awaiting any.
+//
+// All methods are safe for concurrent use. Close it, which closes the local
+// Store.
+type Shared struct {
+	js       jetstream.JetStream
+	local    *Store
+	log      *slog.Logger
+	bucket   string
+	stream   string // KV_<bucket>
+	subject  string // $KV.<bucket>.<scope>.
+	replicas int
+	ttl      time.Duration
+	claimTTL time.Duration
+	timeout  time.Duration
+	m        *sharedMetrics
+
+	// msgGet is the API subject readLast asks the stream leader.
+	msgGet string
+
+	// claims maps the bucket key of each claim this store holds to its
+	// revision, for Release; entries older than claimTTL are dropped.
+	claimsMu   sync.Mutex
+	claims     map[string]heldClaim
+	claimsNext int // size at which the map is swept next
+
+	recreateMu sync.Mutex
+
+	closeOnce sync.Once
+	closeErr  error
+	closedMu  sync.RWMutex
+	closed    bool
+}
+
+type heldClaim struct {
+	rev uint64
+	at  time.Time
+}
+
+// OpenShared opens the shared store on the bucket, creating the bucket when
+// missing (file storage, SharedOptions.Replicas, TTL, per-key TTLs on, which
+// needs nats-server 2.11+) and checking an existing one can serve (errors
+// wrapping ErrBucket say what to change). local is this courier's Store, the
+// cache; Shared takes it over and closes it in Close. On error the caller
+// still owns local.
+func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o SharedOptions) (*Shared, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if local == nil {
+		return nil, errors.New("dedup: shared store needs a local store")
+	}
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Shared{
+		js:       js,
+		local:    local,
+		log:      log.With("component", "dedup"),
+		bucket:   o.Bucket,
+		stream:   "KV_" + o.Bucket,
+		subject:  "$KV." + o.Bucket + "." + base64.RawURLEncoding.EncodeToString([]byte(o.Scope)) + ".",
+		replicas: max(o.Replicas, 1),
+		ttl:      o.TTL,
+		claimTTL: cmp0(o.ClaimTTL, DefaultClaimTTL),
+		timeout:  cmp0(o.Timeout, DefaultSharedTimeout),
+		claims:   map[string]heldClaim{},
+	}
+	s.claimsNext = 1024
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if err := s.openBucket(ctx); err != nil {
+		return nil, err
+	}
+	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
+	var err error
+	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
+		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
+	}
+	s.log.Debug("shared dedup store open", "bucket", s.bucket, "scope", o.Scope,
+		"ttl", s.ttl.String(), "claim_ttl", s.claimTTL.String())
+	return s, nil
+}
+
+func cmp0(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func (o SharedOptions) validate() error {
+	var errs []error
+	whole := func(name string, d time.Duration, zeroOK bool) {
+		switch {
+		case d == 0 && zeroOK:
+		case d < time.Second || d%time.Second != 0:
+			errs = append(errs, fmt.Errorf("dedup: %s %v: must be whole seconds, at least 1s (a bucket's per-key TTL)", name, d))
+		}
+	}
+	whole("TTL", o.TTL, false)
+	whole("claim TTL", o.ClaimTTL, true)
+	if o.Replicas < 0 || o.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("dedup: bucket replicas %d: must be 1 to 5", o.Replicas))
+	}
+	if o.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("dedup: timeout %v: must not be negative", o.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// bound gives ctx the store's timeout unless it has a deadline.
+func (s *Shared) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// bucketKey is key's subject in the bucket: the scope's token, then the key
+// in base64url (bucket keys allow only [-/_=.A-Za-z0-9]), or "h." and its
+// SHA-256 for a long one (a third token, so never mistaken for a key).
+func (s *Shared) bucketKey(key string) (string, error) {
+	if key == "" {
+		return "", ErrEmptyKey
+	}
+	if len(key) > maxEncodedKey {
+		sum := sha256.Sum256([]byte(key))
+		return s.subject + "h." + base64.RawURLEncoding.EncodeToString(sum[:]), nil
+	}
+	return s.subject + base64.RawURLEncoding.EncodeToString([]byte(key)), nil
+}
+
+// use runs f unless the store is closed.
+func (s *Shared) use(f func() error) error {
+	s.closedMu.RLock()
+	defer s.closedMu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return f()
+}
+
+// Check answers Processed for a key the local cache holds, without a round
+// trip. Otherwise it claims the key in the bucket: New if the claim is made
+// (the caller holds it and must Record or Release the key), Claimed if
+// another claim is live, Processed if the bucket has the key recorded (it
+// is then cached locally). A claim found lapsed is taken over. It returns an
+// error, never New, when the bucket cannot be asked (unreachable, no
+// answer within the context or the store's timeout): the caller must not
+// send the message unchecked. Errors of the local Store (ErrDiskLow) are
+// returned as they are.
+func (s *Shared) Check(ctx context.Context, key string) (v Verdict, err error) {
+	bk, err := s.bucketKey(key)
+	if err != nil {
+		return New, err
+	}
+	err = s.use(func() error {
+		if v, err = s.local.Check(ctx, key); err != nil || v == Processed {
+			if err == nil {
+				s.m.checks.WithLabelValues("local").Inc()
+			}
+			return err
+		}
+		ctx, cancel := s.bound(ctx)
+		defer cancel()
+		v, err = s.claim(ctx, key, bk)
+		return err
+	})
+	if err != nil {
+		s.m.checks.WithLabelValues("error").Inc()
+		return New, err
+	}
+	s.m.checks.WithLabelValues(v.String()).Inc()
+	return v, nil
+}
+
+// claim creates bk holding a claim, expecting it absent (revision 0) or
+// holding a delete marker, as a key-value Create does, and reads what it
+// holds when it exists.
+func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
+	var expect uint64
+	recreated := false
+	for range claimTries {
+		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Data: claimValue},
+			jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(s.claimTTL))
+		switch {
+		case err == nil:
+			s.hold(bk, ack.Sequence)
+			return New, nil
+		case errors.Is(err, jetstream.ErrNoStreamResponse) && !recreated:
+			if !s.recreate(ctx) {
+				return New, s.bucketError("claim", err)
+			}
+			recreated = true
+			continue
+		case !isWrongLastSeq(err):
+			return New, s.bucketError("claim", err)
+		}
+		// The key exists: read what it holds.
+		r, err := s.readLast(ctx, bk)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound) && expect == 0:
+			// Refused, yet nothing stored: on a replicated bucket the
+			// leader refuses a write while another to the key is still
+			// being replicated. Someone's claim (or record) is on its way.
+			return Claimed, nil
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			expect = 0 // the marker expired meanwhile: create
+			continue
+		case err != nil:
+			return New, s.bucketError("read", err)
+		}
+		switch {
+		case r.deleted():
+			expect = r.rev // released or lapsed: claim over the marker
+		case r.claim():
+			return Claimed, nil
+		default:
+			s.cache(ctx, key, r.time)
+			return Processed, nil
+		}
+	}
+	return New, s.bucketError("claim", fmt.Errorf("key kept changing over %d tries", claimTries))
+}
+
+// cache records locally a key the bucket holds as processed, for what is
+// left of its life there. A failure only costs a round trip next time.
+func (s *Shared) cache(ctx context.Context, key string, recorded time.Time) {
+	left := s.ttl - time.Since(recorded)
+	if left < time.Second {
+		return
+	}
+	if err := s.local.record(ctx, left, []string{key}); err != nil {
+		s.log.Debug("cannot cache a key processed elsewhere", "err", err)
+	}
+}
+
+// Record records keys as processed, in the bucket (every key's write sent
+// before any is awaited) and in the local cache at once, and returns nil
+// only once both hold every key; otherwise the errors of both, joined (a
+// key the bucket missed is recorded where the error says, and its claim
+// lapses after ClaimTTL). A processed record replaces whatever the key held
+// (this caller's claim, a claim that took over a lapsed one, an earlier
+// record). Every key is validated before any is written.
+func (s *Shared) Record(ctx context.Context, keys ...string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	bks := make([]string, len(keys))
+	for i, key := range keys {
+		bk, err := s.bucketKey(key)
+		if err != nil {
+			return err
+		}
+		bks[i] = bk
+	}
+	return s.use(func() error {
+		ctx, cancel := s.bound(ctx)
+		defer cancel()
+		// The bucket's writes go out first; the local commit runs while
+		// they travel.
+		futures, sendErr := s.sendProcessed(bks)
+		localErr := s.local.Record(ctx, keys...)
+		err := s.awaitProcessed(ctx, bks, futures, sendErr, true)
+		s.drop(bks...)
+		return errors.Join(err, localErr)
+	})
+}
+
+// sendProcessed publishes a processed record for each key without waiting
+// for any acknowledgement. It stops at the first publish that cannot be
+// sent.
+func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
+	futures := make([]jetstream.PubAckFuture, 0, len(bks))
+	for _, bk := range bks {
+		f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: bk}, jetstream.WithMsgTTL(s.ttl))
+		if err != nil {
+			return futures, err
+		}
+		futures = append(futures, f)
+	}
+	return futures, nil
+}
+
+// awaitProcessed awaits the acknowledgements of sendProcessed. If every
+// failure says no stream answered and the bucket turns out deleted, it is
+// created again and those keys written into it (once, if mayRecreate).
+func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
+	if sendErr != nil {
+		return s.bucketError("record", sendErr)
+	}
+	var failed []string
+	var errs []error
+	for i, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+				failed = append(failed, bks[i])
+			}
+			errs = append(errs, err)
+		case <-ctx.Done():
+			return s.bucketError("record", fmt.Errorf("%d of %d keys unacknowledged: %w", len(futures)-i, len(futures), ctx.Err()))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	if mayRecreate && len(failed) == len(errs) && s.recreate(ctx) {
+		futures, sendErr := s.sendProcessed(failed)
+		return s.awaitProcessed(ctx, failed, futures, sendErr, false)
+	}
+	return s.bucketError("record", fmt.Errorf("%d of %d keys not recorded: %w", len(errs), len(bks), errs[0]))
+}
+
+// Release gives up the claim this store holds on key after a failed
+// attempt, so that another delivery may go ahead at once: the claim is
+// deleted if it is still this store's (not lapsed and taken over, not
+// recorded). Without a claim it does nothing. An error leaves the claim to
+// lapse after ClaimTTL.
+func (s *Shared) Release(ctx context.Context, key string) error {
+	bk, err := s.bucketKey(key)
+	if err != nil {
+		return err
+	}
+	c, ok := s.take(bk)
+	if !ok {
+		return nil
+	}
+	return s.use(func() error {
+		ctx, cancel := s.bound(ctx)
+		defer cancel()
+		m := nats.NewMsg(bk)
+		m.Header.Set(kvOperation, "DEL")
+		_, err := s.js.PublishMsg(ctx, m,
+			jetstream.WithExpectLastSequencePerSubject(c.rev), jetstream.WithMsgTTL(s.claimTTL))
+		switch {
+		case err == nil, isWrongLastSeq(err), errors.Is(err, jetstream.ErrNoStreamResponse):
+			// Released; or no longer this store's; or the bucket is gone.
+			return nil
+		default:
+			return s.bucketError("release", err)
+		}
+	})
+}
+
+// Seen reports whether key is recorded, locally or in the bucket, without
+// claiming it. It is here for callers of the Seen/Record interface of
+// before; Check is what makes concurrent deliveries on different couriers
+// call the app once.
+func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
+	bk, err := s.bucketKey(key)
+	if err != nil {
+		return false, err
+	}
+	var seen bool
+	err = s.use(func() error {
+		if seen, err = s.local.Seen(ctx, key); err != nil || seen {
+			return err
+		}
+		ctx, cancel := s.bound(ctx)
+		defer cancel()
+		r, err := s.readLast(ctx, bk)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return nil
+		case err != nil:
+			return s.bucketError("read", err)
+		}
+		if seen = !r.deleted() && !r.claim(); seen {
+			s.cache(ctx, key, r.time)
+		}
+		return nil
+	})
+	return seen, err
+}
+
+// Healthy is the local Store's: nil while it can take writes.
+func (s *Shared) Healthy() error { return s.local.Healthy() }
+
+// Close closes the local Store (bounded by its CloseTimeout) and
+// unregisters the metrics. Claims still held lapse after ClaimTTL. The
+// connection is the caller's. Idempotent: later calls return the first's
+// result.
+func (s *Shared) Close() error {
+	s.closeOnce.Do(func() {
+		s.closedMu.Lock()
+		s.closed = true
+		s.closedMu.Unlock()
+		s.m.unregister()
+		s.closeErr = s.local.Close()
+	})
+	return s.closeErr
+}
+
+// hold remembers a claim this store made.
+func (s *Shared) hold(bk string, rev uint64) {
+	now := time.Now()
+	s.claimsMu.Lock()
+	defer s.claimsMu.Unlock()
+	s.claims[bk] = heldClaim{rev: rev, at: now}
+	if len(s.claims) < s.claimsNext {
+		return
+	}
+	// Claims neither recorded nor released (a caller that forgot) have
+	// lapsed in the bucket: forget them here too.
+	for k, c := range s.claims {
+		if now.Sub(c.at) > s.claimTTL {
+			delete(s.claims, k)
+		}
+	}
+	s.claimsNext = max(1024, 2*len(s.claims))
+}
+
+// take forgets and returns the claim held on bk, if it has not lapsed.
+func (s *Shared) take(bk string) (heldClaim, bool) {
+	s.claimsMu.Lock()
+	defer s.claimsMu.Unlock()
+	c, ok := s.claims[bk]
+	delete(s.claims, bk)
+	return c, ok && time.Since(c.at) < s.claimTTL
+}
+
+// drop forgets the claims held on bks.
+func (s *Shared) drop(bks ...string) {
+	s.claimsMu.Lock()
+	defer s.claimsMu.Unlock()
+	for _, bk := range bks {
+		delete(s.claims, bk)
+	}
+}
+
+// bucketError counts and wraps an error of the bucket.
+func (s *Shared) bucketError(op string, err error) error {
+	s.m.bucketErrors.WithLabelValues(op).Inc()
+	return fmt.Errorf("dedup: bucket %s: %s: %w", s.bucket, op, err)
+}
+
+// isWrongLastSeq reports whether err says the key's last revision was not
+// the one expected: 10071, or 10164 from a replicated stream.
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// sharedMetrics are a Shared store's collectors; registered only when a
+// Registerer is given.
+type sharedMetrics struct {
+	reg          prometheus.Registerer
+	checks       *prometheus.CounterVec
+	bucketErrors *prometheus.CounterVec
+	recreated    prometheus.Counter
+}
+
+func newSharedMetrics(reg prometheus.Registerer) (*sharedMetrics, error) {
+	m := &sharedMetrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_dedup_shared_checks_total",
+			Help: "Checks of the shared dedup store by answer: local (processed, from the local cache, no round trip), new (claimed), processed (recorded in the bucket), claimed (another courier holds it), error.",
+		}, []string{"answer"}),
+		bucketErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_dedup_shared_bucket_errors_total",
+			Help: "Failed operations on the shared dedup bucket, by operation (claim, read, record, release).",
+		}, []string{"op"}),
+		recreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_dedup_shared_bucket_recreated_total",
+			Help: "Times the shared dedup bucket was found deleted and created again (keys recorded by other couriers before are forgotten).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var done []prometheus.Collector
+	for _, c := range []prometheus.Collector{m.checks, m.bucketErrors, m.recreated} {
+		if err := reg.Register(c); err != nil {
+			for _, d := range done {
+				reg.Unregister(d)
+			}
+			return nil, err
+		}
+		done = append(done, c)
+	}
+	m.reg = reg
+	return m, nil
+}
+
+func (m *sharedMetrics) unregister() {
+	if m.reg == nil {
+		return
+	}
+	m.reg.Unregister(m.checks)
+	m.reg.Unregister(m.bucketErrors)
+	m.reg.Unregister(m.recreated)
+	m.reg = nil
+}

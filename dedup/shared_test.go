@@ -1,0 +1,343 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+// openShared opens a shared store on js with a fresh local cache, closed
+// when the test ends.
+func openShared(t testing.TB, js jetstream.JetStream, o SharedOptions) *Shared {
+	t.Helper()
+	if o.TTL == 0 {
+		o.TTL = hour
+	}
+	if o.Scope == "" {
+		o.Scope = "S/c"
+	}
+	local, err := Open(t.TempDir(), Options{TTL: o.TTL, Scope: o.Scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenShared(context.Background(), js, local, o)
+	if err != nil {
+		_ = local.Close()
+		t.Fatalf("OpenShared: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+func mustCheck(t *testing.T, s interface {
+	Check(context.Context, string) (Verdict, error)
+}, key string, want Verdict) {
+	t.Helper()
+	got, err := s.Check(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Check(%q): %v", key, err)
+	}
+	if got != want {
+		t.Fatalf("Check(%q) = %v, want %v", key, got, want)
+	}
+}
+
+// TestSharedLifeOfAKey walks a key through claim, release, claim, record,
+// across two couriers on one server and a third on another scope.
+func TestSharedLifeOfAKey(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	a := openShared(t, js, SharedOptions{Registerer: reg})
+	b := openShared(t, js, SharedOptions{})
+	other := openShared(t, js, SharedOptions{Scope: "S/other"})
+	key := "order 7: any bytes \x00 at all"
+
+	mustCheck(t, a, key, New)
+	mustCheck(t, b, key, Claimed)
+	mustCheck(t, a, key, Claimed) // a's own claim too: one delivery per key at a time
+	mustCheck(t, other, key, New) // scopes do not share keys
+
+	if err := a.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, b, key, New) // released: the next delivery goes ahead at once
+	if err := a.Release(ctx, key); err != nil {
+		t.Fatalf("Release without a claim: %v", err)
+	}
+	mustCheck(t, a, key, Claimed) // a's late release did not remove b's claim
+
+	if err := b.Record(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, b, key, Processed)
+	mustCheck(t, a, key, Processed)
+	if seen, err := a.local.Seen(ctx, key); err != nil || !seen {
+		t.Errorf("a key found processed in the bucket is not cached locally: %v %v", seen, err)
+	}
+	if err := b.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, key, Processed) // a release after Record changes nothing
+
+	// A record without a claim (a claim lapsed, another courier's) is kept.
+	if err := a.Record(ctx, "unclaimed"); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, b, "unclaimed", Processed)
+	if seen, err := b.Seen(ctx, "unclaimed"); err != nil || !seen {
+		t.Errorf("Seen: %v %v", seen, err)
+	}
+
+	if _, err := a.Check(ctx, ""); !errors.Is(err, ErrEmptyKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	long := string(make([]byte, 10000))
+	mustCheck(t, a, long, New)
+	mustCheck(t, b, long, Claimed)
+
+	m := gather(t, reg)
+	if m["courier_dedup_shared_checks_total"] == 0 {
+		t.Errorf("metrics: %v", m)
+	}
+}
+
+// TestSharedConcurrentClaims: many deliveries of one key at once on
+// several couriers: exactly one is New.
+func TestSharedConcurrentClaims(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	stores := []*Shared{openShared(t, js, SharedOptions{}), openShared(t, js, SharedOptions{})}
+	concurrentClaims(t, stores)
+}
+
+func concurrentClaims(t *testing.T, stores []*Shared) {
+	t.Helper()
+	ctx := context.Background()
+	for round := range 20 {
+		key := fmt.Sprint("race-", round)
+		var mu sync.Mutex
+		count := map[Verdict]int{}
+		var wg sync.WaitGroup
+		for i := range 8 {
+			s := stores[i%len(stores)]
+			wg.Go(func() {
+				v, err := s.Check(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				count[v]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if count[New] != 1 || count[Claimed] != 7 {
+			t.Fatalf("%s: verdicts %v, want one new and seven claimed", key, count)
+		}
+	}
+}
+
+// TestSharedClaimLapses: a claim nobody records or releases (its courier
+// died) lapses after the claim TTL, and the key can be claimed again.
+func TestSharedClaimLapses(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	claimLapses(t, js, js)
+}
+
+func claimLapses(t *testing.T, jsA, jsB jetstream.JetStream) {
+	t.Helper()
+	a := openShared(t, jsA, SharedOptions{ClaimTTL: time.Second})
+	b := openShared(t, jsB, SharedOptions{ClaimTTL: time.Second})
+	mustCheck(t, a, "dies", New)
+	began := time.Now()
+	mustCheck(t, b, "dies", Claimed)
+	eventually(t, 10*time.Second, "the claim lapses", func() bool {
+		v, err := b.Check(context.Background(), "dies")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v == New
+	})
+	t.Logf("claim of 1s taken over after %v", time.Since(began).Round(time.Millisecond))
+	if err := b.Record(context.Background(), "dies"); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "dies", Processed)
+}
+
+// TestSharedKeysExpire: a processed key is forgotten after the TTL, in the
+// bucket as in the local cache.
+func TestSharedKeysExpire(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	a := openShared(t, js, SharedOptions{TTL: time.Second, ClaimTTL: time.Second})
+	b := openShared(t, js, SharedOptions{TTL: time.Second, ClaimTTL: time.Second})
+	mustCheck(t, a, "brief", New)
+	if err := a.Record(context.Background(), "brief"); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, b, "brief", Processed)
+	eventually(t, 10*time.Second, "the key is forgotten", func() bool {
+		v, err := b.Check(context.Background(), "brief")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v == New
+	})
+}
+
+// TestSharedRecordMany records a batch in one call, some keys claimed, some
+// not, one recorded already; a batch with an empty key records none.
+func TestSharedRecordMany(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	a := openShared(t, js, SharedOptions{})
+	b := openShared(t, js, SharedOptions{})
+	if err := a.Record(ctx, "k-3"); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 300)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k-", i)
+		if i%2 == 0 {
+			a.Check(ctx, keys[i])
+		}
+	}
+	if err := a.Record(ctx, keys...); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		mustCheck(t, b, k, Processed)
+	}
+	if err := a.Record(ctx, "x-1", "", "x-2"); !errors.Is(err, ErrEmptyKey) {
+		t.Fatalf("batch with an empty key: %v, want ErrEmptyKey", err)
+	}
+	mustCheck(t, b, "x-1", New)
+}
+
+// TestSharedBucketDeleted: a bucket deleted under running couriers is
+// created again at the next write, and nothing is answered wrongly.
+func TestSharedBucketDeleted(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	a := openShared(t, js, SharedOptions{Registerer: reg})
+	b := openShared(t, js, SharedOptions{})
+	mustCheck(t, a, "before", New)
+	if err := a.Record(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "before", Processed) // its own keys: in its local cache
+	mustCheck(t, b, "after", New)        // recreates the bucket
+	mustCheck(t, a, "after", Claimed)
+	if got := gather(t, reg)["courier_dedup_shared_bucket_recreated_total"]; got > 1 {
+		t.Errorf("recreated %v times by a", got)
+	}
+
+	if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Record(ctx, "after"); err != nil { // a record recreates it too
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "after", Processed)
+}
+
+// TestSharedBucketChecks: OpenShared turns per-key TTLs on in a bucket made
+// without them (by the earlier kv store), reading its keys as processed, and
+// refuses a bucket that would forget keys early.
+func TestSharedBucketChecks(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+
+	old, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "OLD", History: 1, TTL: hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := openShared(t, js, SharedOptions{Bucket: "OLD"})
+	bk, _ := a.bucketKey("from-kv")
+	if _, err := old.Create(ctx, bk[len("$KV.OLD."):], nil); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "from-kv", Processed)
+	mustCheck(t, a, "fresh", New)
+	st, err := js.Stream(ctx, "KV_OLD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; !c.AllowMsgTTL || c.SubjectDeleteMarkerTTL == 0 {
+		t.Errorf("per-key TTL not turned on: %+v", c)
+	}
+
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "SHORT", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	local := openStore(t, t.TempDir(), Options{})
+	_, err = OpenShared(ctx, js, local, SharedOptions{Bucket: "SHORT", TTL: hour})
+	if !errors.Is(err, ErrBucket) {
+		t.Fatalf("bucket with a 1m max age for a 1h TTL: %v, want ErrBucket", err)
+	}
+	t.Log(err)
+	_, err = OpenShared(ctx, js, local, SharedOptions{Bucket: "OLD", TTL: hour, Replicas: 3})
+	if !errors.Is(err, ErrBucket) {
+		t.Fatalf("R1 bucket for 3 replicas: %v, want ErrBucket", err)
+	}
+	t.Log(err)
+	for _, o := range []SharedOptions{{}, {TTL: 1500 * time.Millisecond}, {TTL: hour, ClaimTTL: 10 * time.Millisecond}} {
+		if _, err := OpenShared(ctx, js, local, o); err == nil {
+			t.Errorf("options %+v accepted", o)
+		}
+	}
+}
+
+// TestSharedUnreachable: with the server down a check returns an error, in
+// bounded time, never New; a key known locally is still answered.
+func TestSharedUnreachable(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	a := openShared(t, js, SharedOptions{Timeout: 500 * time.Millisecond})
+	if err := a.Record(ctx, "known"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Stop(srv)
+	began := time.Now()
+	if v, err := a.Check(ctx, "unknown"); err == nil {
+		t.Fatalf("Check with the server down: %v, no error", v)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Check took %v", took)
+	}
+	mustCheck(t, a, "known", Processed)
+	if err := a.Record(ctx, "during"); err == nil {
+		t.Error("Record with the server down: no error")
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Check(ctx, "known"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Check after Close: %v", err)
+	}
+}

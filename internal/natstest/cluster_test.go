@@ -1,0 +1,47 @@
+package natstest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/internal/natstest"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestCluster starts three nodes, stores a message in an R3 stream, restarts
+// its leader and reads the message back.
+func TestCluster(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	_, js := natstest.ConnectURL(t, c.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.StreamLeader("S")
+	c.Shutdown(leader)
+	if next := c.StreamLeader("S"); next == leader {
+		t.Fatalf("leader %d still leads after its shutdown", leader)
+	}
+	c.Restart(leader)
+	for {
+		st, err := js.Stream(ctx, "S")
+		if err == nil {
+			var m *jetstream.RawStreamMsg
+			if m, err = st.GetMsg(ctx, 1); err == nil {
+				if string(m.Data) != "x" {
+					t.Fatalf("got %q", m.Data)
+				}
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -26,7 +26,6 @@ import (
 // checker is the embedded store, for test stores to wrap.
 type checker struct{ *dedup.Store }
 
-
 // flakyStore wraps a real Badger store with failures that cannot be produced
 // on demand for real: a store that errors on check or on record.
 type flakyStore struct {

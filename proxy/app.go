@@ -201,15 +201,33 @@ const maxBodySnippet = 512
 // connection found closed while writing), which the app cannot have acted
 // on. It returns nil for a 2xx, else an *AppError.
 func Post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) error {
+	_, err := PostAnswer(ctx, c, url, h, body, 0)
+	return err
+}
+
+// Answer is the app's answer to a 2xx, as far as it was read.
+type Answer struct {
+	Status int
+	Header http.Header
+	// Body is the start of the answer: at most the limit PostAnswer was
+	// given; Cut says there was more (Size counts what was read).
+	Body []byte
+	Cut  bool
+	Size int64
+}
+
+// PostAnswer is Post that also returns a 2xx answer, its body read up to
+// limit bytes (0: the answer is not kept, only drained).
+func PostAnswer(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (*Answer, error) {
 	for try := 0; ; try++ {
-		err, resend := post(ctx, c, url, h, body)
+		a, err, resend := post(ctx, c, url, h, body, limit)
 		if !resend || try > 0 || ctx.Err() != nil {
-			return err
+			return a, err
 		}
 	}
 }
 
-func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (err error, resend bool) {
+func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
 	var (
 		askedConn       bool // the transport went for a connection
 		gotConn, reused bool
@@ -233,7 +251,7 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return &AppError{Kind: KindTransport, Err: err}, false
+		return nil, &AppError{Kind: KindTransport, Err: err}, false
 	}
 	// Without GetBody the transport never resends on its own: it would, for a
 	// POST carrying an Idempotency-Key, after the app may have read it.
@@ -255,33 +273,49 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		case !askedConn:
 			// Refused before any connection was sought (a header the
 			// transport will not send): about this request, not the app.
-			return &AppError{Kind: KindTransport, Err: err}, false
+			return nil, &AppError{Kind: KindTransport, Err: err}, false
 		case !gotConn && connected.Load():
 			// The app accepted the connection but the TLS handshake failed
 			// (a certificate courier does not trust): a fault of the set-up
 			// that holding messages would not cure, and the probe's plain
 			// connection would call the app back at once.
-			return &AppError{Kind: KindTransport, Err: err}, false
+			return nil, &AppError{Kind: KindTransport, Err: err}, false
 		case !gotConn:
-			return &AppError{Kind: KindUnreachable, Err: err}, false
+			return nil, &AppError{Kind: KindUnreachable, Err: err}, false
 		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-			return &AppError{Kind: KindTimeout, Err: err}, false
+			return nil, &AppError{Kind: KindTimeout, Err: err}, false
 		case reused && (!wrote || wroteErr != nil):
-			return &AppError{Kind: KindTransport, Err: err}, true
+			return nil, &AppError{Kind: KindTransport, Err: err}, true
 		default:
-			return &AppError{Kind: KindTransport, Err: err}, false
+			return nil, &AppError{Kind: KindTransport, Err: err}, false
 		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		// Drain so the connection is reused; a huge answer is cut off.
-		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
-		return nil, false
+		if limit <= 0 {
+			// Drain so the connection is reused; a huge answer is cut off.
+			_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+			return nil, nil, false
+		}
+		// Read one byte more than the limit to know whether it was cut.
+		b, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+		a := &Answer{Status: resp.StatusCode, Header: resp.Header, Body: b, Size: int64(len(b))}
+		if int64(len(b)) > limit {
+			a.Body, a.Cut = b[:limit], true
+			n, _ := io.CopyN(io.Discard, resp.Body, maxDrain)
+			a.Size += n
+		}
+		if rerr != nil {
+			// The app answered 2xx and acted; the rest of its answer is
+			// lost, not the delivery.
+			a.Cut = true
+		}
+		return a, nil, false
 	}
 	snippet := make([]byte, maxBodySnippet)
 	n, _ := io.ReadFull(resp.Body, snippet)
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
-	return &AppError{
+	return nil, &AppError{
 		Kind:       KindStatus,
 		Status:     resp.StatusCode,
 		RetryAfter: resp.Header.Get("Retry-After"),

@@ -172,7 +172,7 @@ func (r *Runner) attempt(d *delivery) {
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
 	}
 	for {
-		took, err := r.post(h, d.m.Data())
+		answer, took, err := r.post(h, d.m.Data())
 		if errors.Is(err, errNotSent) {
 			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
 			return
@@ -204,11 +204,13 @@ func (r *Runner) attempt(d *delivery) {
 		switch class {
 		case Success:
 			ok = true
-			if r.dd != nil {
-				r.recs <- recJob{d: d, took: took}
+			if r.o.Success != nil {
+				// The record is stored before the key and the ack; if it
+				// cannot be yet, the message is held while it is retried.
+				r.publishSuccess(d, answer, func() { r.settleSuccess(d, took) })
 				return
 			}
-			r.acked(d, took)
+			r.settleSuccess(d, took)
 			return
 
 		case Unavailable:
@@ -253,12 +255,14 @@ func (r *Runner) attempt(d *delivery) {
 var errNotSent = errors.New("request not sent")
 
 // post sends one request, within the rate limit, bounded by the per-request
-// timeout and by the grace period.
-func (r *Runner) post(h http.Header, body []byte) (time.Duration, error) {
+// timeout and by the grace period. The answer to a 2xx is kept (up to the
+// largest message the server accepts) only when success records are
+// published.
+func (r *Runner) post(h http.Header, body []byte) (*Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
-			return 0, errNotSent
+			return nil, 0, errNotSent
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
 	}
@@ -266,9 +270,23 @@ func (r *Runner) post(h http.Header, body []byte) (time.Duration, error) {
 	defer cancel()
 	r.m.inflight.Inc()
 	defer r.m.inflight.Dec()
+	var keep int64
+	if r.o.Success != nil {
+		keep = r.o.MaxPayload
+	}
 	began := time.Now()
-	err := Post(ctx, r.o.Client, r.o.AppURL, h, body)
-	return time.Since(began), err
+	a, err := PostAnswer(ctx, r.o.Client, r.o.AppURL, h, body, keep)
+	return a, time.Since(began), err
+}
+
+// settleSuccess records the key of a 2xx'd delivery (with dedup on, handed
+// to the recorder) and acks it.
+func (r *Runner) settleSuccess(d *delivery, took time.Duration) {
+	if r.dd != nil {
+		r.recs <- recJob{d: d, took: took}
+		return
+	}
+	r.acked(d, took)
 }
 
 // unclaim ends the delivery's flight and its claim in the store after an

@@ -19,6 +19,8 @@ type metrics struct {
 	held        *prometheus.GaugeVec
 	rateWait    prometheus.Counter
 
+	successRecords, successErrors prometheus.Counter
+
 	// The children every message touches, looked up once: a vector's
 	// WithLabelValues hashes its labels on each call.
 	delivered, duplicate, retried, deadLettered, released prometheus.Counter
@@ -92,6 +94,14 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Name: "courier_rate_limit_wait_seconds_total",
 			Help: "Time requests waited for COURIER_MAX_RATE's token bucket, all workers together.",
 		}),
+		successRecords: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_success_records_total",
+			Help: "Success records stored (COURIER_SUCCESS_SUBJECT): one per 2xx'd delivery.",
+		}),
+		successErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_success_record_errors_total",
+			Help: "Failed attempts to store a success record (the message is held and it is tried again).",
+		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dropped_headers_total",
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
@@ -114,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait)
+		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.successRecords, m.successErrors)
 	return m
 }
 

@@ -88,6 +88,9 @@ type Options struct {
 	// there was traffic); no line is logged per successful message at info.
 	// Default 1m.
 	SummaryInterval time.Duration
+	// Success, when set, stores the app's answer to each 2xx as a success
+	// record (COURIER_SUCCESS_SUBJECT) before the original is acked.
+	Success SuccessPublisher
 	// TermKeepsMessage says that terminating a message leaves it in its
 	// stream (limits retention). When false (work-queue or interest
 	// retention), the original of a dead letter stored without its body is

@@ -31,6 +31,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/verdict"
+	"github.com/courierhq/courier/success"
 )
 
 // Deduper remembers processed idempotency keys. Implementations must be safe
@@ -55,6 +56,13 @@ type Deduper interface {
 // be safe for concurrent use.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, l dlq.Letter) error
+}
+
+// SuccessPublisher stores success records. Publish must return nil only once
+// the record is stored (acknowledged by a stream; a duplicate
+// acknowledgement counts), and must be safe for concurrent use.
+type SuccessPublisher interface {
+	Publish(ctx context.Context, r success.Record) error
 }
 
 // Runner consumes a durable consumer and delivers each message to the app.
@@ -89,6 +97,9 @@ type Runner struct {
 	dlRetries sync.WaitGroup
 	pendingDL atomic.Int64
 	dlqErr    atomic.Pointer[error] // the last failure to store one
+	// Likewise success records.
+	pendingSuccess atomic.Int64
+	successErr     atomic.Pointer[error]
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -183,6 +194,13 @@ func (r *Runner) Ready() error {
 		}
 		return fmt.Errorf("%d dead letters cannot be stored (messages held, tried again): %s", n, why)
 	}
+	if n := r.pendingSuccess.Load(); n > 0 {
+		why := "unknown error"
+		if e := r.successErr.Load(); e != nil {
+			why = (*e).Error()
+		}
+		return fmt.Errorf("%d success records cannot be stored (messages held, tried again): %s", n, why)
+	}
 	return nil
 }
 
@@ -253,12 +271,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		ph.abandon()
 		<-done
 	}
-	// The recorder finishes what the workers gave it; dead letters still
-	// being retried give their messages back (fetched has ended); then the
-	// loops stop, the summary last.
+	// Dead letters and success records still being retried give their
+	// messages back (fetched has ended); the recorder finishes what it was
+	// given; then the loops stop, the summary last.
+	r.dlRetries.Wait() // may still hand a delivery to the recorder
 	close(r.recs)
 	r.recorders.Wait()
-	r.dlRetries.Wait()
 	stopLoops()
 	loopsDone.Wait()
 	return fatal

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
@@ -74,23 +73,11 @@ func runCleanup(ctx context.Context, args, environ []string, stdout, stderr io.W
 		}
 	}
 
-	log := newLogger(cfg, stderr).With("component", "cleanup")
-	nopts, err := natsOptions(cfg, log)
+	js, closeConn, err := connectCLI(cfg, "cleanup", stderr)
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATSURL, append(nopts, nats.Name("courier cleanup "+cfg.Stream+"/"+cfg.Consumer))...)
-	if err != nil {
-		if fatal := fatalConnectError(err); fatal != nil {
-			return fatal
-		}
-		return fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeConn()
 	return cleanup(ctx, js, cfg, opts, stdout)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/success"
 )
 
 // setupAttemptTimeout bounds one attempt of a start-up step against
@@ -60,7 +61,14 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *
 	if err := ensureDLQ(ctx, js, cfg, stream, log); err != nil {
 		return nil, nil, err
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, consumerConfig(cfg))
+	if err := ensureSuccess(ctx, js, cfg, stream, log); err != nil {
+		return nil, nil, err
+	}
+	want := consumerConfig(cfg)
+	if existing, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer); err == nil {
+		keepOperatorSettings(&want, existing.CachedInfo().Config)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, want)
 	if err != nil {
 		if transientSetupError(err) {
 			return nil, nil, err
@@ -118,6 +126,57 @@ func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
 // ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
 // and that it is not the stream courier consumes (it would consume its own
 // dead letters).
+// keepOperatorSettings carries over onto want the settings of an existing
+// durable that courier does not own, so that updating it at start never
+// undoes what an operator set: a pause (courier pause), pull request limits,
+// waiting-pull limit, replicas, description and metadata. courier owns the
+// rest: ack policy, deliver policy (at creation), MaxDeliver, AckWait,
+// MaxAckPending, filter subjects, and no BackOff or InactiveThreshold.
+func keepOperatorSettings(want *jetstream.ConsumerConfig, have jetstream.ConsumerConfig) {
+	if have.PauseUntil != nil && have.PauseUntil.After(time.Now()) {
+		want.PauseUntil = have.PauseUntil
+	}
+	want.MaxRequestBatch = have.MaxRequestBatch
+	want.MaxRequestMaxBytes = have.MaxRequestMaxBytes
+	want.MaxRequestExpires = have.MaxRequestExpires
+	want.MaxWaiting = have.MaxWaiting
+	want.Replicas = have.Replicas
+	want.MemoryStorage = have.MemoryStorage
+	if want.Description == "" {
+		want.Description = have.Description
+	}
+	if len(have.Metadata) > 0 {
+		want.Metadata = have.Metadata
+	}
+}
+
+// ensureSuccess makes sure a stream keeps the success records, when
+// COURIER_SUCCESS_SUBJECT is set, with the dead-letter stream's rules.
+func ensureSuccess(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) error {
+	if cfg.SuccessSubject == "" {
+		return nil
+	}
+	if len(cfg.Subjects) == 0 {
+		for _, s := range stream.CachedInfo().Config.Subjects {
+			if config.SubjectMatches(s, cfg.SuccessSubject) {
+				return fmt.Errorf("success subject %q is captured by stream %q, which courier consumes: courier would consume its own success records; set COURIER_SUCCESS_SUBJECT to a subject outside the stream", cfg.SuccessSubject, cfg.Stream)
+			}
+		}
+	}
+	info, created, err := success.EnsureStream(ctx, js, cfg.SuccessSubject, cfg.StreamReplicas, dlq.CheckStream)
+	if err != nil {
+		if transientSetupError(err) {
+			return err
+		}
+		return fmt.Errorf("success records cannot be kept: %w", err)
+	}
+	if created {
+		log.Info("created success-record stream", "stream", info.Config.Name, "subject", cfg.SuccessSubject,
+			"replicas", info.Config.Replicas)
+	}
+	return nil
+}
+
 func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) error {
 	src := stream.CachedInfo().Config
 	if len(cfg.Subjects) == 0 {

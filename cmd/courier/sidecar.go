@@ -17,6 +17,7 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/success"
 )
 
 // runSidecar runs courier beside its app until ctx ends (SIGTERM, SIGINT),
@@ -271,6 +272,10 @@ func (s *sidecar) deliver(ctx context.Context) error {
 		MaxRate:           cfg.MaxRate,
 		Connected:         s.nc.IsConnected,
 		TermKeepsMessage:  s.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
+		Success:           s.successPublisher(),
+		// A pause, or an ack wait another courier changed, is noticed
+		// within half an ack wait (at most 5s).
+		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),
 	})
 	if err != nil {
 		return err
@@ -307,13 +312,21 @@ func (s *sidecar) warnNotWired() {
 		name string
 		set  bool
 	}{
-		{"COURIER_SUCCESS_SUBJECT", s.cfg.SuccessSubject != ""},
 		{"COURIER_REPLY_SUBJECTS", s.cfg.ServesReplies()},
 	} {
 		if v.set {
 			s.log.Warn("this build of courier does not act on "+v.name+" yet: it is ignored", "variable", v.name)
 		}
 	}
+}
+
+// successPublisher stores success records, when COURIER_SUCCESS_SUBJECT is
+// set (the interface stays nil otherwise).
+func (s *sidecar) successPublisher() proxy.SuccessPublisher {
+	if s.cfg.SuccessSubject == "" {
+		return nil
+	}
+	return success.NewPublisher(s.js, s.cfg.SuccessSubject)
 }
 
 // registerBuildInfo exposes courier_build_info{version,commit,goversion} 1.

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/dlq"
+)
+
+const pauseUsage = `Usage:
+  courier pause [--for D | --until RFC3339]
+  courier resume
+  courier status
+
+pause and resume pause the durable consumer COURIER_CONSUMER on the server
+(JetStream consumer pause, nats-server 2.11 or later), so every courier of
+it stops fetching at once: in-flight requests finish, what courier holds
+stays in progress, and a courier that starts or restarts keeps the pause.
+Without --for or --until, the pause lasts until 'courier resume' (a year).
+status prints the consumer's state. Same environment as the sidecar;
+COURIER_APP_URL is not needed.
+`
+
+// connectCLI connects a command that runs beside a live sidecar.
+func connectCLI(cfg config.Config, name string, stderr io.Writer) (jetstream.JetStream, func(), error) {
+	log := newLogger(cfg, stderr).With("component", name)
+	nopts, err := natsOptions(cfg, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, append(nopts, nats.Name("courier "+name+" "+cfg.Stream+"/"+cfg.Consumer))...)
+	if err != nil {
+		if fatal := fatalConnectError(err); fatal != nil {
+			return nil, nil, fatal
+		}
+		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}
+
+// consumerCommand loads the configuration and connects for pause, resume
+// and status.
+func consumerCommand(name string, environ []string, stderr io.Writer) (config.Config, jetstream.JetStream, func(), error) {
+	cfg, err := loadConfigWithoutApp(environ)
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	if !cfg.ConsumesStream() {
+		return cfg, nil, nil, usageError("%s needs COURIER_STREAM (and COURIER_CONSUMER, default courier)", name)
+	}
+	js, closeConn, err := connectCLI(cfg, name, stderr)
+	return cfg, js, closeConn, err
+}
+
+// runPause runs `courier pause`.
+func runPause(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("courier pause", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	forD := fs.Duration("for", 0, "")
+	until := fs.String("until", "", "")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, pauseUsage)
+		return nil
+	} else if err != nil {
+		return usageError("pause: %v (see 'courier pause --help')", err)
+	}
+	end, err := pauseEnd(*forD, *until, time.Now())
+	if err != nil {
+		return err
+	}
+	cfg, js, closeConn, err := consumerCommand("pause", environ, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	resp, err := js.PauseConsumer(ctx, cfg.Stream, cfg.Consumer, end)
+	if err != nil {
+		return fmt.Errorf("cannot pause consumer %q on stream %q (consumer pause needs nats-server 2.11 or later): %w", cfg.Consumer, cfg.Stream, err)
+	}
+	fmt.Fprintf(stdout, "paused %s/%s until %s\n", cfg.Stream, cfg.Consumer, resp.PauseUntil.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// pauseEnd is when a pause asked with --for or --until ends.
+func pauseEnd(forD time.Duration, until string, now time.Time) (time.Time, error) {
+	switch {
+	case forD != 0 && until != "":
+		return time.Time{}, usageError("pause: give --for or --until, not both")
+	case forD < 0:
+		return time.Time{}, usageError("pause: --for must be positive (got %s)", forD)
+	case forD > 0:
+		return now.Add(forD), nil
+	case until != "":
+		t, err := time.Parse(time.RFC3339, until)
+		if err != nil {
+			return time.Time{}, usageError("pause: --until %q is not an RFC 3339 time (e.g. 2026-12-01T08:00:00Z)", until)
+		}
+		if !t.After(now) {
+			return time.Time{}, usageError("pause: --until %s is not in the future", until)
+		}
+		return t, nil
+	}
+	return now.Add(365 * 24 * time.Hour), nil
+}
+
+// runResume runs `courier resume`.
+func runResume(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		if args[0] == "-h" || args[0] == "--help" {
+			fmt.Fprint(stdout, pauseUsage)
+			return nil
+		}
+		return usageError("resume takes no arguments")
+	}
+	cfg, js, closeConn, err := consumerCommand("resume", environ, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	if _, err := js.ResumeConsumer(ctx, cfg.Stream, cfg.Consumer); err != nil {
+		return fmt.Errorf("cannot resume consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	fmt.Fprintf(stdout, "resumed %s/%s\n", cfg.Stream, cfg.Consumer)
+	return nil
+}
+
+// runStatus runs `courier status`.
+func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		if args[0] == "-h" || args[0] == "--help" {
+			fmt.Fprint(stdout, pauseUsage)
+			return nil
+		}
+		return usageError("status takes no arguments")
+	}
+	cfg, js, closeConn, err := consumerCommand("status", environ, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+	if err != nil {
+		return fmt.Errorf("consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	info := cons.CachedInfo()
+	paused := "no"
+	if info.Paused && info.Config.PauseUntil != nil {
+		paused = "until " + info.Config.PauseUntil.UTC().Format(time.RFC3339)
+	}
+	deadLetters := "unknown"
+	if n, err := dlq.Depth(ctx, js, cfg.DLQSubject); err == nil {
+		deadLetters = fmt.Sprint(n)
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "consumer\t%s/%s\n", cfg.Stream, cfg.Consumer)
+	fmt.Fprintf(w, "paused\t%s\n", paused)
+	fmt.Fprintf(w, "pending\t%d\n", info.NumPending)
+	fmt.Fprintf(w, "ack pending\t%d\n", info.NumAckPending)
+	fmt.Fprintf(w, "redelivered\t%d\n", info.NumRedelivered)
+	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
+	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
+	return w.Flush()
+}

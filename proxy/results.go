@@ -1,0 +1,56 @@
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/success"
+)
+
+// publishSuccess stores the success record of a 2xx'd delivery, then calls
+// then (record the key, ack). If the record cannot be stored yet, the message
+// is held in progress and the record retried in the background, so that a
+// success stream that refuses records does not take the worker; the app is
+// not called again for it. If courier stops before it is stored, the message
+// is given back without its key recorded: the record is not lost, the app
+// sees the message again (with the same Idempotency-Key).
+func (r *Runner) publishSuccess(d *delivery, a *Answer, then func()) {
+	rec := success.Record{
+		Subject: d.m.Subject(), Stream: d.meta.Stream, Consumer: r.o.Consumer,
+		Sequence: d.meta.Sequence.Stream, Attempt: d.attempt, Key: d.key,
+	}
+	if a != nil {
+		rec.Status, rec.Header, rec.Body, rec.BodyCut, rec.BodySize = a.Status, a.Header, a.Body, a.Cut, a.Size
+	}
+	once := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := r.o.Success.Publish(ctx, rec)
+		if err != nil {
+			r.m.successErrors.Inc()
+			r.successErr.Store(&err)
+			d.log.Error("cannot store the success record; message held and tried again", "error", err)
+			return err
+		}
+		r.m.successRecords.Inc()
+		return nil
+	}
+	if once(context.WithoutCancel(r.ph.requests)) == nil {
+		then()
+		return
+	}
+	r.pendingSuccess.Add(1)
+	r.dlRetries.Add(1)
+	go func() {
+		defer r.dlRetries.Done()
+		defer r.pendingSuccess.Add(-1)
+		err := retry.Do(r.ph.fetched, retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * time.Second}, once, nil)
+		if err == nil {
+			then()
+			return
+		}
+		r.unclaim(d)
+		r.release(d.m, "shutting down before its success record could be stored")
+	}()
+}

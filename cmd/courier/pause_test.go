@@ -93,3 +93,42 @@ func TestPauseEnd(t *testing.T) {
 		}
 	}
 }
+
+// A courier that starts updates its durable but keeps the settings an
+// operator set that courier does not own (here a pull limit): a restart must
+// not silently remove them.
+func TestStartKeepsOperatorsConsumerSettings(t *testing.T) {
+	h := newHarness(t)
+	app := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(app.Close)
+	env := h.env(app.URL)
+	c := start(t, env)
+	waitFor(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cons, err := h.js.Consumer(ctx, "ORDERS", "courier")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	cfg.MaxRequestBatch, cfg.Metadata = 3, map[string]string{"team": "payments"}
+	if _, err := h.js.UpdateConsumer(ctx, "ORDERS", cfg); err != nil {
+		t.Fatal(err)
+	}
+	c = start(t, env)
+	waitFor(t, 10*time.Second, "ready again", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
+	info, err := h.js.Consumer(ctx, "ORDERS", "courier")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().Config; got.MaxRequestBatch != 3 || got.Metadata["team"] != "payments" {
+		t.Errorf("after a restart the consumer has MaxRequestBatch %d, metadata %v: the operator's settings were removed", got.MaxRequestBatch, got.Metadata)
+	}
+	publishN(h, "limited", 10)
+	waitFor(t, 10*time.Second, "delivery within the limit", func() bool {
+		i, err := info.Info(ctx)
+		return err == nil && i.NumPending == 0 && i.NumAckPending == 0
+	})
+}

@@ -25,8 +25,9 @@ type delivery struct {
 	key     string // the resolved dedup key, as the app sees it
 	skey    string // the key as the dedup store holds it
 	fl      *flight
-	claimed bool // the dedup store holds a claim of ours on skey
-	probe   bool // sent while the breaker is open, to see if the app recovered
+	claimed bool      // the dedup store holds a claim of ours on skey
+	probe   bool      // sent while the breaker is open, to see if the app recovered
+	arrived time.Time // when the message reached courier
 	// wait bounds waiting (for a flight of the same key, the store, the
 	// app): shutdown's noStart, or the grace period for a message on its
 	// last delivery, started at shutdown so that it is not given back.
@@ -39,7 +40,8 @@ func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
 // deliver runs one delivery of m to its end: ack, NAK with delay, dead
 // letter, or give back at shutdown.
-func (r *Runner) deliver(m jetstream.Msg, wait context.Context, probe bool) {
+func (r *Runner) deliver(q queued, wait context.Context, probe bool) {
+	m := q.m
 	meta, err := m.Metadata()
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
@@ -47,7 +49,7 @@ func (r *Runner) deliver(m jetstream.Msg, wait context.Context, probe bool) {
 		return
 	}
 	d := r.newDelivery(m, meta, wait)
-	d.probe = probe
+	d.probe, d.arrived = probe, q.at
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
 		return
@@ -161,18 +163,23 @@ func (r *Runner) checkKey(d *delivery) bool {
 // worker takes the next message while the key commits.
 func (r *Runner) attempt(d *delivery) {
 	ok := false
-	defer func() {
-		if !ok {
-			r.unclaim(d)
-		}
-	}()
 	h, dropped := BuildHeaders(d.m, d.meta, d.key)
 	for _, dh := range dropped {
 		r.m.dropped.Inc()
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
 	}
+	span := r.startSpan(d, h)
+	var lastErr error
+	defer func() {
+		span.end(lastErr)
+		if !ok {
+			r.unclaim(d)
+		}
+	}()
 	for {
+		span.request()
 		answer, took, err := r.post(h, d.m.Data())
+		lastErr = err
 		if errors.Is(err, errNotSent) {
 			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
 			return
@@ -184,10 +191,12 @@ func (r *Runner) attempt(d *delivery) {
 			// that came in, its body cut off by the cancel, is still acked
 			// below.)
 			if d.last(r.o.MaxDeliver) {
+				span.setOutcome("dead_lettered")
 				r.deadLetter(d, failure{reason: dlq.ReasonExhausted,
 					err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
 				return
 			}
+			span.setOutcome("released")
 			r.release(d.m, "shutdown grace period over")
 			return
 		}
@@ -204,7 +213,11 @@ func (r *Runner) attempt(d *delivery) {
 		switch class {
 		case Success:
 			ok = true
+			span.setOutcome("delivered")
 			if r.o.Success != nil {
+				if answer != nil {
+					answer.Header = r.inject(span, answer.Header)
+				}
 				// The record is stored before the key and the ack; if it
 				// cannot be yet, the message is held while it is retried.
 				r.publishSuccess(d, answer, func() { r.settleSuccess(d, took) })
@@ -229,14 +242,17 @@ func (r *Runner) attempt(d *delivery) {
 					continue
 				}
 			}
+			span.setOutcome("released")
 			r.giveBack(d, "shutting down during an app outage")
 			return
 
 		case Transient:
 			if d.last(r.o.MaxDeliver) {
+				span.setOutcome("dead_lettered")
 				r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
 				return
 			}
+			span.setOutcome("retried")
 			delay, fromApp := r.retryDelay(err, d.attempt)
 			r.nak(d.m, delay)
 			d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
@@ -244,6 +260,7 @@ func (r *Runner) attempt(d *delivery) {
 			return
 
 		default: // Permanent
+			span.setOutcome("dead_lettered")
 			r.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
 			return
 		}

@@ -48,6 +48,7 @@ const fetchWait = time.Second
 type queued struct {
 	m    jetstream.Msg
 	size int64
+	at   time.Time // when it arrived
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -150,7 +151,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 		// sends to the queue, and room() left room for the whole pull.
 		for m := range batch.Messages() {
 			f.track.add(m)
-			q := queued{m: m, size: queueSize(m)}
+			q := queued{m: m, size: queueSize(m), at: time.Now()}
 			f.bytes.Add(q.size)
 			f.queue <- q
 		}

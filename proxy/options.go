@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options configures a Runner. A zero value takes the documented default;
@@ -96,6 +98,11 @@ type Options struct {
 	// retention), the original of a dead letter stored without its body is
 	// not terminated, so that it is kept.
 	TermKeepsMessage bool
+	// Tracer, when set, makes every delivery attempt a span (trace.go);
+	// nil turns tracing off at no cost.
+	Tracer trace.Tracer
+	// Propagator reads and writes trace context; default W3C TraceContext.
+	Propagator propagation.TextMapPropagator
 	// Connected, when set, reports whether the NATS connection is up
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.

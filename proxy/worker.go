@@ -15,14 +15,14 @@ func (r *Runner) worker() {
 			r.hold(func() { probe = r.waitToSend(!lastDelivery(q.m, r.o.MaxDeliver)) })
 		}
 		if r.ph.noStart.Err() == nil {
-			r.deliver(q.m, r.ph.noStart, probe)
+			r.deliver(q, r.ph.noStart, probe)
 			continue
 		}
 		// Stopping. A message on its last allowed delivery is sent within
 		// the grace period rather than given back: a NAK would make
 		// JetStream give up on it without the app having seen it.
 		if r.open() && lastDelivery(q.m, r.o.MaxDeliver) {
-			r.deliver(q.m, r.ph.requests, false)
+			r.deliver(q, r.ph.requests, false)
 			continue
 		}
 		r.giveBackMsg(q.m, "shutting down")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // KV is a key store shared by several couriers: processed keys live in a
@@ -19,8 +20,9 @@ import (
 // when more than one courier consumes the same durable. Safe for concurrent
 // use; it holds no resources of its own (the connection is the caller's).
 type KV struct {
-	kv    jetstream.KeyValue
-	scope string
+	kv       jetstream.KeyValue
+	scope    string
+	duration *durations // registered by Register
 }
 
 // errCodeStreamWrongLastSequence is the code a replicated bucket may answer
@@ -46,7 +48,16 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, bucket, scope string, t
 	if err != nil {
 		return nil, fmt.Errorf("dedup: key-value bucket %q: %w", bucket, err)
 	}
-	return &KV{kv: kv, scope: base64.RawURLEncoding.EncodeToString([]byte(scope))}, nil
+	return &KV{kv: kv, scope: base64.RawURLEncoding.EncodeToString([]byte(scope)), duration: newDurations()}, nil
+}
+
+// Register registers the store's metric, courier_dedup_duration_seconds{op}
+// (as Store serves it), on reg. Call it at most once per registry.
+func (s *KV) Register(reg prometheus.Registerer) error {
+	if err := reg.Register(s.duration.vec); err != nil {
+		return fmt.Errorf("dedup: register metrics: %w", err)
+	}
+	return nil
 }
 
 // kvKey maps a key to a valid bucket key: bucket keys allow only
@@ -60,6 +71,7 @@ func (s *KV) kvKey(key string) (string, error) {
 
 // Seen reports whether key was recorded and has not expired.
 func (s *KV) Seen(ctx context.Context, key string) (bool, error) {
+	defer since(s.duration.check, time.Now())
 	k, err := s.kvKey(key)
 	if err != nil {
 		return false, err
@@ -84,6 +96,7 @@ const kvParallel = 32
 // before any is written. It returns once every create has been answered,
 // with the first error if any failed (the others may be recorded).
 func (s *KV) Record(ctx context.Context, keys ...string) error {
+	defer since(s.duration.record, time.Now())
 	kks := make([]string, len(keys))
 	for i, key := range keys {
 		k, err := s.kvKey(key)

@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dlq"
+)
 
 // metrics are the delivery loop's collectors, registered on the registry the
 // caller passes in.
@@ -11,7 +15,6 @@ type metrics struct {
 	latency     *prometheus.HistogramVec
 	inflight    prometheus.Gauge
 	appUp       prometheus.Gauge
-	outage      prometheus.Counter
 	dlqErrors   prometheus.Counter
 	dedupErrors *prometheus.CounterVec
 	inProgress  prometheus.Counter
@@ -68,10 +71,6 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Name: "courier_app_available",
 			Help: "1 while the app is available, 0 while it is known to be unavailable.",
 		}),
-		outage: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_app_unavailable_seconds_total",
-			Help: "Time the app was unavailable, counted when it comes back.",
-		}),
 		dlqErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dead_letter_errors_total",
 			Help: "Failed attempts to store a dead letter (the message is kept and tried again).",
@@ -114,7 +113,7 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait)
+		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait)
 	return m
 }
 
@@ -142,12 +141,25 @@ func resultLabel(err error) string {
 	}
 }
 
-// NewDeadLetterCounter returns courier_dead_letters_total{reason}, for the
-// caller to register and share (Options.DeadLetterCounter) with every
-// component that stores dead letters.
+// deadLetterReasons are the reasons courier dead-letters with, each served
+// as courier_dead_letters_total{reason} from start-up. The label values are
+// the envelope's Courier-Reason words (kebab-case), not snake_case like the
+// other label values: one word for a reason wherever an operator meets it.
+var deadLetterReasons = []string{
+	dlq.ReasonRejected, dlq.ReasonExhausted, dlq.ReasonExpired, dlq.ReasonMaxDeliveries,
+	dlq.ReasonAppUnavailable, dlq.ReasonNotAttempted,
+}
+
+// NewDeadLetterCounter returns courier_dead_letters_total{reason}, every
+// reason courier uses already at 0, for the caller to register and share
+// (Options.DeadLetterCounter) with every component that stores dead letters.
 func NewDeadLetterCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_dead_letters_total",
-		Help: "Dead letters stored, by reason.",
+		Help: "Dead letters stored by this courier, by reason (the dead letter's Courier-Reason).",
 	}, []string{"reason"})
+	for _, r := range deadLetterReasons {
+		c.WithLabelValues(r)
+	}
+	return c
 }

@@ -151,7 +151,6 @@ func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Dur
 	case c == causeApp && !r.wasUp.Swap(true):
 		r.log.Info("app healthy: fetching", "waited", took)
 	case c == causeApp:
-		r.m.outage.Add(heldFor.Seconds())
 		r.log.Info("app available again", "down_for", took)
 	case held:
 		r.log.Warn(c.stopLine(), "reason", reason)

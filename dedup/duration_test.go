@@ -78,12 +78,7 @@ func TestKVDurations(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	if err := kv.Register(reg); err != nil {
-		t.Fatal(err)
-	}
-	if err := kv.Register(reg); err == nil {
-		t.Error("a second Register on one registry succeeded")
-	}
+	reg.MustRegister(kv.Collector())
 	checkDurations(t, reg,
 		func(k string) (bool, error) { return kv.Seen(ctx, k) },
 		func(k ...string) error { return kv.Record(ctx, k...) })

@@ -22,7 +22,7 @@ import (
 type KV struct {
 	kv       jetstream.KeyValue
 	scope    string
-	duration *durations // registered by Register
+	duration *durations // served through Collector
 }
 
 // errCodeStreamWrongLastSequence is the code a replicated bucket may answer
@@ -51,14 +51,9 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, bucket, scope string, t
 	return &KV{kv: kv, scope: base64.RawURLEncoding.EncodeToString([]byte(scope)), duration: newDurations()}, nil
 }
 
-// Register registers the store's metric, courier_dedup_duration_seconds{op}
-// (as Store serves it), on reg. Call it at most once per registry.
-func (s *KV) Register(reg prometheus.Registerer) error {
-	if err := reg.Register(s.duration.vec); err != nil {
-		return fmt.Errorf("dedup: register metrics: %w", err)
-	}
-	return nil
-}
+// Collector returns the store's metric, courier_dedup_duration_seconds{op}
+// (as Store serves it), for the caller to register once.
+func (s *KV) Collector() prometheus.Collector { return s.duration.vec }
 
 // kvKey maps a key to a valid bucket key: bucket keys allow only
 // [-/_=.A-Za-z0-9], which base64url covers.

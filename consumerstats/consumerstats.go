@@ -27,7 +27,8 @@ type Options struct {
 
 // Collector is a prometheus.Collector of the consumer's gauges
 // courier_consumer_pending_messages, courier_consumer_ack_pending_messages
-// and courier_consumer_redelivered_messages. When the server cannot be asked
+// and courier_consumer_redelivered_messages, labelled with the stream and
+// consumer names. When the server cannot be asked
 // (NATS unreachable, the consumer deleted) a scrape carries no sample rather
 // than a stale or invented one. It is safe for concurrent use and holds no
 // resources, so there is nothing to close.
@@ -52,19 +53,25 @@ func New(cons jetstream.Consumer, opts Options) *Collector {
 	if opts.CacheFor <= 0 {
 		opts.CacheFor = 5 * time.Second
 	}
+	// Which consumer, so that replicas' identical values can be told from
+	// another consumer's: max by (stream, consumer).
+	var labels prometheus.Labels
+	if info := cons.CachedInfo(); info != nil {
+		labels = prometheus.Labels{"stream": info.Stream, "consumer": info.Name}
+	}
 	return &Collector{
 		cons:     cons,
 		timeout:  opts.Timeout,
 		cacheFor: opts.CacheFor,
 		pending: prometheus.NewDesc("courier_consumer_pending_messages",
 			"Messages in the stream, matching the consumer's filter, not yet delivered to the durable consumer (its backlog), from the consumer's info on the server.",
-			nil, nil),
+			nil, labels),
 		ackPending: prometheus.NewDesc("courier_consumer_ack_pending_messages",
 			"Messages delivered to the durable consumer and not yet acked (in flight, held, or waiting out a retry delay), from the consumer's info on the server.",
-			nil, nil),
+			nil, labels),
 		redelivered: prometheus.NewDesc("courier_consumer_redelivered_messages",
 			"Messages delivered to the durable consumer more than once and not yet acked, from the consumer's info on the server.",
-			nil, nil),
+			nil, labels),
 	}
 }
 

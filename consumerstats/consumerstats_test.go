@@ -102,6 +102,13 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	out := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["stream"] != "ORDERS" || labels["consumer"] != "courier" || len(labels) != 2 {
+				t.Errorf("%s labelled %v, want stream ORDERS and consumer courier", mf.GetName(), labels)
+			}
 			out[mf.GetName()] = m.GetGauge().GetValue()
 		}
 	}

@@ -21,6 +21,7 @@ type metrics struct {
 	dropped     prometheus.Counter
 	held        *prometheus.GaugeVec
 	rateWait    prometheus.Counter
+	retryDelay  prometheus.Histogram
 
 	// The children every message touches, looked up once: a vector's
 	// WithLabelValues hashes its labels on each call.
@@ -91,6 +92,11 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Name: "courier_rate_limit_wait_seconds_total",
 			Help: "Time requests waited for COURIER_MAX_RATE's token bucket, all workers together.",
 		}),
+		retryDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "courier_retry_delay_seconds",
+			Help:    "Delay of each retry: how long a NAK'd message waits before JetStream redelivers it (the app's Retry-After, capped, else the backoff schedule with jitter).",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800},
+		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dropped_headers_total",
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
@@ -113,7 +119,7 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait)
+		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.retryDelay)
 	return m
 }
 

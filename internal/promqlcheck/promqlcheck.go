@@ -46,6 +46,20 @@ type Expr struct {
 	// Metrics are the metric names its selectors select, sorted, once
 	// each.
 	Metrics []string
+	// Selectors are its vector selectors, in order.
+	Selectors []Selector
+}
+
+// Selector is one vector selector: a metric name (empty if only matchers
+// select) and its label matchers.
+type Selector struct {
+	Metric   string
+	Matchers []Matcher
+}
+
+// Matcher is one label matcher; Op is =, !=, =~ or !~, Value unquoted.
+type Matcher struct {
+	Label, Op, Value string
 }
 
 // Parse checks expr and returns its type and the metric names it selects.
@@ -62,7 +76,7 @@ func Parse(expr string) (*Expr, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Expr{Type: t}
+	e := &Expr{Type: t, Selectors: p.selectors}
 	for m := range p.metrics {
 		e.Metrics = append(e.Metrics, m)
 	}
@@ -71,9 +85,10 @@ func Parse(expr string) (*Expr, error) {
 }
 
 type parser struct {
-	toks    []token
-	i       int
-	metrics map[string]bool
+	toks      []token
+	i         int
+	metrics   map[string]bool
+	selectors []Selector
 }
 
 func (p *parser) peek() token { return p.toks[p.i] }
@@ -346,8 +361,10 @@ func (p *parser) selector(name string) error {
 		p.metrics[name] = true
 	}
 	if p.peek().kind != tLBrace {
+		p.selectors = append(p.selectors, Selector{Metric: name})
 		return nil
 	}
+	sel := Selector{Metric: name}
 	p.next()
 	matchers := 0
 	for p.peek().kind != tRBrace {
@@ -380,6 +397,9 @@ func (p *parser) selector(name string) error {
 				return p.errorf("bad metric name %q", v)
 			}
 			p.metrics[v] = true
+			sel.Metric = v
+		} else {
+			sel.Matchers = append(sel.Matchers, Matcher{Label: lt.text, Op: op.text, Value: v})
 		}
 		matchers++
 		if p.peek().kind == tComma {
@@ -394,6 +414,7 @@ func (p *parser) selector(name string) error {
 	if name == "" && matchers == 0 {
 		return p.errorf("empty selector {}")
 	}
+	p.selectors = append(p.selectors, sel)
 	return nil
 }
 

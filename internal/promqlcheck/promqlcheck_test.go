@@ -86,3 +86,23 @@ func TestParseInvalid(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSelectors(t *testing.T) {
+	e, err := Parse(`sum(rate(a{x="1", y=~"2|3"}[5m])) / on() {__name__="b"} + c`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Selector{
+		{Metric: "a", Matchers: []Matcher{{"x", "=", "1"}, {"y", "=~", "2|3"}}},
+		{Metric: "b"},
+		{Metric: "c"},
+	}
+	if len(e.Selectors) != len(want) {
+		t.Fatalf("selectors %+v, want %+v", e.Selectors, want)
+	}
+	for i, s := range e.Selectors {
+		if s.Metric != want[i].Metric || !slices.Equal(s.Matchers, want[i].Matchers) {
+			t.Errorf("selector %d = %+v, want %+v", i, s, want[i])
+		}
+	}
+}

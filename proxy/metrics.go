@@ -114,6 +114,9 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 	for c := range nCauses {
 		m.held.WithLabelValues(c.Label())
 	}
+	for _, op := range []string{"check", "record"} {
+		m.dedupErrors.WithLabelValues(op)
+	}
 	if m.deadLetters == nil {
 		m.deadLetters = NewDeadLetterCounter()
 		reg.MustRegister(m.deadLetters)

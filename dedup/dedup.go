@@ -185,6 +185,7 @@ type Store struct {
 // It reads committed keys only: a key whose Record has not returned yet is
 // not seen. It returns ErrClosed after Close.
 func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
+	defer since(s.m.duration.check, time.Now())
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -275,6 +276,7 @@ func (s *Store) record(ctx context.Context, ttl time.Duration, keys []string) er
 	if len(keys) == 0 {
 		return nil
 	}
+	defer since(s.m.duration.record, time.Now())
 	sks := make([][]byte, len(keys))
 	for i, key := range keys {
 		k, err := s.storeKey(key)

@@ -696,6 +696,7 @@ func TestMetricsRegistration(t *testing.T) {
 		"courier_dedup_store_size_bytes",
 		"courier_dedup_gc_runs_total",
 		"courier_dedup_gc_rewrites_total",
+		"courier_dedup_duration_seconds",
 	}
 	m := gather(t, reg)
 	for _, name := range want {

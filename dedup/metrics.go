@@ -3,6 +3,7 @@ package dedup
 import (
 	"io/fs"
 	"path/filepath"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,7 +22,28 @@ type metrics struct {
 	gcRewrites   prometheus.Counter
 	sizeBytes    prometheus.GaugeFunc
 	diskFree     prometheus.GaugeFunc
+	duration     *durations
 }
+
+// durations is courier_dedup_duration_seconds{op}, the latency of checks
+// and records as their callers see it, served by Store and KV alike.
+type durations struct {
+	vec           *prometheus.HistogramVec
+	check, record prometheus.Observer
+}
+
+func newDurations() *durations {
+	vec := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "courier_dedup_duration_seconds",
+		Help:    "Duration of calls to the dedup store by operation: check (was this key processed?) or record (commit keys as processed; one call may carry the keys of several deliveries).",
+		Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"op"})
+	return &durations{vec: vec, check: vec.WithLabelValues("check"), record: vec.WithLabelValues("record")}
+}
+
+// since observes the time since start on o; deferred as
+// defer since(o, time.Now()).
+func since(o prometheus.Observer, start time.Time) { o.Observe(time.Since(start).Seconds()) }
 
 func newMetrics(dir string, disk *diskWatch, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -61,13 +83,14 @@ func newMetrics(dir string, disk *diskWatch, reg prometheus.Registerer) (*metric
 			Name: "courier_dedup_disk_free_bytes",
 			Help: "Free space of the dedup store's file system at the last measure (once a second); -1 when it cannot be measured. Below the floor (64 MiB by default) the store records nothing.",
 		}, func() float64 { return float64(disk.freeBytes.Load()) }),
+		duration: newDurations(),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	m.reg = reg
 	for _, c := range []prometheus.Collector{
-		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes, m.diskFree,
+		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes, m.diskFree, m.duration.vec,
 	} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()

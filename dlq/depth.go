@@ -48,7 +48,7 @@ type DepthOptions struct {
 	CacheFor time.Duration
 }
 
-// DepthCollector is a prometheus.Collector of the gauge courier_dead_letters:
+// DepthCollector is a prometheus.Collector of the gauge courier_dead_letters_stored:
 // the dead letters waiting on one subject, read from the dead-letter
 // stream's state at scrape time (cached for DepthOptions.CacheFor). When the
 // stream cannot be asked (NATS unreachable, no stream capturing the subject)
@@ -89,7 +89,7 @@ func NewDepthCollector(js jetstream.JetStream, subject string, opts DepthOptions
 		subject:  subject,
 		timeout:  opts.Timeout,
 		cacheFor: opts.CacheFor,
-		desc: prometheus.NewDesc("courier_dead_letters",
+		desc: prometheus.NewDesc("courier_dead_letters_stored",
 			"Dead letters waiting in the dead-letter stream on this courier's dead-letter subject, from the stream's state.",
 			nil, nil),
 	}, nil

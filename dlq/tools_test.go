@@ -474,7 +474,7 @@ func TestPurge(t *testing.T) {
 	}
 }
 
-// gauge returns the value of courier_dead_letters in reg, and whether it
+// gauge returns the value of courier_dead_letters_stored in reg, and whether it
 // was there.
 func gauge(t *testing.T, reg *prometheus.Registry) (float64, bool) {
 	t.Helper()
@@ -483,7 +483,7 @@ func gauge(t *testing.T, reg *prometheus.Registry) (float64, bool) {
 		t.Fatalf("Gather: %v", err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "courier_dead_letters" && len(mf.GetMetric()) == 1 {
+		if mf.GetName() == "courier_dead_letters_stored" && len(mf.GetMetric()) == 1 {
 			return mf.GetMetric()[0].GetGauge().GetValue(), true
 		}
 	}
@@ -497,7 +497,7 @@ func TestDepthCollector(t *testing.T) {
 	reg.MustRegister(depthCollector(t, js, dlq.DepthOptions{CacheFor: time.Nanosecond}))
 
 	if v, ok := gauge(t, reg); ok {
-		t.Errorf("courier_dead_letters = %v before any stream captures the subject, want no sample", v)
+		t.Errorf("courier_dead_letters_stored = %v before any stream captures the subject, want no sample", v)
 	}
 	// Shared with another subject, which must not count.
 	createStream(t, js, jetstream.StreamConfig{Name: "DEAD", Subjects: []string{"dlq.>"}})
@@ -506,18 +506,18 @@ func TestDepthCollector(t *testing.T) {
 	}
 	e := &toolsEnv{t: t, js: js, subject: toolsSubject, pub: dlq.NewPublisher(js, toolsSubject)}
 	if v, ok := gauge(t, reg); !ok || v != 0 {
-		t.Errorf("courier_dead_letters = %v, %v; want 0", v, ok)
+		t.Errorf("courier_dead_letters_stored = %v, %v; want 0", v, ok)
 	}
 	first := e.deadLetter(1, "orders.a", dlq.ReasonRejected, nil, "a")
 	e.deadLetter(2, "orders.a", dlq.ReasonRejected, nil, "b")
 	if v, ok := gauge(t, reg); !ok || v != 2 {
-		t.Errorf("courier_dead_letters = %v, %v; want 2", v, ok)
+		t.Errorf("courier_dead_letters_stored = %v, %v; want 2", v, ok)
 	}
 	if _, err := e.queue().Purge(ctx(t, 5*time.Second), dlq.Selection{Sequences: []uint64{first}}, dlq.PurgeOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if v, ok := gauge(t, reg); !ok || v != 1 {
-		t.Errorf("courier_dead_letters = %v, %v after a purge; want 1", v, ok)
+		t.Errorf("courier_dead_letters_stored = %v, %v after a purge; want 1", v, ok)
 	}
 	if n, err := dlq.Depth(ctx(t, 5*time.Second), js, toolsSubject); err != nil || n != 1 {
 		t.Errorf("Depth = %d, %v; want 1", n, err)
@@ -528,7 +528,7 @@ func TestDepthCollector(t *testing.T) {
 	gauge(t, cached)
 	e.deadLetter(3, "orders.a", dlq.ReasonRejected, nil, "c")
 	if v, _ := gauge(t, cached); v != 1 {
-		t.Errorf("cached courier_dead_letters = %v, want the cached 1", v)
+		t.Errorf("cached courier_dead_letters_stored = %v, want the cached 1", v)
 	}
 }
 

@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dlq"
+)
 
 // metrics are the delivery loop's collectors, registered on the registry the
 // caller passes in.
@@ -11,13 +15,13 @@ type metrics struct {
 	latency     *prometheus.HistogramVec
 	inflight    prometheus.Gauge
 	appUp       prometheus.Gauge
-	outage      prometheus.Counter
 	dlqErrors   prometheus.Counter
 	dedupErrors *prometheus.CounterVec
 	inProgress  prometheus.Counter
 	dropped     prometheus.Counter
 	held        *prometheus.GaugeVec
 	rateWait    prometheus.Counter
+	retryDelay  prometheus.Histogram
 
 	successRecords, successErrors prometheus.Counter
 
@@ -70,10 +74,6 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Name: "courier_app_available",
 			Help: "1 while the app is available, 0 while it is known to be unavailable.",
 		}),
-		outage: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_app_unavailable_seconds_total",
-			Help: "Time the app was unavailable, counted when it comes back.",
-		}),
 		dlqErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dead_letter_errors_total",
 			Help: "Failed attempts to store a dead letter (the message is kept and tried again).",
@@ -102,6 +102,11 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 			Name: "courier_success_record_errors_total",
 			Help: "Failed attempts to store a success record (the message is held and it is tried again).",
 		}),
+		retryDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "courier_retry_delay_seconds",
+			Help:    "Delay of each retry: how long a NAK'd message waits before JetStream redelivers it (the app's Retry-After, capped, else the backoff schedule with jitter).",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800},
+		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dropped_headers_total",
 			Help: "Message headers not passed to the app because HTTP cannot carry them.",
@@ -119,12 +124,15 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 	for c := range nCauses {
 		m.held.WithLabelValues(c.Label())
 	}
+	for _, op := range []string{"check", "record"} {
+		m.dedupErrors.WithLabelValues(op)
+	}
 	if m.deadLetters == nil {
 		m.deadLetters = NewDeadLetterCounter()
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.outage, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.successRecords, m.successErrors)
+		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.retryDelay, m.successRecords, m.successErrors)
 	return m
 }
 
@@ -152,12 +160,25 @@ func resultLabel(err error) string {
 	}
 }
 
-// NewDeadLetterCounter returns courier_dead_letters_total{reason}, for the
-// caller to register and share (Options.DeadLetterCounter) with every
-// component that stores dead letters.
+// deadLetterReasons are the reasons courier dead-letters with, each served
+// as courier_dead_letters_total{reason} from start-up. The label values are
+// the envelope's Courier-Reason words (kebab-case), not snake_case like the
+// other label values: one word for a reason wherever an operator meets it.
+var deadLetterReasons = []string{
+	dlq.ReasonRejected, dlq.ReasonExhausted, dlq.ReasonExpired, dlq.ReasonMaxDeliveries,
+	dlq.ReasonAppUnavailable, dlq.ReasonNotAttempted,
+}
+
+// NewDeadLetterCounter returns courier_dead_letters_total{reason}, every
+// reason courier uses already at 0, for the caller to register and share
+// (Options.DeadLetterCounter) with every component that stores dead letters.
 func NewDeadLetterCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_dead_letters_total",
-		Help: "Dead letters stored, by reason.",
+		Help: "Dead letters stored by this courier, by reason (the dead letter's Courier-Reason).",
 	}, []string{"reason"})
+	for _, r := range deadLetterReasons {
+		c.WithLabelValues(r)
+	}
+	return c
 }

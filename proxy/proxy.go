@@ -118,7 +118,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
-		Help: "Messages held in progress while the app or the dedup store is unavailable.",
+		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",
 	}, r.heldMessages))
 	for c := range nCauses {
 		o.Registerer.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -162,7 +162,6 @@ func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Dur
 	case c == causeApp && !r.wasUp.Swap(true):
 		r.log.Info("app healthy: fetching", "waited", took)
 	case c == causeApp:
-		r.m.outage.Add(heldFor.Seconds())
 		r.log.Info("app available again", "down_for", took)
 	case held:
 		r.log.Warn(c.stopLine(), "reason", reason)

@@ -77,6 +77,7 @@ func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
 		r.log.Warn("NAK failed; the message comes back after the ack wait", "subject", m.Subject(), "error", err)
 	}
 	r.m.retried.Inc()
+	r.m.retryDelay.Observe(delay.Seconds())
 }
 
 // giveBack returns a message courier will not start or finish, once fetching

@@ -451,12 +451,12 @@ func TestDLQDepthGauge(t *testing.T) {
 	a := newApp(t, func(w http.ResponseWriter, r *http.Request, _ int) { w.WriteHeader(http.StatusBadRequest) })
 	c := start(t, h.env(a.URL))
 	admin := adminAddr(t, c)
-	waitFor(t, 15*time.Second, "courier_dead_letters 0", func() bool { return metric(t, admin, "courier_dead_letters") == 0 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 0", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 0 })
 	h.publish("orders.created", "a", nil)
 	h.publish("orders.created", "b", nil)
-	waitFor(t, 15*time.Second, "courier_dead_letters 2", func() bool { return metric(t, admin, "courier_dead_letters") == 2 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 2", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 2 })
 	h.dlq("purge", "--yes", "--limit", "1").want(t, 0, "purged 1, failed 0")
-	waitFor(t, 15*time.Second, "courier_dead_letters 1", func() bool { return metric(t, admin, "courier_dead_letters") == 1 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 1", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 1 })
 }
 
 // A long replay reports progress on stderr, besides its line per dead

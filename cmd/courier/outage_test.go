@@ -320,8 +320,8 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	if v := metric(t, admin, "courier_held_messages"); v != 0 {
 		t.Errorf("courier_held_messages = %v after the outage, want 0", v)
 	}
-	if v := metric(t, admin, "courier_app_unavailable_seconds_total"); v < 3 {
-		t.Errorf("courier_app_unavailable_seconds_total = %v, want at least the 3.5s outage", v)
+	if v := metric(t, admin, `courier_delivery_held_seconds_total{cause="app_unavailable"}`); v < 3 {
+		t.Errorf(`courier_delivery_held_seconds_total{cause="app_unavailable"} = %v, want at least the 3.5s outage`, v)
 	}
 }
 

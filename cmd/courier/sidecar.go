@@ -14,6 +14,7 @@ import (
 
 	"github.com/courierhq/courier/admin"
 	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/consumerstats"
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
@@ -237,7 +238,8 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.reg.MustRegister(depth) // courier_dead_letters
+	s.reg.MustRegister(depth)                                              // courier_dead_letters_stored
+	s.reg.MustRegister(consumerstats.New(s.cons, consumerstats.Options{})) // courier_consumer_*
 	return nil
 }
 

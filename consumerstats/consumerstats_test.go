@@ -1,0 +1,116 @@
+package consumerstats_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/consumerstats"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+func TestCollector(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "courier", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := js.Publish(ctx, "orders.created", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(consumerstats.New(cons, consumerstats.Options{CacheFor: time.Nanosecond}))
+
+	expect(t, reg, 3, 0, 0)
+
+	// One delivered and NAK'd, then delivered again: redelivered, not
+	// acked; one delivered, not acked.
+	first := fetch(t, cons)
+	if err := first.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	again := fetch(t, cons)
+	if md, _ := again.Metadata(); md.NumDelivered != 2 {
+		t.Fatalf("second fetch delivered %d times, want the NAK'd message again", md.NumDelivered)
+	}
+	fetch(t, cons)
+	expect(t, reg, 1, 2, 1)
+
+	// No sample while the consumer cannot be asked.
+	if err := js.DeleteConsumer(ctx, "ORDERS", "courier"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := prometheus.NewRegistry()
+	fresh.MustRegister(consumerstats.New(cons, consumerstats.Options{}))
+	if got := gather(t, fresh); len(got) != 0 {
+		t.Errorf("samples for a deleted consumer: %v, want none", got)
+	}
+}
+
+func fetch(t *testing.T, cons jetstream.Consumer) jetstream.Msg {
+	t.Helper()
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		return m
+	}
+	t.Fatalf("fetch: no message (%v)", batch.Error())
+	return nil
+}
+
+// expect checks the three gauges gathered from reg.
+func expect(t *testing.T, reg *prometheus.Registry, pending, ackPending, redelivered float64) {
+	t.Helper()
+	got := gather(t, reg)
+	want := map[string]float64{
+		"courier_consumer_pending_messages":     pending,
+		"courier_consumer_ack_pending_messages": ackPending,
+		"courier_consumer_redelivered_messages": redelivered,
+	}
+	if len(got) != len(want) {
+		t.Errorf("gathered %v, want %v", got, want)
+	}
+	for name, v := range want {
+		if g, ok := got[name]; !ok || g != v {
+			t.Errorf("%s = %v (served %v), want %v", name, g, ok, v)
+		}
+	}
+}
+
+// gather returns each gauge in reg by name.
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["stream"] != "ORDERS" || labels["consumer"] != "courier" || len(labels) != 2 {
+				t.Errorf("%s labelled %v, want stream ORDERS and consumer courier", mf.GetName(), labels)
+			}
+			out[mf.GetName()] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}

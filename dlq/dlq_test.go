@@ -161,7 +161,7 @@ func TestMsgID(t *testing.T) {
 }
 
 func TestStreamName(t *testing.T) {
-	if got, want := dlq.StreamName("dlq.orders-v2.*.>"), "COURIER_DLQ_DLQ_ORDERS-V2____"; got != want {
+	if got, want := dlq.StreamName("dlq.orders-v2.*.>"), "COURIER_DLQ_ORDERS-V2____"; got != want {
 		t.Errorf("StreamName = %q, want %q", got, want)
 	}
 	long := strings.Repeat("segment.", 20)

@@ -47,7 +47,11 @@ const (
 // "COURIER_DLQ_" followed by the subject, made safe by jsutil.SafeStreamName (a name
 // cut to 64 characters ends in a hash of the subject).
 func StreamName(subject string) string {
-	return jsutil.SafeStreamName(streamPrefix, subject, subject)
+	// The default subject starts with "dlq.", which the prefix says
+	// already: COURIER_DLQ_ORDERS_COURIER, not COURIER_DLQ_DLQ_ORDERS_COURIER.
+	// An existing stream is found by the subject it captures, whatever its
+	// name, so streams named the earlier way keep being used.
+	return jsutil.SafeStreamName(streamPrefix, strings.TrimPrefix(subject, "dlq."), subject)
 }
 
 // StreamConfig returns the configuration of the stream EnsureStream creates

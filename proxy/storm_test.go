@@ -177,3 +177,57 @@ func TestPausedConsumerIsNotFetched(t *testing.T) {
 	}
 	waitFor(t, "delivery after resume", func() bool { return a.ok.Load() == 5 })
 }
+
+// A storm the app ends with a Retry-After: the breaker waits what the app
+// asked before its first probe, and nothing is dead-lettered.
+func TestStormEndedByRetryAfter(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	var mu sync.Mutex
+	var times []time.Time
+	var ok atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		if storming.Load() {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		ok.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	const n = 20
+	e.publish(t, n, []byte("x"))
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 3, MaxInflight: 2, BreakerFailures: 3, BreakerProbe: 50 * time.Millisecond,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 5 * time.Second,
+	})
+	var opened time.Time
+	waitFor(t, "the breaker to open", func() bool {
+		err := r.Ready()
+		if err != nil && contains(err.Error(), "breaker open") {
+			opened = time.Now()
+			return true
+		}
+		return false
+	})
+	time.Sleep(1500 * time.Millisecond) // the first probe is due after Retry-After: 1s
+	storming.Store(false)
+	waitFor(t, "every message delivered", func() bool { return ok.Load() == n && e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// No request in the first 900ms after the breaker opened: the app's
+	// Retry-After (1s) wins over BreakerProbe (50ms).
+	for _, at := range times {
+		if d := at.Sub(opened); d > 50*time.Millisecond && d < 900*time.Millisecond {
+			t.Errorf("a request %s after the breaker opened, before the app's Retry-After", d.Round(time.Millisecond))
+		}
+	}
+}

@@ -19,7 +19,7 @@ import (
 // concurrent use.
 type Check func() error
 
-// Server is the admin HTTP server. Create it with Listen; call Serve once
+// Server is the admin HTTP server. Create it with Listen; call Start once
 // and Shutdown to stop it.
 type Server struct {
 	ln   net.Listener

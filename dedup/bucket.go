@@ -123,7 +123,7 @@ func (s *Shared) recreate(ctx context.Context) bool {
 		return false
 	}
 	if err := s.createBucket(ctx); err != nil {
-		s.log.Error("dedup bucket deleted and cannot be created again", "bucket", s.bucket, "err", err)
+		s.log.Error("dedup bucket deleted and cannot be created again", "bucket", s.bucket, "error", err)
 		return false
 	}
 	s.m.recreated.Inc()

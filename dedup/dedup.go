@@ -362,7 +362,7 @@ func (s *Store) Close() error {
 			}
 			s.closeErr = fmt.Errorf("dedup store %s: not closed within %s (%s): %w",
 				s.dir, s.closeTimeout, why, ErrCloseTimeout)
-			s.log.Error("dedup store not closed", "err", s.closeErr)
+			s.log.Error("dedup store not closed", "error", s.closeErr)
 		}
 		s.m.unregister()
 	})
@@ -390,7 +390,7 @@ func (s *Store) commit(keys [][]byte, ttl time.Duration) error {
 	err := s.writeKeys(keys, ttl)
 	if err != nil {
 		s.m.recordErrors.Add(float64(len(keys)))
-		s.log.Error("recording idempotency keys failed", "keys", len(keys), "err", err)
+		s.log.Error("recording idempotency keys failed", "keys", len(keys), "error", err)
 		return fmt.Errorf("dedup: record key: %w", err)
 	}
 	s.m.keysRecorded.Add(float64(len(keys)))
@@ -457,7 +457,7 @@ func (s *Store) runGC() {
 		case errors.Is(err, badger.ErrNoRewrite), errors.Is(err, badger.ErrRejected):
 			return
 		default:
-			s.log.Warn("value log GC failed", "err", err)
+			s.log.Warn("value log GC failed", "error", err)
 			return
 		}
 	}

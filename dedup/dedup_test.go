@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 const hour = time.Hour
@@ -86,13 +88,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, within, what, cond)
 }
 
 func TestRecordThenSeen(t *testing.T) {

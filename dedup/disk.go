@@ -97,7 +97,7 @@ func (d *diskWatch) measure() error {
 	}
 	switch {
 	case state != nil && was == nil:
-		d.log.Error("dedup store stops writing", "err", state)
+		d.log.Error("dedup store stops writing", "error", state)
 	case state == nil && was != nil:
 		d.log.Info("dedup store writes again: free space back above the floor", "free_bytes", free)
 	}

@@ -94,7 +94,7 @@ func (s *Store) loadFilter() {
 	case errors.Is(err, errStopped):
 		return
 	case err != nil:
-		s.log.Warn("cannot load the key filter; every check reads the store", "err", err)
+		s.log.Warn("cannot load the key filter; every check reads the store", "error", err)
 		return
 	}
 	s.filter.ready.Store(true)

@@ -325,7 +325,7 @@ func (s *Shared) cache(ctx context.Context, key string, recorded time.Time) {
 		return
 	}
 	if err := s.local.record(ctx, left, []string{key}); err != nil {
-		s.log.Debug("cannot cache a key processed elsewhere", "err", err)
+		s.log.Debug("cannot cache a key processed elsewhere", "error", err)
 	}
 }
 

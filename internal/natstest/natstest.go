@@ -1,5 +1,5 @@
 // Package natstest starts an embedded JetStream-enabled nats-server, or a
-// cluster of them, for courier's tests. It is imported only from _test.go files and the demo.
+// cluster of them, for courier's tests and the bench (bench/broker.go); the demo starts its own.
 package natstest
 
 import (

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/proxy"
@@ -284,5 +285,38 @@ func TestMessageNearMaxPayloadIsDeadLettered(t *testing.T) {
 	letters, err := q.List(ctx, dlq.Selection{})
 	if err != nil || len(letters) != 1 {
 		t.Fatalf("dead letters: %d, %v", len(letters), err)
+	}
+}
+
+// A full disk (here: a floor above the file system's free space, which the
+// store measures for real) is a clear state: courier holds the message
+// (never sent unchecked, no attempt spent), readiness says why, nothing
+// crashes.
+func TestFullDiskHoldsMessages(t *testing.T) {
+	e := setup(t)
+	s, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c", DiskFloor: 1 << 60, DiskInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	e.publish(t, 3, []byte("x"))
+	r, _ := e.runWith(t, s, proxy.Options{})
+	waitFor(t, "readiness to name the store", func() bool {
+		err := r.Ready()
+		return err != nil && strings.Contains(err.Error(), "dedup store unavailable")
+	})
+	time.Sleep(300 * time.Millisecond)
+	if got := e.calls.Load(); got != 0 {
+		t.Errorf("the app was called %d times with the disk full: sent unchecked", got)
+	}
+	info, err := e.cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 {
+		t.Errorf("%d messages redelivered while held", info.NumRedelivered)
+	}
+	if got := counter(t, e.reg, "courier_delivery_held", "store_unavailable"); got != 1 {
+		t.Errorf("courier_delivery_held{cause=store_unavailable} = %v", got)
 	}
 }

@@ -1,0 +1,472 @@
+// Package reply answers NATS requests through the app: each request on the
+// configured subjects is POSTed to the app and the app's answer is the reply
+// (SPEC behaviour 18). It is a NATS micro service, so `nats micro ls`, and the
+// $SRV.PING, $SRV.INFO and $SRV.STATS subjects, see it.
+//
+// Nothing here retries, dedups or dead-letters: as in any synchronous call,
+// the caller owns retries. Every request gets a reply, an error reply when the
+// app gave no usable answer.
+package reply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/proxy"
+)
+
+// Options tunes a Service. Subjects and URL are required; every other zero
+// value means the default stated on the field.
+type Options struct {
+	// Subjects are answered, one micro endpoint each (wildcards allowed).
+	Subjects []string
+	// URL is where each request is POSTed.
+	URL string
+	// Name is the micro service name, as `nats micro ls` shows it. Default
+	// "courier".
+	Name string
+	// QueueGroup is the endpoints' queue group: every courier of one group
+	// shares the requests, each answered once. The sidecar passes the
+	// consumer name (COURIER_CONSUMER). Default Name.
+	QueueGroup string
+	// Version is reported by the service. A leading "v" is dropped; a value
+	// that is not SemVer (a development build's "dev") is reported as 0.0.0
+	// with the value given under the metadata key "courier_version".
+	// Default "0.0.0".
+	Version string
+	// MaxConcurrent bounds requests to the app in flight at once. Requests
+	// beyond it wait, in the order they came, in the subscription's buffer.
+	// The limit is the service's own, not shared with the asynchronous
+	// delivery loop: a request's caller is waiting, so it must not queue
+	// behind messages that can wait. The sidecar passes COURIER_MAX_INFLIGHT.
+	// Default 8.
+	MaxConcurrent int
+	// Timeout bounds one request, from connecting to the app to the last
+	// byte of its answer; past it the caller gets a 504 error reply. The
+	// sidecar passes COURIER_HTTP_TIMEOUT. Default 30s.
+	Timeout time.Duration
+	// ShutdownGrace is how long Stop lets requests in flight finish; those
+	// still running then are cancelled and answered 503. Default 25s.
+	ShutdownGrace time.Duration
+	// Client sends the requests. It must follow no redirect and resend
+	// nothing of its own. Default proxy.NewClient sized to MaxConcurrent:
+	// a pool of its own, so requests never wait for a connection held by
+	// the delivery loop.
+	Client *http.Client
+	// Logger receives logs, narrowed with component=reply; default discards.
+	// Successful requests are logged at debug only.
+	Logger *slog.Logger
+	// Registerer receives the metrics; default a private registry.
+	Registerer prometheus.Registerer
+}
+
+func (o *Options) defaults() error {
+	if len(o.Subjects) == 0 || o.URL == "" {
+		return errors.New("reply: Subjects and URL are required")
+	}
+	seen := make(map[string]bool, len(o.Subjects))
+	for _, s := range o.Subjects {
+		if !validSubject(s) {
+			return fmt.Errorf("reply: %q is not a valid subject", s)
+		}
+		if seen[s] {
+			return fmt.Errorf("reply: subject %q given twice", s)
+		}
+		seen[s] = true
+	}
+	if o.Name == "" {
+		o.Name = "courier"
+	}
+	if o.QueueGroup == "" {
+		o.QueueGroup = o.Name
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 8
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = 25 * time.Second
+	}
+	if o.Client == nil {
+		o.Client = proxy.NewClient(proxy.ClientOptions{MaxConns: o.MaxConcurrent})
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// Service answers requests on Options.Subjects through the app. Create it with
+// New, call Start once and Stop when done; its methods are safe for
+// concurrent use.
+type Service struct {
+	nc  *nats.Conn
+	o   Options
+	log *slog.Logger
+	m   *metrics
+
+	slots    chan struct{} // one token per request in flight
+	stopping chan struct{} // closed when Stop begins
+	abort    context.Context
+	cancel   context.CancelFunc // ends requests still running after the grace period
+
+	mu      sync.Mutex
+	svc     micro.Service // nil until Start
+	started bool          // Start was called
+	closed  bool          // set by Stop; no request starts after it
+	running sync.WaitGroup
+	stop    sync.Once
+
+	endpoints map[string]*endpoint // by subject, fixed after Start
+	appDown   appState
+}
+
+// New returns a Service that answers on nc once started. It registers the
+// metrics on opts.Registerer; nothing is subscribed before Start. nc stays the
+// caller's to drain and close, after Stop.
+func New(nc *nats.Conn, opts Options) (*Service, error) {
+	if nc == nil {
+		return nil, errors.New("reply: a NATS connection is required")
+	}
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	abort, cancel := context.WithCancel(context.Background())
+	return &Service{
+		nc:       nc,
+		o:        opts,
+		log:      opts.Logger.With("component", "reply"),
+		m:        m,
+		slots:    make(chan struct{}, opts.MaxConcurrent),
+		stopping: make(chan struct{}),
+		abort:    abort,
+		cancel:   cancel,
+	}, nil
+}
+
+// Start registers the micro service, one endpoint per subject in the queue
+// group, and returns once the server has its subscriptions (or ctx ends). It
+// may be called once; a Service stopped before Start does not start.
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return errors.New("reply: service stopped")
+	case s.started:
+		s.mu.Unlock()
+		return errors.New("reply: service already started")
+	}
+	s.started = true
+	s.mu.Unlock()
+
+	// The endpoints' own counts exist before micro can ask for them.
+	s.endpoints = make(map[string]*endpoint, len(s.o.Subjects))
+	for _, subj := range s.o.Subjects {
+		s.endpoints[subj] = &endpoint{subject: subj}
+	}
+	version, metadata := microVersion(s.o.Version)
+	svc, err := micro.AddService(s.nc, micro.Config{
+		Name:        s.o.Name,
+		Version:     version,
+		Description: "courier: each request is POSTed to the app and its answer is the reply",
+		Metadata:    metadata,
+		QueueGroup:  s.o.QueueGroup,
+		// Requests are answered from goroutines of this package, after
+		// micro's handler has returned, so micro's own counts see neither
+		// their time nor their errors: each endpoint's stats data has them.
+		StatsHandler: s.endpointStats,
+		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
+			s.log.Warn("NATS error on a reply subscription", "error", err)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("reply: adding micro service %q: %w", s.o.Name, err)
+	}
+	names := endpointNames(s.o.Subjects)
+	for i, subj := range s.o.Subjects {
+		ep := s.endpoints[subj]
+		err := svc.AddEndpoint(names[i], micro.HandlerFunc(func(r micro.Request) { s.dispatch(ep, r) }),
+			micro.WithEndpointSubject(subj))
+		if err != nil {
+			_ = svc.Stop()
+			return fmt.Errorf("reply: adding endpoint for %q: %w", subj, err)
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		// Stop ran meanwhile and found nothing to stop.
+		s.mu.Unlock()
+		_ = svc.Stop()
+		return errors.New("reply: service stopped")
+	}
+	s.svc = svc
+	s.mu.Unlock()
+	// Once the server has the subscriptions, a request sent after Start
+	// returns reaches this service.
+	if err := s.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("reply: confirming subscriptions: %w", err)
+	}
+	s.log.Info("answering requests", "subjects", strings.Join(s.o.Subjects, ","), "url", s.o.URL,
+		"queue_group", s.o.QueueGroup, "max_concurrent", s.o.MaxConcurrent, "timeout", s.o.Timeout.String())
+	return nil
+}
+
+// Ready reports why the service cannot answer now, or nil while it can:
+// started, not stopped, connected to NATS.
+func (s *Service) Ready() error {
+	s.mu.Lock()
+	svc, closed := s.svc, s.closed
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return errors.New("reply service stopped")
+	case svc == nil:
+		return errors.New("reply service not started")
+	case svc.Stopped():
+		// micro stops a service whose connection closed.
+		return errors.New("reply service stopped: NATS connection closed")
+	case !s.nc.IsConnected():
+		return fmt.Errorf("reply service not connected to NATS (%s)", s.nc.Status())
+	}
+	return nil
+}
+
+// Stop unsubscribes (the queue group's other members take the requests from
+// then on), answers 503 to requests received but not begun, lets requests in
+// flight finish within Options.ShutdownGrace, then cancels the rest (answered
+// 503), and returns once every request of this service is answered. It is
+// idempotent; a second call waits for the first to finish.
+func (s *Service) Stop() {
+	s.stop.Do(func() {
+		s.mu.Lock()
+		svc := s.svc
+		s.mu.Unlock()
+		if svc != nil {
+			if err := svc.Stop(); err != nil {
+				s.log.Warn("stopping micro service", "error", err)
+			}
+		}
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.stopping)
+
+		done := make(chan struct{})
+		go func() { s.running.Wait(); close(done) }()
+		t := time.NewTimer(s.o.ShutdownGrace)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			s.log.Warn("shutdown grace period over; cancelling reply requests still running",
+				"grace", s.o.ShutdownGrace.String())
+			s.cancel()
+			<-done
+		}
+		s.cancel()
+		if svc != nil {
+			s.log.Info("reply service stopped")
+		}
+	})
+}
+
+// dispatch runs on the endpoint's subscription goroutine: it waits for a free
+// slot and hands the request to a goroutine of its own, so that requests run
+// up to MaxConcurrent at once across every endpoint.
+func (s *Service) dispatch(ep *endpoint, req micro.Request) {
+	if req.Reply() == "" {
+		// A publish, not a request: nobody waits for an answer, and calling
+		// the app for it would act on something no caller can see the end of.
+		s.m.outcome(outcomeNoReply)
+		s.log.Debug("ignored a message without a reply subject", "subject", req.Subject())
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.stopping:
+		s.refuse(req)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.slots
+		s.refuse(req)
+		return
+	}
+	s.running.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.running.Done()
+		defer func() { <-s.slots }()
+		s.serve(ep, req)
+	}()
+}
+
+// refuse answers a request that arrived as the service stops: the caller
+// can retry at once on another member of the queue group.
+func (s *Service) refuse(req micro.Request) {
+	a := s.respond(req, stoppingAnswer())
+	s.m.outcome(a.outcome)
+}
+
+// serve calls the app for one request and replies with its answer.
+func (s *Service) serve(ep *endpoint, req micro.Request) {
+	h := s.requestHeaders(req)
+	ctx, cancel := context.WithTimeout(s.abort, s.o.Timeout)
+	defer cancel()
+	began := time.Now()
+	s.m.inflight.Inc()
+	a := call(ctx, s.o.Client, s.o.URL, h, req.Data(), s.nc.MaxPayload(), s.o.Timeout)
+	s.m.inflight.Dec()
+	took := time.Since(began)
+	if a.err != nil && s.abort.Err() != nil {
+		a = stoppingAnswer()
+	}
+	s.noteApp(a)
+	a = s.respond(req, a)
+	s.m.request(a.outcome, took.Seconds())
+	ep.record(took, a)
+	if a.err != nil && a.outcome != outcomeUnavailable && a.outcome != outcomeStopping {
+		s.log.Warn("request answered with an error", "subject", req.Subject(), "outcome", a.outcome,
+			"code", a.code, "error", a.err, "took", took.String())
+		return
+	}
+	s.log.Debug("request answered", "subject", req.Subject(), "status", a.status, "outcome", a.outcome,
+		"bytes", len(a.body), "took", took.String())
+}
+
+// respond publishes the reply and returns the answer sent: one too large to
+// publish becomes an error reply saying so, never silence.
+func (s *Service) respond(req micro.Request, a answer) answer {
+	err := s.nc.PublishMsg(a.message(req.Reply()))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// The body fitted max_payload; with the app's headers it did not.
+		a = tooLargeAnswer(a.status, s.nc.MaxPayload())
+		err = s.nc.PublishMsg(a.message(req.Reply()))
+	}
+	if err != nil {
+		s.m.replyErrors.Inc()
+		s.log.Warn("cannot send reply; the caller will time out", "subject", req.Subject(), "error", err)
+	}
+	return a
+}
+
+// endpointStats is micro's StatsHandler: each endpoint's own counts.
+func (s *Service) endpointStats(e *micro.Endpoint) any {
+	if ep, ok := s.endpoints[e.Subject]; ok {
+		return ep.stats()
+	}
+	return nil
+}
+
+// noteApp logs when the app becomes unreachable and when it answers again:
+// one line per change, not one per request.
+func (s *Service) noteApp(a answer) {
+	switch {
+	case a.outcome == outcomeUnavailable:
+		if s.appDown.set(true) {
+			s.log.Warn("app unreachable; answering reply requests 503 until it answers", "url", s.o.URL, "error", a.err)
+		}
+	case a.status != 0:
+		if s.appDown.set(false) {
+			s.log.Info("app answering reply requests again", "url", s.o.URL)
+		}
+	}
+}
+
+// appState is whether the app was last found unreachable.
+type appState struct {
+	mu   sync.Mutex
+	down bool
+}
+
+// set records down and reports whether it changed.
+func (a *appState) set(down bool) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changed := a.down != down
+	a.down = down
+	return changed
+}
+
+// validSubject reports whether s is a NATS subject or wildcard pattern a
+// service can subscribe to: dot-separated non-empty tokens without
+// whitespace, '*' only as a whole token, '>' only as the whole last token.
+func validSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	tokens := strings.Split(s, ".")
+	for i, t := range tokens {
+		if t == "" || strings.ContainsAny(t, " \t\r\n") {
+			return false
+		}
+		if strings.ContainsAny(t, "*>") && t != "*" && t != ">" {
+			return false
+		}
+		if t == ">" && i != len(tokens)-1 {
+			return false
+		}
+	}
+	return true
+}
+
+// endpointNames derives a micro endpoint name (letters, digits, '-', '_')
+// from each subject, unique within the service.
+func endpointNames(subjects []string) []string {
+	names := make([]string, len(subjects))
+	used := make(map[string]bool, len(subjects))
+	for i, subj := range subjects {
+		base := strings.Map(func(r rune) rune {
+			switch {
+			case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+				return r
+			}
+			return '_'
+		}, subj)
+		name := base
+		for n := 2; used[name]; n++ {
+			name = fmt.Sprintf("%s_%d", base, n)
+		}
+		used[name] = true
+		names[i] = name
+	}
+	return names
+}
+
+// semVer is SemVer 2.0's suggested pattern, the one micro validates with.
+var semVer = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// microVersion returns the version micro accepts for v, and metadata keeping
+// a v it cannot.
+func microVersion(v string) (string, map[string]string) {
+	if v == "" {
+		return "0.0.0", nil
+	}
+	if s := strings.TrimPrefix(v, "v"); semVer.MatchString(s) {
+		return s, nil
+	}
+	return "0.0.0", map[string]string{"courier_version": v}
+}

@@ -165,8 +165,9 @@ func New(nc *nats.Conn, opts Options) (*Service, error) {
 }
 
 // Start registers the micro service, one endpoint per subject in the queue
-// group, and returns once the server has its subscriptions (or ctx ends). It
-// may be called once; a Service stopped before Start does not start.
+// group, and returns once the server has its subscriptions (or ctx ends;
+// 10s when ctx has no deadline). It may be called once; a Service stopped
+// before Start does not start.
 func (s *Service) Start(ctx context.Context) error {
 	s.mu.Lock()
 	switch {
@@ -224,6 +225,11 @@ func (s *Service) Start(ctx context.Context) error {
 	s.mu.Unlock()
 	// Once the server has the subscriptions, a request sent after Start
 	// returns reaches this service.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
 	if err := s.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("reply: confirming subscriptions: %w", err)
 	}

@@ -2,6 +2,7 @@ package reply
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -181,4 +183,13 @@ func itoa(i int) string { return strconv.Itoa(i) }
 func hang(_ http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	<-r.Context().Done()
+}
+
+// waitCount waits until count(name, labels) is want: a request is counted
+// just after its reply is sent, so a caller can see the reply first.
+func waitCount(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
+	t.Helper()
+	poll.Until(t, 5*time.Second, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool {
+		return count(t, reg, name, labels...) == want
+	})
 }

@@ -82,12 +82,8 @@ func TestReplyIsTheAppsAnswer(t *testing.T) {
 	if n := count(t, svc.reg, "courier_reply_dropped_headers_total"); n != 2 {
 		t.Errorf("dropped headers = %v, want 2 (X-Bad, Courier-Stream)", n)
 	}
-	if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "2xx"); n != 1 {
-		t.Errorf("2xx requests = %v, want 1", n)
-	}
-	if n := count(t, svc.reg, "courier_reply_request_duration_seconds", "outcome", "2xx"); n != 1 {
-		t.Errorf("2xx latency samples = %v, want 1", n)
-	}
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "2xx")
+	waitCount(t, svc.reg, 1, "courier_reply_request_duration_seconds", "outcome", "2xx")
 	if logs := svc.logs.String(); strings.Contains(logs, "request answered") || !strings.Contains(logs, `"component":"reply"`) {
 		t.Errorf("a successful request is logged at info, or logs lack component=reply:\n%s", logs)
 	}
@@ -122,9 +118,7 @@ func TestNon2xxIsAnErrorReplyWithTheAppsBody(t *testing.T) {
 			if string(m.Data) != "details" || m.Header.Get("X-Why") != "because" {
 				t.Errorf("reply = %q %v, want the app's body and headers", m.Data, m.Header)
 			}
-			if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", tc.outcome); n != 1 {
-				t.Errorf("%s requests = %v, want 1", tc.outcome, n)
-			}
+			waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", tc.outcome)
 		})
 	}
 }
@@ -152,9 +146,7 @@ func TestTimeoutIs504(t *testing.T) {
 	svc := h.start(a.URL, func(o *Options) { o.Timeout = 100 * time.Millisecond })
 	m := h.request(nil, []byte("q"))
 	checkReply(t, m, "", "504")
-	if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "timeout"); n != 1 {
-		t.Errorf("timeout requests = %v, want 1", n)
-	}
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "timeout")
 }
 
 func TestAppDownIs503(t *testing.T) {
@@ -164,9 +156,7 @@ func TestAppDownIs503(t *testing.T) {
 		m := h.request(nil, []byte("q"))
 		checkReply(t, m, "", "503")
 	}
-	if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "unavailable"); n != 2 {
-		t.Errorf("unavailable requests = %v, want 2", n)
-	}
+	waitCount(t, svc.reg, 2, "courier_reply_requests_total", "outcome", "unavailable")
 	if n := strings.Count(svc.logs.String(), `"msg":"app unreachable`); n != 1 {
 		t.Errorf("app unreachable logged %d times, want once per outage:\n%s", n, svc.logs.String())
 	}
@@ -202,9 +192,7 @@ func TestAnswerLargerThanMaxPayloadIsAnErrorReply(t *testing.T) {
 			if !strings.Contains(m.Header.Get("Nats-Service-Error"), "too large") {
 				t.Errorf("Nats-Service-Error = %q, want it to say the answer was too large", m.Header.Get("Nats-Service-Error"))
 			}
-			if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "too_large"); n != 1 {
-				t.Errorf("too_large requests = %v, want 1", n)
-			}
+			waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "too_large")
 			if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "2xx"); n != 0 {
 				t.Errorf("2xx requests = %v, want 0", n)
 			}
@@ -245,6 +233,9 @@ func TestConcurrencyIsBounded(t *testing.T) {
 		<-release
 		now.Add(-1)
 	})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // before the app closes, should the test fail early
 	svc := h.start(a.URL, func(o *Options) { o.MaxConcurrent = 2 })
 	const n = 5
 	errs := make(chan error, n)
@@ -261,7 +252,7 @@ func TestConcurrencyIsBounded(t *testing.T) {
 	if g := count(t, svc.reg, "courier_reply_inflight_requests"); g != 2 {
 		t.Errorf("in-flight gauge = %v, want 2", g)
 	}
-	close(release)
+	letGo()
 	for range n {
 		if err := <-errs; err != nil {
 			t.Error(err)
@@ -321,13 +312,22 @@ func TestMicroControlSubjectsSeeTheService(t *testing.T) {
 
 func TestStopDrainsInFlightRequests(t *testing.T) {
 	h := newHarness(t, 0)
-	arrived := make(chan struct{}, 1)
+	arrived := make(chan struct{})
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	var first atomic.Bool
 	a := app(t, func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
+		if !first.CompareAndSwap(false, true) {
+			// A probe below that came before the unsubscribe.
+			_, _ = w.Write([]byte("probe"))
+			return
+		}
+		close(arrived)
 		<-release
 		_, _ = w.Write([]byte("late"))
 	})
+	t.Cleanup(letGo) // before the app closes, should the test fail early
 	svc := h.start(a.URL, nil)
 	replies := make(chan *nats.Msg, 1)
 	go func() {
@@ -354,7 +354,7 @@ func TestStopDrainsInFlightRequests(t *testing.T) {
 		t.Fatal("Stop returned with a request in flight")
 	default:
 	}
-	close(release)
+	letGo()
 	if m := <-replies; m == nil || string(m.Data) != "late" {
 		t.Errorf("in-flight request's reply = %v, want the app's answer", m)
 	}

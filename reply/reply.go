@@ -13,104 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/courierhq/courier/proxy"
 )
-
-// Options tunes a Service. Subjects and URL are required; every other zero
-// value means the default stated on the field.
-type Options struct {
-	// Subjects are answered, one micro endpoint each (wildcards allowed).
-	Subjects []string
-	// URL is where each request is POSTed.
-	URL string
-	// Name is the micro service name, as `nats micro ls` shows it. Default
-	// "courier".
-	Name string
-	// QueueGroup is the endpoints' queue group: every courier of one group
-	// shares the requests, each answered once. The sidecar passes the
-	// consumer name (COURIER_CONSUMER). Default Name.
-	QueueGroup string
-	// Version is reported by the service. A leading "v" is dropped; a value
-	// that is not SemVer (a development build's "dev") is reported as 0.0.0
-	// with the value given under the metadata key "courier_version".
-	// Default "0.0.0".
-	Version string
-	// MaxConcurrent bounds requests to the app in flight at once. Requests
-	// beyond it wait, in the order they came, in the subscription's buffer.
-	// The limit is the service's own, not shared with the asynchronous
-	// delivery loop: a request's caller is waiting, so it must not queue
-	// behind messages that can wait. The sidecar passes COURIER_MAX_INFLIGHT.
-	// Default 8.
-	MaxConcurrent int
-	// Timeout bounds one request, from connecting to the app to the last
-	// byte of its answer; past it the caller gets a 504 error reply. The
-	// sidecar passes COURIER_HTTP_TIMEOUT. Default 30s.
-	Timeout time.Duration
-	// ShutdownGrace is how long Stop lets requests in flight finish; those
-	// still running then are cancelled and answered 503. Default 25s.
-	ShutdownGrace time.Duration
-	// Client sends the requests. It must follow no redirect and resend
-	// nothing of its own. Default proxy.NewClient sized to MaxConcurrent:
-	// a pool of its own, so requests never wait for a connection held by
-	// the delivery loop.
-	Client *http.Client
-	// Logger receives logs, narrowed with component=reply; default discards.
-	// Successful requests are logged at debug only.
-	Logger *slog.Logger
-	// Registerer receives the metrics; default a private registry.
-	Registerer prometheus.Registerer
-}
-
-func (o *Options) defaults() error {
-	if len(o.Subjects) == 0 || o.URL == "" {
-		return errors.New("reply: Subjects and URL are required")
-	}
-	seen := make(map[string]bool, len(o.Subjects))
-	for _, s := range o.Subjects {
-		if !validSubject(s) {
-			return fmt.Errorf("reply: %q is not a valid subject", s)
-		}
-		if seen[s] {
-			return fmt.Errorf("reply: subject %q given twice", s)
-		}
-		seen[s] = true
-	}
-	if o.Name == "" {
-		o.Name = "courier"
-	}
-	if o.QueueGroup == "" {
-		o.QueueGroup = o.Name
-	}
-	if o.MaxConcurrent <= 0 {
-		o.MaxConcurrent = 8
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 30 * time.Second
-	}
-	if o.ShutdownGrace <= 0 {
-		o.ShutdownGrace = 25 * time.Second
-	}
-	if o.Client == nil {
-		o.Client = proxy.NewClient(proxy.ClientOptions{MaxConns: o.MaxConcurrent})
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.Registerer == nil {
-		o.Registerer = prometheus.NewRegistry()
-	}
-	return nil
-}
 
 // Service answers requests on Options.Subjects through the app. Create it with
 // New, call Start once and Stop when done; its methods are safe for
@@ -180,6 +89,9 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	s.started = true
 	s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 
 	// The endpoints' own counts exist before micro can ask for them.
 	s.endpoints = make(map[string]*endpoint, len(s.o.Subjects))
@@ -233,7 +145,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("reply: confirming subscriptions: %w", err)
 	}
-	s.log.Info("answering requests", "subjects", strings.Join(s.o.Subjects, ","), "url", s.o.URL,
+	s.log.Info("answering requests", "subjects", strings.Join(s.o.Subjects, ","), "url", redact(s.o.URL),
 		"queue_group", s.o.QueueGroup, "max_concurrent", s.o.MaxConcurrent, "timeout", s.o.Timeout.String())
 	return nil
 }
@@ -393,11 +305,11 @@ func (s *Service) noteApp(a answer) {
 	switch {
 	case a.outcome == outcomeUnavailable:
 		if s.appDown.set(true) {
-			s.log.Warn("app unreachable; answering reply requests 503 until it answers", "url", s.o.URL, "error", a.err)
+			s.log.Warn("app unreachable; answering reply requests 503 until it answers", "url", redact(s.o.URL), "error", a.err)
 		}
 	case a.status != 0:
 		if s.appDown.set(false) {
-			s.log.Info("app answering reply requests again", "url", s.o.URL)
+			s.log.Info("app answering reply requests again", "url", redact(s.o.URL))
 		}
 	}
 }
@@ -415,64 +327,4 @@ func (a *appState) set(down bool) bool {
 	changed := a.down != down
 	a.down = down
 	return changed
-}
-
-// validSubject reports whether s is a NATS subject or wildcard pattern a
-// service can subscribe to: dot-separated non-empty tokens without
-// whitespace, '*' only as a whole token, '>' only as the whole last token.
-func validSubject(s string) bool {
-	if s == "" {
-		return false
-	}
-	tokens := strings.Split(s, ".")
-	for i, t := range tokens {
-		if t == "" || strings.ContainsAny(t, " \t\r\n") {
-			return false
-		}
-		if strings.ContainsAny(t, "*>") && t != "*" && t != ">" {
-			return false
-		}
-		if t == ">" && i != len(tokens)-1 {
-			return false
-		}
-	}
-	return true
-}
-
-// endpointNames derives a micro endpoint name (letters, digits, '-', '_')
-// from each subject, unique within the service.
-func endpointNames(subjects []string) []string {
-	names := make([]string, len(subjects))
-	used := make(map[string]bool, len(subjects))
-	for i, subj := range subjects {
-		base := strings.Map(func(r rune) rune {
-			switch {
-			case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
-				return r
-			}
-			return '_'
-		}, subj)
-		name := base
-		for n := 2; used[name]; n++ {
-			name = fmt.Sprintf("%s_%d", base, n)
-		}
-		used[name] = true
-		names[i] = name
-	}
-	return names
-}
-
-// semVer is SemVer 2.0's suggested pattern, the one micro validates with.
-var semVer = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
-
-// microVersion returns the version micro accepts for v, and metadata keeping
-// a v it cannot.
-func microVersion(v string) (string, map[string]string) {
-	if v == "" {
-		return "0.0.0", nil
-	}
-	if s := strings.TrimPrefix(v, "v"); semVer.MatchString(s) {
-		return s, nil
-	}
-	return "0.0.0", map[string]string{"courier_version": v}
 }

@@ -444,6 +444,7 @@ func TestOptionsChecked(t *testing.T) {
 		{Subjects: []string{"a.>.b"}, URL: "http://x"},
 		{Subjects: []string{"a b"}, URL: "http://x"},
 		{Subjects: []string{"a", "a"}, URL: "http://x"},
+		{Subjects: []string{"a"}, URL: "localhost:8080"},
 	} {
 		if _, err := New(nc, o); err == nil {
 			t.Errorf("New(%+v) = nil error", o)

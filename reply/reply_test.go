@@ -464,3 +464,20 @@ func TestEndpointNamesAndVersion(t *testing.T) {
 		}
 	}
 }
+
+func TestConnectionDroppedIs502(t *testing.T) {
+	h := newHarness(t, 0)
+	a := app(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = c.Close() // the app crashed mid-request
+	})
+	svc := h.start(a.URL, nil)
+	m := h.request(nil, []byte("q"))
+	checkReply(t, m, "", "502")
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "transport")
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/reply"
 	"github.com/courierhq/courier/success"
 )
 
@@ -28,9 +29,6 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	cfg, err := loadConfig(environ)
 	if err != nil {
 		return err
-	}
-	if !cfg.ConsumesStream() {
-		return errors.New("COURIER_REPLY_SUBJECTS without COURIER_STREAM: this build of courier does not serve requests yet (behaviour 18); set COURIER_STREAM and COURIER_APP_URL to consume a stream")
 	}
 	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth()}
 	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
@@ -63,8 +61,10 @@ type sidecar struct {
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 
+	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
+
 	// What undoes each step; nil until the step ran.
-	stopGiveup, closeStore, drainConn, stopAdmin func()
+	stopReplies, stopGiveup, closeStore, drainConn, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -78,14 +78,31 @@ func (s *sidecar) run(ctx context.Context) (err error) {
 	}
 	// The embedded store before anything touches the server: a second
 	// courier on a locked store stops here, having changed nothing.
-	s.health.at("opening the dedup store")
-	if s.closeStore, err = s.openStore(); err != nil {
-		return err
+	if s.cfg.ConsumesStream() {
+		s.health.at("opening the dedup store")
+		if s.closeStore, err = s.openStore(); err != nil {
+			return err
+		}
 	}
 	// NATS, retried while unreachable.
 	s.health.at("connecting to NATS")
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
+	}
+	// Request/reply (behaviour 18): answered from now on, beside the
+	// delivery loop, with its own slots and HTTP connections; on the stop
+	// signal it drains at the same time as the delivery loop.
+	if s.cfg.ServesReplies() {
+		s.health.at("registering the request/reply service")
+		if s.stopReplies, err = s.startReplies(ctx); err != nil {
+			return err
+		}
+	}
+	if !s.cfg.ConsumesStream() {
+		s.health.running(s.nc, replyLoop{s.replies})
+		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.ReplyURL)
+		<-ctx.Done()
+		return nil
 	}
 	// The shared store's bucket lives on the server.
 	if s.cfg.DedupEnabled() && s.cfg.DedupStore == config.DedupShared {
@@ -114,13 +131,14 @@ func (s *sidecar) run(ctx context.Context) (err error) {
 
 // close undoes start-up, whatever step it reached, in the order behaviour 9
 // needs. By now the delivery loop has stopped fetching and finished or
-// NAK'd what it held. Then: the max-deliveries catch stops (finishing the
+// NAK'd what it held. Then: the request/reply service has answered every
+// request it took, the max-deliveries catch stops (finishing the
 // advisory in hand), the dedup store closes, the NATS connection drains (so
 // every ack and NAK reaches the server), and the admin server stops last,
 // so that probes answer to the end.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopGiveup, s.closeStore, s.drainConn, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.drainConn, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}
@@ -282,10 +300,13 @@ func (s *sidecar) deliver(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.health.running(s.nc, runner)
+	var l loop = runner
+	if s.replies != nil {
+		l = both{runner, replyLoop{s.replies}}
+	}
+	s.health.running(s.nc, l)
 	s.log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
 		"max_inflight", cfg.MaxInflight, "max_deliver", cfg.MaxDeliver)
-	s.warnNotWired()
 
 	// Say when the stop signal arrives, not only once the grace period
 	// is over.
@@ -307,20 +328,41 @@ func (s *sidecar) deliver(ctx context.Context) error {
 	return nil
 }
 
-// warnNotWired names the variables this build parses and checks but does
-// not act on yet, so that nobody relies on them silently.
-func (s *sidecar) warnNotWired() {
-	for _, v := range []struct {
-		name string
-		set  bool
-	}{
-		{"COURIER_REPLY_SUBJECTS", s.cfg.ServesReplies()},
-	} {
-		if v.set {
-			s.log.Warn("this build of courier does not act on "+v.name+" yet: it is ignored", "variable", v.name)
-		}
+// startReplies registers the request/reply service. It drains on the stop
+// signal, and the returned stop (idempotent) waits until every request it
+// took is answered: before the connection drains, which would replace the
+// handler the service relies on.
+func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
+	v, _, _ := buildInfo()
+	rs, err := reply.New(s.nc, reply.Options{
+		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
+		MaxConcurrent: s.cfg.MaxInflight, Timeout: s.cfg.HTTPTimeout, ShutdownGrace: s.cfg.ShutdownGrace,
+		Logger: s.log, Registerer: s.reg,
+	})
+	if err != nil {
+		return nil, err
 	}
+	if err := rs.Start(ctx); err != nil {
+		rs.Stop()
+		return nil, err
+	}
+	s.replies = rs
+	stopOnSignal := context.AfterFunc(ctx, rs.Stop)
+	s.log.Info("answering requests", "subjects", s.cfg.ReplySubjects, "url", s.cfg.ReplyURL, "queue_group", s.cfg.Consumer)
+	return func() { stopOnSignal(); rs.Stop() }, nil
 }
+
+// replyLoop is the request/reply service as health sees it.
+type replyLoop struct{ rs *reply.Service }
+
+func (r replyLoop) Ready() error { return r.rs.Ready() }
+func (r replyLoop) Alive() error { return nil }
+
+// both is ready and alive when each of two loops is.
+type both [2]loop
+
+func (b both) Ready() error { return errors.Join(b[0].Ready(), b[1].Ready()) }
+func (b both) Alive() error { return errors.Join(b[0].Alive(), b[1].Alive()) }
 
 // successPublisher stores success records, when COURIER_SUCCESS_SUBJECT is
 // set (the interface stays nil otherwise).

@@ -1,8 +1,8 @@
 // Package demo runs courier end to end on one machine with nothing
 // installed: an embedded JetStream server, a small sample app that fails some
 // requests on purpose, and a handful of messages that show a success, a
-// retry honouring Retry-After, a retry with backoff, a duplicate and a dead
-// letter.
+// retry honouring Retry-After, a retry with backoff, a duplicate, a dead
+// letter, a success record and a request/reply round trip.
 package demo
 
 import (
@@ -87,7 +87,8 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	appURL := "http://" + ln.Addr().String() + "/orders"
-	say("sample app at %s", appURL)
+	quoteURL := "http://" + ln.Addr().String() + "/quote"
+	say("sample app at %s (and %s for requests)", appURL, quoteURL)
 
 	msgs := []struct {
 		subject, body, key string
@@ -121,6 +122,9 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 		"COURIER_DEDUP_DIR=" + dir + "/dedup",
 		"COURIER_ADMIN_ADDR=127.0.0.1:0",
 		"COURIER_SHUTDOWN_GRACE=2s",
+		"COURIER_SUCCESS_SUBJECT=" + successSubject,
+		"COURIER_REPLY_SUBJECTS=" + quoteSubject,
+		"COURIER_REPLY_URL=" + quoteURL,
 	}
 	// Text logs unless the user asks otherwise: the demo is read by people.
 	environ = append(environ, "COURIER_LOG_FORMAT=text")
@@ -162,6 +166,15 @@ wait:
 	}
 	if result == nil && ctx.Err() == nil {
 		say("order-4's dead letter is stored on subject dlq.ORDERS.courier with its reason and last status")
+		if n, first := successRecords(ctx, js); n > 0 {
+			say("%d success records on %s (one per order answered 2xx), e.g. %s", n, successSubject, first)
+		}
+		resp, err := nc.Request(quoteSubject, []byte(`{"sku":"A1","qty":3}`), 5*time.Second)
+		if err != nil {
+			result = fmt.Errorf("demo: request on %s: %w", quoteSubject, err)
+		} else {
+			say("request on %s → reply %s (Courier-Status: %s)", quoteSubject, resp.Data, resp.Header.Get("Courier-Status"))
+		}
 	}
 	stop()
 	if err := <-done; err != nil && result == nil {
@@ -169,6 +182,36 @@ wait:
 	}
 	say("stopped")
 	return result
+}
+
+// Where the demo's success records go, and the subject courier answers.
+const (
+	successSubject = "orders-done.ORDERS"
+	quoteSubject   = "quotes.get"
+)
+
+// successRecords counts the success records and describes the first.
+func successRecords(ctx context.Context, js jetstream.JetStream) (uint64, string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	name, err := js.StreamNameBySubject(ctx, successSubject)
+	if err != nil {
+		return 0, ""
+	}
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0, ""
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.State.Msgs == 0 {
+		return 0, ""
+	}
+	m, err := s.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		return info.State.Msgs, ""
+	}
+	return info.State.Msgs, fmt.Sprintf("%s (Courier-Status: %s, Idempotency-Key: %s)",
+		m.Data, m.Header.Get("Courier-Status"), m.Header.Get("Idempotency-Key"))
 }
 
 // settled reports whether the consumer has nothing pending or unacked.
@@ -228,6 +271,12 @@ func (a *sampleApp) calls(key string) int {
 
 func (a *sampleApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if r.URL.Path == "/quote" {
+		a.say("app got a request %s → 200", body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"sku":"A1","qty":3,"price":"29.85"}`))
+		return
+	}
 	key := r.Header.Get("Idempotency-Key")
 	a.mu.Lock()
 	a.seen[key]++
@@ -238,6 +287,7 @@ func (a *sampleApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.say("app got %s (attempt %s) → %d %s", key, attempt, status, note)
 		w.WriteHeader(status)
 		if status == 200 {
+			_, _ = fmt.Fprintf(w, `{"accepted":%q}`, key)
 			a.mu.Lock()
 			a.oks++
 			a.mu.Unlock()

@@ -76,7 +76,8 @@ func TestDemoRunsAndStops(t *testing.T) {
 		t.Fatal("demo did not stop by itself")
 	}
 	out := stdout.String()
-	for _, want := range []string{"→ 200", "→ 429 Retry-After: 1", "→ 422", "sent to the app 1 time(s)", "every message settled"} {
+	for _, want := range []string{"→ 200", "→ 429 Retry-After: 1", "→ 422", "sent to the app 1 time(s)", "every message settled",
+		"4 success records on orders-done.ORDERS", "request on quotes.get → reply {"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -398,7 +398,7 @@ func (c *checker) checkPublishSubject(cfg *Config, name, subject, what string) b
 		return false
 	}
 	for _, f := range cfg.Subjects {
-		if checkSubject(f) == "" && SubjectMatches(f, subject) {
+		if checkSubject(f) == "" && natsSubjectMatches(f, subject) {
 			c.add(name, "matched by the filter subject %q of COURIER_SUBJECTS, so courier would consume its own %s: choose a subject outside the consumed ones", f, what)
 		}
 	}
@@ -503,7 +503,7 @@ func (c *checker) checkReplies(cfg *Config) {
 		for _, p := range []struct{ name, subject string }{
 			{"COURIER_DLQ_SUBJECT", cfg.DLQSubject}, {"COURIER_SUCCESS_SUBJECT", cfg.SuccessSubject},
 		} {
-			if p.subject != "" && SubjectMatches(a, p.subject) {
+			if p.subject != "" && natsSubjectMatches(a, p.subject) {
 				c.add(name, "%q matches %s (%q): courier would answer its own publishes there", a, p.name, p.subject)
 			}
 		}

@@ -567,39 +567,6 @@ func TestDLQSubject(t *testing.T) {
 	}
 }
 
-func TestSubjectMatches(t *testing.T) {
-	tests := []struct {
-		pattern, subject string
-		want             bool
-	}{
-		{"a.b.c", "a.b.c", true},
-		{"a.b.c", "a.b", false},
-		{"a.b", "a.b.c", false},
-		{"a.*.c", "a.b.c", true},
-		{"a.*.c", "a.b.d", false},
-		{"a.*", "a.b.c", false},
-		{"*", "a", true},
-		{"*", "a.b", false},
-		{"*.*.*", "a.b.c", true},
-		{">", "a", true},
-		{">", "a.b.c", true},
-		{"a.>", "a", false},
-		{"a.>", "a.b", true},
-		{"a.>", "a.b.c", true},
-		{"a.>", "b.c", false},
-		{"*.b.>", "a.b.c.d", true},
-		{"*.b.>", "a.b", false},
-		{"a.b", "A.b", false}, // subjects are case-sensitive
-		{"a.*", "a.*", true},  // a wildcard in the subject is a literal token
-		{"a.b", "a.*", false},
-	}
-	for _, tt := range tests {
-		if got := SubjectMatches(tt.pattern, tt.subject); got != tt.want {
-			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", tt.pattern, tt.subject, got, tt.want)
-		}
-	}
-}
-
 func TestSubjectsCollide(t *testing.T) {
 	tests := []struct {
 		a, b string

@@ -50,12 +50,9 @@ func checkSubject(s string) string {
 // isLiteral reports whether a valid subject has no wildcard token.
 func isLiteral(s string) bool { return subject.IsLiteral(s) }
 
-// SubjectMatches reports whether the NATS subject filter pattern, which may
-// hold wildcards ('*' for one token, '>' as the last token for one or more),
-// matches the literal subject. Tokens of subject are compared literally,
-// wildcards included. The runtime uses it to check the stream's subjects
-// against COURIER_DLQ_SUBJECT when COURIER_SUBJECTS is empty.
-func SubjectMatches(pattern, s string) bool { return subject.Matches(pattern, s) }
+// natsSubjectMatches reports whether the filter (wildcards allowed) matches
+// the literal subject s (internal/subject's rules).
+func natsSubjectMatches(filter, s string) bool { return subject.Matches(filter, s) }
 
 // subjectsCollide reports whether some literal subject matches both
 // patterns.

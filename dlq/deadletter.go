@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -151,7 +152,7 @@ func (d *DeadLetter) Original() nats.Header {
 // Nats-Msg-Id would be.
 func (d *DeadLetter) Republish(idempotencyHeader string) *nats.Msg {
 	h := d.Original()
-	if idempotencyHeader != "" && headerValue(h, idempotencyHeader) == "" && h.Get(msgIDHeader) == "" && !d.StreamCreated.IsZero() {
+	if idempotencyHeader != "" && natshdr.Get(h, idempotencyHeader) == "" && h.Get(msgIDHeader) == "" && !d.StreamCreated.IsZero() {
 		h.Set(idempotencyHeader, DerivedKey(d.Stream, d.StreamCreated, d.StreamSequence))
 	}
 	if _, ok := h[msgIDHeader]; !ok {
@@ -160,20 +161,6 @@ func (d *DeadLetter) Republish(idempotencyHeader string) *nats.Msg {
 		}
 	}
 	return &nats.Msg{Subject: d.Subject, Header: h, Data: d.Data}
-}
-
-// headerValue looks a header up as sent (NATS header names are
-// case-sensitive) and then in any case, as the delivery loop does.
-func headerValue(h nats.Header, name string) string {
-	if vs := h[name]; len(vs) > 0 {
-		return vs[0]
-	}
-	for k, vs := range h {
-		if len(vs) > 0 && strings.EqualFold(k, name) {
-			return vs[0]
-		}
-	}
-	return ""
 }
 
 // Load reads what a reference dead letter left in the source stream: the

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // Headers courier adds to every request to the app.
@@ -29,7 +30,7 @@ const (
 // unique when a stream is deleted and created again and sequences restart.
 func ResolveKey(h nats.Header, header string, stream string, created time.Time, seq uint64) string {
 	if header != "" {
-		if v := headerValue(h, header); v != "" {
+		if v := natshdr.Get(h, header); v != "" {
 			return v
 		}
 	}
@@ -37,20 +38,6 @@ func ResolveKey(h nats.Header, header string, stream string, created time.Time, 
 		return v
 	}
 	return dlq.DerivedKey(stream, created, seq)
-}
-
-// headerValue looks a header up as sent (NATS header names are
-// case-sensitive) and then case-insensitively, as HTTP would.
-func headerValue(h nats.Header, name string) string {
-	if vs := h[name]; len(vs) > 0 {
-		return vs[0]
-	}
-	for k, vs := range h {
-		if len(vs) > 0 && strings.EqualFold(k, name) {
-			return vs[0]
-		}
-	}
-	return ""
 }
 
 // DroppedHeader is a message header that HTTP cannot carry.

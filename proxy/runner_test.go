@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,20 +91,8 @@ func setup(t *testing.T) *env {
 
 func (e *env) run(t *testing.T, dd proxy.Deduper) (stop func()) {
 	t.Helper()
-	r, err := proxy.New(e.cons, dlq.NewPublisher(e.js, "dlq.s"), dd, proxy.Options{
-		AppURL: e.url, Stream: "S", Consumer: "c", MaxDeliver: 5, AckWait: 5 * time.Second,
-		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Registerer: e.reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(ctx) }()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
-	t.Cleanup(stop)
+	_, stop = e.runWith(t, dd, proxy.Options{MaxDeliver: 5, AckWait: 5 * time.Second,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
 	return stop
 }
 

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // Tracing (SPEC behaviour 19): with a Tracer, every delivery attempt is a
@@ -26,7 +28,7 @@ import (
 // are case-sensitive, and publishers write "traceparent" in lower case.
 type natsCarrier nats.Header
 
-func (c natsCarrier) Get(key string) string { return headerValue(nats.Header(c), key) }
+func (c natsCarrier) Get(key string) string { return natshdr.Get(nats.Header(c), key) }
 func (c natsCarrier) Set(key, value string) { nats.Header(c).Set(key, value) }
 func (c natsCarrier) Keys() []string {
 	keys := make([]string, 0, len(c))

@@ -71,4 +71,3 @@ func pingData(m *nats.Msg) string {
 	}
 	return string(m.Data)
 }
-

@@ -13,6 +13,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/subject"
 	"github.com/courierhq/courier/success"
 )
 
@@ -158,7 +159,7 @@ func ensureSuccess(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	if len(cfg.Subjects) == 0 {
 		for _, s := range stream.CachedInfo().Config.Subjects {
-			if config.SubjectMatches(s, cfg.SuccessSubject) {
+			if subject.Matches(s, cfg.SuccessSubject) {
 				return fmt.Errorf("success subject %q is captured by stream %q, which courier consumes: courier would consume its own success records; set COURIER_SUCCESS_SUBJECT to a subject outside the stream", cfg.SuccessSubject, cfg.Stream)
 			}
 		}
@@ -181,7 +182,7 @@ func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, s
 	src := stream.CachedInfo().Config
 	if len(cfg.Subjects) == 0 {
 		for _, s := range src.Subjects {
-			if config.SubjectMatches(s, cfg.DLQSubject) {
+			if subject.Matches(s, cfg.DLQSubject) {
 				return fmt.Errorf("dead-letter subject %q is captured by stream %q, which courier consumes: courier would consume its own dead letters; set COURIER_DLQ_SUBJECT to a subject outside the stream, or COURIER_SUBJECTS to filter it out", cfg.DLQSubject, cfg.Stream)
 			}
 		}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options configures a Runner. A zero value takes the documented default;
@@ -100,6 +102,15 @@ type Options struct {
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.
 	Connected func() bool
+	// Tracer, when set, makes each delivery attempt a span (behaviour 19)
+	// whose parent is the message's trace context, carried on to the app;
+	// nil means tracing off: no spans, and traceparent passes through
+	// unchanged at no cost.
+	Tracer trace.Tracer
+	// Propagator reads the trace context of a message's headers and writes
+	// the span's into the request to the app; default W3C Trace Context
+	// (traceparent, tracestate). Unused while Tracer is nil.
+	Propagator propagation.TextMapPropagator
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }

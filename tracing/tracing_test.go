@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +391,23 @@ func TestGRPCTarget(t *testing.T) {
 		if err != nil || target != tt.target || plaintext != tt.plaintext {
 			t.Errorf("grpcTarget(%q, %v) = %q, %v, %v; want %q, %v", tt.endpoint, tt.insecure, target, plaintext, err, tt.target, tt.plaintext)
 		}
+	}
+}
+
+// TestErrorHandler: the first error is logged at once, the next ones at
+// most once per interval, with how many were left out.
+func TestErrorHandler(t *testing.T) {
+	var buf strings.Builder
+	now := time.Unix(0, 0)
+	h := ErrorHandler(slog.New(slog.NewTextHandler(&buf, nil)), time.Minute).(*errorLog)
+	h.now = func() time.Time { return now }
+	for i := range 5 {
+		h.Handle(errors.New("export failed " + strconv.Itoa(i)))
+		now = now.Add(20 * time.Second)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "export failed 0") || !strings.Contains(lines[0], "errors_not_logged=0") ||
+		!strings.Contains(lines[1], "export failed 3") || !strings.Contains(lines[1], "errors_not_logged=2") {
+		t.Errorf("logged:\n%s", buf.String())
 	}
 }

@@ -146,6 +146,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
 	c.checkOperations(cfg)
+	c.checkTracing(cfg)
 }
 
 func (c *checker) checkNATS(cfg *Config) {

@@ -100,6 +100,25 @@ type Config struct {
 	// ShutdownGrace is the time in-flight requests get after SIGTERM; 0
 	// means none: they are abandoned and their messages NAK'd at once.
 	ShutdownGrace time.Duration `env:"COURIER_SHUTDOWN_GRACE" envDefault:"25s"`
+
+	// Tracing (behaviour 19): OpenTelemetry's own variables, read as its
+	// specification says. They are kept as given; the Traces* methods
+	// resolve them (which of two variables wins, what a default is).
+	OTLPEndpoint       string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"`
+	OTLPTracesEndpoint string `env:"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"`
+	OTLPProtocol       string `env:"OTEL_EXPORTER_OTLP_PROTOCOL" envDefault:"http/protobuf"`
+	OTLPTracesProtocol string `env:"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"`
+	// OTLPHeaders and OTLPTracesHeaders are secrets (an API key, as a
+	// rule): Redacted hides them.
+	OTLPHeaders       string `env:"OTEL_EXPORTER_OTLP_HEADERS"`
+	OTLPTracesHeaders string `env:"OTEL_EXPORTER_OTLP_TRACES_HEADERS"`
+	OTLPInsecure      bool   `env:"OTEL_EXPORTER_OTLP_INSECURE" envDefault:"false"`
+	// OTELServiceName is as given; TracesServiceName applies the default.
+	OTELServiceName        string `env:"OTEL_SERVICE_NAME"`
+	OTELResourceAttributes string `env:"OTEL_RESOURCE_ATTRIBUTES"`
+	OTELTracesSampler      string `env:"OTEL_TRACES_SAMPLER" envDefault:"parentbased_always_on"`
+	OTELTracesSamplerArg   string `env:"OTEL_TRACES_SAMPLER_ARG"`
+	OTELSDKDisabled        bool   `env:"OTEL_SDK_DISABLED" envDefault:"false"`
 }
 
 // StatusSet is a set of HTTP status codes, parsed from a comma-separated list
@@ -194,8 +213,9 @@ func Environ(kv []string) map[string]string {
 //
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
-// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL and COURIER_LOG_FORMAT are
-// case-insensitive and come back lower-cased (COURIER_DEDUP_STORE=kv comes
+// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
+// protocols and OTEL_TRACES_SAMPLER are case-insensitive and come back
+// lower-cased (COURIER_DEDUP_STORE=kv comes
 // back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
 // when COURIER_REPLY_SUBJECTS is set and it is not.
 //
@@ -227,6 +247,12 @@ func load(environ map[string]string) (Config, *checker) {
 	cfg.LogLevel = lower(cfg.LogLevel)
 	cfg.LogFormat = lower(cfg.LogFormat)
 	cfg.DedupStore = lower(cfg.DedupStore)
+	cfg.OTLPProtocol = lower(cfg.OTLPProtocol)
+	cfg.OTLPTracesProtocol = lower(cfg.OTLPTracesProtocol)
+	cfg.OTELTracesSampler = lower(cfg.OTELTracesSampler)
+	cfg.OTLPEndpoint = strings.TrimSpace(cfg.OTLPEndpoint)
+	cfg.OTLPTracesEndpoint = strings.TrimSpace(cfg.OTLPTracesEndpoint)
+	cfg.OTELServiceName = strings.TrimSpace(cfg.OTELServiceName)
 
 	c.check(&cfg)
 	return cfg, c
@@ -269,6 +295,16 @@ func parsers() map[reflect.Type]env.ParserFunc {
 				return nil, fmt.Errorf("missing a unit: a duration in Go syntax, such as %ss", v)
 			}
 			return nil, errors.New("not a duration: Go syntax expected, such as 500ms, 30s, 10m or 1h30m")
+		},
+		reflect.TypeFor[bool](): func(v string) (any, error) {
+			// OpenTelemetry's booleans: true or false, in any case.
+			switch lower(v) {
+			case "true":
+				return true, nil
+			case "false":
+				return false, nil
+			}
+			return nil, errors.New("expected true or false")
 		},
 		reflect.TypeFor[[]string](): func(v string) (any, error) {
 			return splitList(v), nil

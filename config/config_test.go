@@ -91,6 +91,11 @@ func specOrder() []string {
 		"COURIER_SUCCESS_SUBJECT", "COURIER_REPLY_SUBJECTS", "COURIER_REPLY_URL",
 		"COURIER_ADMIN_ADDR", "COURIER_LOG_LEVEL", "COURIER_LOG_FORMAT",
 		"COURIER_SHUTDOWN_GRACE",
+		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+		"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED",
 	}
 }
 
@@ -127,6 +132,8 @@ func TestLoadDefaults(t *testing.T) {
 		LogLevel:          "info",
 		LogFormat:         "",
 		ShutdownGrace:     25 * time.Second,
+		OTLPProtocol:      "http/protobuf",
+		OTELTracesSampler: "parentbased_always_on",
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", cfg, want)
@@ -262,6 +269,19 @@ func TestLoadValues(t *testing.T) {
 		"COURIER_LOG_LEVEL":          "DEBUG",
 		"COURIER_LOG_FORMAT":         "Json",
 		"COURIER_SHUTDOWN_GRACE":     "0s",
+
+		"OTEL_EXPORTER_OTLP_ENDPOINT":        " http://otel:4318 ",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "otel:4317",
+		"OTEL_EXPORTER_OTLP_PROTOCOL":        "HTTP/Protobuf",
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "gRPC",
+		"OTEL_EXPORTER_OTLP_HEADERS":         "a=1",
+		"OTEL_EXPORTER_OTLP_TRACES_HEADERS":  "api-key=s%20cret",
+		"OTEL_EXPORTER_OTLP_INSECURE":        "TRUE",
+		"OTEL_SERVICE_NAME":                  "billing-courier",
+		"OTEL_RESOURCE_ATTRIBUTES":           "deployment.environment=prod",
+		"OTEL_TRACES_SAMPLER":                "ParentBased_TraceIDRatio",
+		"OTEL_TRACES_SAMPLER_ARG":            "0.25",
+		"OTEL_SDK_DISABLED":                  "false",
 	}
 	cfg := mustLoad(t, environ)
 	want := Config{
@@ -304,6 +324,18 @@ func TestLoadValues(t *testing.T) {
 		LogLevel:          "debug",
 		LogFormat:         "json",
 		ShutdownGrace:     0,
+
+		OTLPEndpoint:           "http://otel:4318",
+		OTLPTracesEndpoint:     "otel:4317",
+		OTLPProtocol:           "http/protobuf",
+		OTLPTracesProtocol:     "grpc",
+		OTLPHeaders:            "a=1",
+		OTLPTracesHeaders:      "api-key=s%20cret",
+		OTLPInsecure:           true,
+		OTELServiceName:        "billing-courier",
+		OTELResourceAttributes: "deployment.environment=prod",
+		OTELTracesSampler:      "parentbased_traceidratio",
+		OTELTracesSamplerArg:   "0.25",
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", cfg, want)

@@ -28,7 +28,7 @@ type Var struct {
 	// in its place.
 	Value string
 	// Secret is true for the variables whose whole value is withheld:
-	// NATS_PASSWORD and NATS_TOKEN.
+	// NATS_PASSWORD, NATS_TOKEN and the OTLP headers.
 	Secret bool
 	// Problems are what is wrong with the variable, as in *Error; none
 	// when it is fine. Only Inspect fills them in.
@@ -88,6 +88,18 @@ func specs() []spec {
 		{"COURIER_LOG_LEVEL", "debug, info, warn or error", "info", false, func(c Config) string { return c.LogLevel }},
 		{"COURIER_LOG_FORMAT", "text (tint) or json", "text on a terminal, else json", false, func(c Config) string { return c.LogFormat }},
 		{"COURIER_SHUTDOWN_GRACE", "time in-flight requests get after SIGTERM", "25s", false, func(c Config) string { return formatDuration(c.ShutdownGrace) }},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "OpenTelemetry collector; set (or the next), tracing is on: a span per delivery attempt. For http/protobuf a base URL, /v1/traces appended", "unset: tracing off", false, func(c Config) string { return c.OTLPEndpoint }},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "where spans go, used as it is; wins over OTEL_EXPORTER_OTLP_ENDPOINT", "unset", false, func(c Config) string { return c.OTLPTracesEndpoint }},
+		{"OTEL_EXPORTER_OTLP_PROTOCOL", "grpc or http/protobuf", ProtocolHTTPProtobuf, false, func(c Config) string { return c.OTLPProtocol }},
+		{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc or http/protobuf, for spans; wins over OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL", false, func(c Config) string { return c.OTLPTracesProtocol }},
+		{"OTEL_EXPORTER_OTLP_HEADERS", "headers sent to the collector: name=value, comma separated, values percent-encoded", "unset", true, func(c Config) string { return c.OTLPHeaders }},
+		{"OTEL_EXPORTER_OTLP_TRACES_HEADERS", "headers sent with spans; replaces OTEL_EXPORTER_OTLP_HEADERS", "unset", true, func(c Config) string { return c.OTLPTracesHeaders }},
+		{"OTEL_EXPORTER_OTLP_INSECURE", "true: plaintext to a gRPC endpoint given as host:port (a URL's scheme decides otherwise)", "false", false, func(c Config) string { return strconv.FormatBool(c.OTLPInsecure) }},
+		{"OTEL_SERVICE_NAME", "service.name of courier's spans", DefaultServiceName + " (or service.name in OTEL_RESOURCE_ATTRIBUTES)", false, func(c Config) string { return c.TracesServiceName() }},
+		{"OTEL_RESOURCE_ATTRIBUTES", "more attributes of courier's spans: key=value, comma separated, values percent-encoded", "unset", false, func(c Config) string { return c.OTELResourceAttributes }},
+		{"OTEL_TRACES_SAMPLER", "which traces are recorded: " + strings.Join(samplers, ", "), "parentbased_always_on", false, func(c Config) string { return c.OTELTracesSampler }},
+		{"OTEL_TRACES_SAMPLER_ARG", "ratio from 0 to 1 of the traceidratio samplers", "1", false, func(c Config) string { return c.OTELTracesSamplerArg }},
+		{"OTEL_SDK_DISABLED", "true: no tracing, whatever the endpoint", "false", false, func(c Config) string { return strconv.FormatBool(c.OTELSDKDisabled) }},
 	}
 }
 
@@ -142,8 +154,9 @@ func cell(s string) string {
 // Redacted returns a copy of c that is safe to log or print: NATS_PASSWORD
 // and NATS_TOKEN become "[redacted]" (empty stays empty), and so does a
 // password in the userinfo of NATS_URL (or a bare token there, as in
-// nats://token@host), COURIER_APP_URL, COURIER_APP_HEALTH_URL or
-// COURIER_REPLY_URL. It must not be used to connect.
+// nats://token@host), COURIER_APP_URL, COURIER_APP_HEALTH_URL,
+// COURIER_REPLY_URL or the OTLP endpoints; the OTLP headers become
+// "[redacted]" whole. It must not be used to connect.
 func (c Config) Redacted() Config {
 	c.NATSURL = redactNATSURLs(c.NATSURL)
 	c.NATSPassword = redactSecret(c.NATSPassword)
@@ -151,6 +164,10 @@ func (c Config) Redacted() Config {
 	c.AppURL = redactHTTPURL(c.AppURL)
 	c.AppHealthURL = redactHTTPURL(c.AppHealthURL)
 	c.ReplyURL = redactHTTPURL(c.ReplyURL)
+	c.OTLPEndpoint = redactHTTPURL(c.OTLPEndpoint)
+	c.OTLPTracesEndpoint = redactHTTPURL(c.OTLPTracesEndpoint)
+	c.OTLPHeaders = redactSecret(c.OTLPHeaders)
+	c.OTLPTracesHeaders = redactSecret(c.OTLPTracesHeaders)
 	c.Subjects = slices.Clone(c.Subjects) // the copy shares nothing mutable
 	c.ReplySubjects = slices.Clone(c.ReplySubjects)
 	return c

@@ -44,7 +44,9 @@ func Inspect(environ map[string]string) ([]Var, []Warning, error) {
 
 // Warnings returns what looks wrong in a configuration that Load accepts:
 // unknown COURIER_* variables (most likely misspelt, with the closest known
-// name), the deprecated COURIER_DEDUP_STORE=kv, and a COURIER_MAX_DELIVER
+// name), OTLP exporter variables for spans that courier does not read
+// (such as OTEL_EXPORTER_OTLP_CERTIFICATE), the deprecated
+// COURIER_DEDUP_STORE=kv, and a COURIER_MAX_DELIVER
 // too small to survive a restart. cfg is what Load returned for environ.
 func Warnings(cfg Config, environ map[string]string) []Warning {
 	var ws []Warning
@@ -56,6 +58,10 @@ func Warnings(cfg Config, environ map[string]string) []Warning {
 			text += " (`courier config` lists them)"
 		}
 		ws = append(ws, Warning{Variable: name, Text: text})
+	}
+	for _, name := range ignoredOTLPVars(environ) {
+		ws = append(ws, Warning{Variable: name,
+			Text: name + " is not read by courier and is ignored: `courier config` lists the OpenTelemetry variables courier reads"})
 	}
 	if strings.EqualFold(strings.TrimSpace(environ["COURIER_DEDUP_STORE"]), "kv") {
 		ws = append(ws, Warning{Variable: "COURIER_DEDUP_STORE",

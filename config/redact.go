@@ -11,11 +11,12 @@ const redacted = "[redacted]"
 // redactVar redacts the raw value of the variable name for a message.
 func redactVar(name, v string) string {
 	switch name {
-	case "NATS_PASSWORD", "NATS_TOKEN":
+	case "NATS_PASSWORD", "NATS_TOKEN", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS":
 		return redactSecret(v)
 	case "NATS_URL":
 		return redactNATSURLs(v)
-	case "COURIER_APP_URL", "COURIER_APP_HEALTH_URL", "COURIER_REPLY_URL":
+	case "COURIER_APP_URL", "COURIER_APP_HEALTH_URL", "COURIER_REPLY_URL",
+		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
 		return redactHTTPURL(v)
 	}
 	return v

@@ -98,15 +98,19 @@ type Options struct {
 	// retention), the original of a dead letter stored without its body is
 	// not terminated, so that it is kept.
 	TermKeepsMessage bool
-	// Tracer, when set, makes every delivery attempt a span (trace.go);
-	// nil turns tracing off at no cost.
-	Tracer trace.Tracer
-	// Propagator reads and writes trace context; default W3C TraceContext.
-	Propagator propagation.TextMapPropagator
 	// Connected, when set, reports whether the NATS connection is up
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.
 	Connected func() bool
+	// Tracer, when set, makes each delivery attempt a span (behaviour 19)
+	// whose parent is the message's trace context, carried on to the app;
+	// nil means tracing off: no spans, and traceparent passes through
+	// unchanged at no cost.
+	Tracer trace.Tracer
+	// Propagator reads the trace context of a message's headers and writes
+	// the span's into the request to the app; default W3C Trace Context
+	// (traceparent, tracestate). Unused while Tracer is nil.
+	Propagator propagation.TextMapPropagator
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }

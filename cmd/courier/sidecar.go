@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 
 	"github.com/courierhq/courier/admin"
 	"github.com/courierhq/courier/config"
@@ -20,6 +21,7 @@ import (
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/reply"
 	"github.com/courierhq/courier/success"
+	"github.com/courierhq/courier/tracing"
 )
 
 // runSidecar runs courier beside its app until ctx ends (SIGTERM, SIGINT),
@@ -60,11 +62,12 @@ type sidecar struct {
 	local  *dedup.Store  // the embedded store (the shared store's cache)
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
+	tracing     *tracing.Provider // nil: tracing off
 
 	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
 
 	// What undoes each step; nil until the step ran.
-	stopReplies, stopGiveup, closeStore, drainConn, stopAdmin func()
+	stopReplies, stopGiveup, closeStore, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -74,6 +77,10 @@ func (s *sidecar) run(ctx context.Context) (err error) {
 	// The admin server first, so that probes answer (not ready) while
 	// courier waits for NATS.
 	if s.stopAdmin, err = s.startAdmin(); err != nil {
+		return err
+	}
+	// Tracing, before anything delivers: spans from the first attempt.
+	if s.stopTracing, err = s.startTracing(ctx); err != nil {
 		return err
 	}
 	// The embedded store before anything touches the server: a second
@@ -134,11 +141,13 @@ func (s *sidecar) run(ctx context.Context) (err error) {
 // NAK'd what it held. Then: the request/reply service has answered every
 // request it took, the max-deliveries catch stops (finishing the
 // advisory in hand), the dedup store closes, the NATS connection drains (so
-// every ack and NAK reaches the server), and the admin server stops last,
-// so that probes answer to the end.
+// every ack and NAK reaches the server), the spans not exported yet are
+// flushed (every attempt's span has ended with the delivery loop; acks come
+// first), and the admin server stops last, so that probes answer to the
+// end.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.drainConn, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.drainConn, s.stopTracing, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}
@@ -162,6 +171,51 @@ func (s *sidecar) startAdmin() (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = adm.Shutdown(ctx)
+	}, nil
+}
+
+// tracingFlushTimeout bounds the flush of spans at shutdown: a collector
+// that is down must not hold a pod past its grace period, which leaves
+// about 5s beyond COURIER_SHUTDOWN_GRACE for all of shutdown.
+const tracingFlushTimeout = 2 * time.Second
+
+// startTracing sets up the tracer provider when an OTLP endpoint is set
+// (behaviour 19); the delivery loop then makes a span of each attempt.
+func (s *sidecar) startTracing(ctx context.Context) (func(), error) {
+	cfg := s.cfg
+	if !cfg.TracingEnabled() {
+		if cfg.OTELSDKDisabled && (cfg.OTLPEndpoint != "" || cfg.OTLPTracesEndpoint != "") {
+			s.log.Info("tracing off: OTEL_SDK_DISABLED=true")
+		}
+		return nil, nil
+	}
+	v, _, _ := buildInfo()
+	p, err := tracing.New(ctx, tracing.Config{
+		Endpoint:           cfg.TracesEndpoint(),
+		Protocol:           cfg.TracesProtocol(),
+		Insecure:           cfg.OTLPInsecure,
+		Headers:            cfg.TracesHeaders(),
+		ServiceName:        cfg.TracesServiceName(),
+		ServiceVersion:     v,
+		ResourceAttributes: cfg.ResourceAttributes(),
+		Sampler:            cfg.OTELTracesSampler,
+		SamplerRatio:       cfg.TracesSamplerRatio(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// OpenTelemetry reports failed exports through its one, process-wide
+	// handler: into courier's log rather than the standard log package.
+	otel.SetErrorHandler(tracing.ErrorHandler(s.log, time.Minute))
+	s.tracing = p
+	s.log.Info("tracing on: a span per delivery attempt", "endpoint", cfg.Redacted().TracesEndpoint(),
+		"protocol", cfg.TracesProtocol(), "sampler", cfg.OTELTracesSampler, "service", cfg.TracesServiceName())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			s.log.Warn("spans not exported at shutdown", "error", err)
+		}
 	}, nil
 }
 
@@ -293,6 +347,8 @@ func (s *sidecar) deliver(ctx context.Context) error {
 		Connected:         s.nc.IsConnected,
 		TermKeepsMessage:  s.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
 		Success:           s.successPublisher(),
+		Tracer:            s.tracing.Tracer(),     // nil: tracing off
+		Propagator:        s.tracing.Propagator(), // W3C Trace Context
 		// A pause, or an ack wait another courier changed, is noticed
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),

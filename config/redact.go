@@ -72,7 +72,7 @@ func natsSecrets(v string) []span {
 		if c := strings.IndexByte(v[in.start:in.end], ':'); c >= 0 {
 			spans = append(spans, span{in.start + c + 1, in.end})
 		} else {
-			spans = append(spans, span{in.start, in.end})
+			spans = append(spans, span(in))
 		}
 	}
 	return spans
@@ -105,9 +105,6 @@ func mask(v string, spans []span, lo, hi int) string {
 func redactNATSURLs(v string) string {
 	return mask(v, natsSecrets(v), 0, len(v))
 }
-
-// redactNATSURL redacts one NATS server URL.
-func redactNATSURL(raw string) string { return redactNATSURLs(raw) }
 
 // natsURLEntry is one server URL of NATS_URL as the NATS client splits the
 // list (on every comma), with its secrets redacted for messages.

@@ -39,7 +39,9 @@ func TestCollector(t *testing.T) {
 	// One delivered and NAK'd, then delivered again: redelivered, not
 	// acked; one delivered, not acked.
 	first := fetch(t, cons)
-	if err := first.Nak(); err != nil {
+	// A NAK sent as a request is answered once the server processed it
+	// (as DoubleAck does for an ack): the next fetch gets it back.
+	if _, err := js.Conn().Request(first.Reply(), []byte("-NAK"), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	again := fetch(t, cons)

@@ -2,11 +2,14 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/courierhq/courier/internal/retry"
 )
 
 // cause is one reason courier holds deliveries: while any cause is held it
@@ -234,47 +237,47 @@ func hostPort(raw string) string {
 	return net.JoinHostPort(u.Hostname(), "80")
 }
 
-// run probes until ctx ends.
+// run probes until ctx ends: while the app is unavailable, with backoff (the
+// one retry loop) until it answers; while it is available, by watching.
 func (p *prober) run(ctx context.Context) {
-	wait := p.minWait
-	for {
-		up := !p.gate.isHeld(causeApp)
-		if up && p.healthURL == "" {
-			// Without a health URL the requests themselves are the probe.
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.gate.Held(causeApp):
-				continue
+	for ctx.Err() == nil {
+		if !p.gate.isHeld(causeApp) {
+			p.watch(ctx)
+			continue
+		}
+		err := retry.Do(ctx, retry.Policy{Initial: p.minWait, Max: p.maxWait}, func(ctx context.Context) error {
+			if ok, reason := p.probe(ctx); !ok {
+				return errors.New(reason)
 			}
-		}
-		ok, reason := p.probe(ctx)
-		switch {
-		case ok:
+			return nil
+		}, nil)
+		if err == nil {
 			p.gate.free(causeApp)
-			wait = p.minWait
-		case up:
-			p.gate.hold(causeApp, reason)
 		}
-		next := p.interval
-		if !ok {
-			next = wait
-			wait = min(wait*2, p.maxWait)
-		}
-		// While up, a request that finds the app unreachable closes the
-		// gate: probe at once rather than at the next interval.
-		var wake <-chan struct{}
-		if ok {
-			wake = p.gate.Held(causeApp)
-		}
-		t := time.NewTimer(next)
+	}
+}
+
+// watch returns once the app is found unavailable (or ctx ends). Without a
+// health URL the requests themselves are the probe: a request that finds the
+// app unreachable holds the gate. With one, it is polled every interval too.
+func (p *prober) watch(ctx context.Context) {
+	var tick <-chan time.Time
+	if p.healthURL != "" {
+		t := time.NewTicker(p.interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-wake:
-			t.Stop()
-		case <-t.C:
+		case <-p.gate.Held(causeApp):
+			return
+		case <-tick:
+			if ok, reason := p.probe(ctx); !ok && ctx.Err() == nil {
+				p.gate.hold(causeApp, reason)
+				return
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -54,6 +55,8 @@ func (e *env) slowApp(t *testing.T, d time.Duration) {
 	t.Helper()
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.calls.Add(1)
+		// Read the body: only then does the server notice the client going.
+		_, _ = io.Copy(io.Discard, r.Body)
 		select { // returns early when courier abandons the request
 		case <-time.After(d):
 		case <-r.Context().Done():
@@ -318,5 +321,38 @@ func TestFullDiskHoldsMessages(t *testing.T) {
 	}
 	if got := counter(t, e.reg, "courier_delivery_held", "store_unavailable"); got != 1 {
 		t.Errorf("courier_delivery_held{cause=store_unavailable} = %v", got)
+	}
+}
+
+// A request abandoned when the grace period ends, on the message's last
+// allowed delivery, is dead-lettered (exhausted, saying why) rather than
+// given back for JetStream to give up on with an error about the ack wait.
+func TestAbandonedLastDeliveryIsDeadLettered(t *testing.T) {
+	e := setup(t)
+	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+	e.slowApp(t, 10*time.Second)
+	e.publish(t, 1, []byte("x"))
+	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, ShutdownGrace: 200 * time.Millisecond})
+	waitFor(t, "the request sent", func() bool { return e.calls.Load() == 1 })
+	stop()
+	q, err := dlq.Open(context.Background(), e.js, "dlq.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	letters, err := q.List(context.Background(), dlq.Selection{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dead letters: %d, %v", len(letters), err)
+	}
+	if got := letters[0].Reason; got != dlq.ReasonExhausted {
+		t.Errorf("reason %q, want %q", got, dlq.ReasonExhausted)
+	}
+	if !strings.Contains(letters[0].Error, "abandoned") {
+		t.Errorf("error %q does not say the request was abandoned", letters[0].Error)
 	}
 }

@@ -138,7 +138,9 @@ type failure struct {
 // refuses letters does not take the worker; at shutdown it is released
 // instead, never dropped.
 func (r *Runner) deadLetter(d *delivery, f failure) {
-	ctx, cancel := context.WithTimeout(r.ph.requests, 10*time.Second)
+	// Not bounded by the grace period: a dead letter due at shutdown (a
+	// request abandoned on its last delivery) is still stored.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
 	ok := r.deadLetterOnce(ctx, d, f)
 	cancel()
 	if ok {

@@ -143,8 +143,15 @@ func waitReady(t *testing.T, c *courier) string {
 	t.Helper()
 	admin := adminAddr(t, c)
 	waitFor(t, 30*time.Second, "courier ready", func() bool {
-		code, _ := get(t, "http://"+admin+"/readyz")
-		return code == http.StatusOK
+		if err, done := c.exited(0); done {
+			t.Fatalf("courier exited while starting: %v", err)
+		}
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
 	})
 	return admin
 }
@@ -657,4 +664,28 @@ func TestClusterConcurrentDuplicates(t *testing.T) {
 		t.Error("no pair had its copies on both couriers: the claim in the bucket was not exercised")
 	}
 	k.noDeadLetters()
+}
+
+// Three couriers of a new durable started at the same moment (a new
+// Deployment of three pods) all start: the dead-letter stream, the advisory
+// stream and the bucket one of them creates are found by the others, even
+// while the new streams have no leader to answer for them yet.
+func TestClusterCouriersStartTogether(t *testing.T) {
+	k := newCluster(t)
+	a := newApp(t, nil)
+	for round := range 2 {
+		consumer := fmt.Sprint("together", round) // new streams each round
+		cs := make([]*courier, 3)
+		for i := range cs {
+			cs[i] = start(t, k.env(a.URL, i, "COURIER_CONSUMER="+consumer))
+		}
+		for _, c := range cs {
+			waitReady(t, c)
+		}
+		for i, c := range cs {
+			if err := c.stop(); err != nil {
+				t.Fatalf("round %d: courier %d stopped with %v", round, i, err)
+			}
+		}
+	}
 }

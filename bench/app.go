@@ -94,6 +94,7 @@ type app struct {
 	srv     *http.Server
 	ln      net.Listener
 	current atomic.Pointer[tally]
+	delay   atomic.Int64 // how long each answer takes, ns; 0: at once
 	served  chan error
 }
 
@@ -115,6 +116,10 @@ func (a *app) URL() string { return "http://" + a.ln.Addr().String() + "/message
 // measure makes t the tally that receives from now on.
 func (a *app) measure(t *tally) { a.current.Store(t) }
 
+// answerAfter makes every answer from now on take d (a latency-bound app:
+// a database or a remote call behind it).
+func (a *app) answerAfter(d time.Duration) { a.delay.Store(int64(d)) }
+
 func (a *app) handle(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	body, err := io.ReadAll(r.Body)
@@ -124,6 +129,9 @@ func (a *app) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	if t := a.current.Load(); t != nil {
 		t.receive(body, now)
+	}
+	if d := a.delay.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
 	}
 	w.WriteHeader(http.StatusOK)
 }

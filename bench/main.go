@@ -5,12 +5,14 @@
 // capacity (latency while draining a backlog is queueing, not overhead).
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
-// with dedup off and on (at 16 in flight also with the shared key-value
-// bucket store, and logging a line per message).
+// with dedup off and on (at 16 in flight also with the shared store, and
+// logging a line per message). Last, replicas: one and three couriers with
+// the shared store on one durable, draining to an app that takes 20 ms a
+// request (see replicas.go).
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 20000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3]
+//	go run ./bench [-n 20000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-replicas-n 3000]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -62,6 +64,8 @@ type options struct {
 	repeat   int           // drains per variant and limit; the median is shown
 	timeout  time.Duration // bound on one drain or latency phase
 	courier  string        // a prebuilt courier binary; empty builds ./cmd/courier
+	// replicasN messages per drain of the replicas scenario; 0 skips it.
+	replicasN int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -75,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.rate, "rate", 200, "paced publish rate of the latency phase, msgs/s")
 	fs.IntVar(&o.latencyN, "latency-n", 2000, "messages published in the latency phase")
 	fs.IntVar(&o.repeat, "repeat", 3, "drains per variant and in-flight limit (the median is shown)")
+	fs.IntVar(&o.replicasN, "replicas-n", 3000, "messages per drain of the replicas scenario (0 skips it)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
 	if err := fs.Parse(args); err != nil {
@@ -90,6 +95,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
 		return o, errors.New("-n, -latency-n and -repeat must be positive")
+	case o.replicasN < 0:
+		return o, errors.New("-replicas-n must not be negative")
 	case o.size < bodyFixed:
 		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
 	case o.rate <= 0:
@@ -113,16 +120,16 @@ const (
 	dedupOff                   // courier with COURIER_DEDUP_TTL=0
 	dedupOn                    // courier with its dedup store (default TTL)
 	dedupOnInfo                // dedupOn logging at info (a line per message) to /dev/null
-	dedupKV                    // courier with the shared key-value bucket store
+	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
 )
 
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, info logs",
-		"courier, dedup kv bucket"}[v]
+		"courier, dedup shared"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
-func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo || v == dedupKV }
+func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo || v == dedupShared }
 func (v variant) info() bool    { return v == dedupOnInfo }
 
 // bench holds what every measurement shares. It is used by one goroutine.
@@ -185,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		for _, inflight := range o.inflight {
 			vs := []variant{baseline, dedupOff, dedupOn}
 			if inflight == focusInflight {
-				vs = append(vs, dedupOnInfo, dedupKV)
+				vs = append(vs, dedupOnInfo, dedupShared)
 			}
 			k := round % len(vs)
 			vs = slices.Concat(vs[k:], vs[:k])
@@ -197,6 +204,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				rep.drains = append(rep.drains, r)
 				fmt.Fprintf(stderr, "bench: drain %d/%d: %-30s %3d in flight: %8.0f msgs/s%s\n",
 					len(rep.drains), total, v, inflight, r.rate(), noteIf(r.err))
+			}
+		}
+	}
+
+	// Replicas: one and three couriers on one durable, alternately.
+	if o.replicasN > 0 {
+		for round := range o.repeat {
+			for _, k := range replicaCounts(round) {
+				r, err := b.drainReplicas(ctx, k)
+				if err != nil {
+					return err
+				}
+				rep.replicas = append(rep.replicas, r)
+				fmt.Fprintf(stderr, "bench: replicas: %d × courier, app %s a request: %8.0f msgs/s (steady %.0f)%s\n",
+					k, replicasAppDelay, r.rate(), r.steadyRate(), noteIf(r.err))
 			}
 		}
 	}
@@ -276,6 +298,12 @@ func (b *bench) next() (run uint64, stream, subject string) {
 // at info level its logs go to /dev/null, as the cost of writing them is
 // what that variant measures.
 func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*child, string, error) {
+	return b.launchReplica(v, run, stream, inflight, 0)
+}
+
+// launchReplica is launch for one of several processes on the same durable:
+// each has a dedup directory and a log of its own.
+func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, replica int) (*child, string, error) {
 	env := append(slices.Clone(b.baseEnv),
 		"NATS_URL="+b.broker.URL(),
 		"COURIER_STREAM="+stream,
@@ -294,19 +322,19 @@ func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*chi
 			"COURIER_MAX_ACK_PENDING="+strconv.Itoa(max(1000, 4*inflight)),
 			"COURIER_ADMIN_ADDR=127.0.0.1:0",
 			"COURIER_LOG_LEVEL="+level,
-			"COURIER_DEDUP_DIR="+b.dedupDir(run),
+			"COURIER_DEDUP_DIR="+filepath.Join(b.dedupDir(run), strconv.Itoa(replica)),
 		)
 		if !v.dedup() {
 			env = append(env, "COURIER_DEDUP_TTL=0")
 		}
-		if v == dedupKV {
-			env = append(env, "COURIER_DEDUP_STORE=kv") // the bucket is deleted with the streams
+		if v == dedupShared {
+			env = append(env, "COURIER_DEDUP_STORE=shared") // the bucket is deleted with the streams
 		}
 	}
 	var logPath string
 	var logFile *os.File
 	if !v.info() {
-		logPath = filepath.Join(b.dir, fmt.Sprintf("run%d.log", run))
+		logPath = filepath.Join(b.dir, fmt.Sprintf("run%d-%d.log", run, replica))
 		f, err := os.Create(logPath)
 		if err != nil {
 			return nil, "", err

@@ -14,11 +14,12 @@ import (
 
 // report gathers the measurements and prints them.
 type report struct {
-	o       options
-	machine []string
-	idle    []idleResult
-	drains  []drainResult
-	latency []latencyResult
+	o        options
+	machine  []string
+	idle     []idleResult
+	drains   []drainResult
+	latency  []latencyResult
+	replicas []replicasResult
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -161,14 +162,16 @@ func (rep *report) print(w io.Writer) {
 		fmt.Fprintf(w, "  CPU per message, dedup off / dedup on: %s (%.1f vs %.1f µs): the ratio to expect where CPU is the limit\n",
 			ratio(cpu(off), cpu(on)), cpu(off), cpu(on))
 	}
-	if kv, ok := find(rows, dedupKV, focusInflight); ok && okOn {
-		fmt.Fprintf(w, "dedup kv bucket / dedup on (embedded) at %d in flight: %s (steady %s): the cost of sharing keys between pods\n",
-			focusInflight, ratio(kv.rate(), on.rate()), ratio(kv.steadyRate(), on.steadyRate()))
+	if sh, ok := find(rows, dedupShared, focusInflight); ok && okOn {
+		fmt.Fprintf(w, "dedup shared / dedup on (embedded) at %d in flight: %s (steady %s): the cost of sharing keys between pods\n",
+			focusInflight, ratio(sh.rate(), on.rate()), ratio(sh.steadyRate(), on.steadyRate()))
 	}
 	if info, ok := find(rows, dedupOnInfo, focusInflight); ok && okOn {
 		fmt.Fprintf(w, "info logs / warn logs (dedup on) at %d in flight: %s (steady %s): the cost of one log line per message\n",
 			focusInflight, ratio(info.rate(), on.rate()), ratio(info.steadyRate(), on.steadyRate()))
 	}
+
+	rep.printReplicas(w)
 
 	if len(rep.latency) > 0 {
 		fmt.Fprintf(w, "\nLatency, publish to app, paced at %.0f msgs/s (%d messages after %d of warm-up)\n",
@@ -208,6 +211,7 @@ func (rep *report) print(w io.Writer) {
 			fmt.Fprintf(w, "  drain %s at %d in flight: %s\n", d.v, d.inflight, strings.Join(notes, "; "))
 		}
 	}
+	n += rep.replicasAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {
 			n++

@@ -69,6 +69,7 @@ type fetcher struct {
 	taken    chan struct{} // a worker took a message: there may be room
 	bytes    atomic.Int64  // size of the queued messages
 	maxBytes int64
+	maxMsg   int64 // the largest message, as counted against maxBytes
 	bound    atomic.Bool
 
 	// The consumer's settings as last read: its limits on one pull request
@@ -77,6 +78,9 @@ type fetcher struct {
 	reqBatch, reqBytes int
 	ackWait            time.Duration
 	paused             bool
+	// replicated: the consumer's server is clustered, where a pull with a
+	// byte limit loses the tail of its batch (see pull).
+	replicated bool
 }
 
 func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options) *fetcher {
@@ -86,6 +90,7 @@ func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logg
 		taken: make(chan struct{}, 1),
 		// Any message fits in half: a pull asks for at least that much.
 		maxBytes: max(minQueueBytes, 2*(o.MaxPayload+msgOverhead)),
+		maxMsg:   o.MaxPayload + msgOverhead,
 		ackWait:  o.AckWait,
 	}
 	if ci := cons.CachedInfo(); ci != nil {
@@ -144,7 +149,22 @@ func (f *fetcher) pull(ctx context.Context) error {
 		f.bound.Store(false)
 		return errDisconnected
 	}
-	batch, err := f.cons.Fetch(room, jetstream.FetchMaxWait(fetchWait), jetstream.FetchMaxBytes(int(byteRoom)))
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(fetchWait)}
+	if f.pullsByCount() {
+		// A replicated consumer sends a pull's messages once their
+		// delivery is replicated, but its 409 Batch Completed (count
+		// reached, bytes to spare) or Message Size Exceeds MaxBytes at
+		// once (nats-server 2.15 consumer.go, deliverMsg and
+		// getNextMsg): the status overtakes the last messages, Fetch
+		// ends on it and drops them, and each comes back only after the
+		// ack wait with an attempt spent, pull after pull, until the
+		// server gives up on it. So it is pulled by count alone, as many
+		// as the byte budget holds at the largest size.
+		room = min(room, int(max(byteRoom/f.maxMsg, 1)))
+	} else {
+		opts = append(opts, jetstream.FetchMaxBytes(int(byteRoom)))
+	}
+	batch, err := f.cons.Fetch(room, opts...)
 	if err == nil {
 		f.bound.Store(true)
 		// The request ends by itself within fetchWait; only this loop
@@ -234,6 +254,14 @@ func (f *fetcher) watch(ctx context.Context) {
 	}
 }
 
+// pullsByCount reports whether pulls go without a byte limit: on a
+// clustered server.
+func (f *fetcher) pullsByCount() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.replicated
+}
+
 // reread reads the consumer's settings from the server and applies them. It
 // reports whether the pull limits changed.
 func (f *fetcher) reread(ctx context.Context) (limitsChanged bool) {
@@ -270,6 +298,7 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 			f.gate.free(causePaused)
 		}
 	}
+	f.replicated = info.Cluster != nil && info.Cluster.Name != ""
 	if c.MaxRequestBatch != f.reqBatch || c.MaxRequestMaxBytes != f.reqBytes {
 		f.log.Info("pulling within the consumer's request limits",
 			"max_request_batch", c.MaxRequestBatch, "max_request_max_bytes", c.MaxRequestMaxBytes)

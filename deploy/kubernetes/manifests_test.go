@@ -50,6 +50,7 @@ func TestManifests(t *testing.T) {
 	}
 
 	sidecars := 0
+	configs := map[string]config.Config{} // courier's, by Deployment name
 	for _, o := range objs {
 		switch o.kind() {
 		case "Deployment", "StatefulSet", "DaemonSet":
@@ -78,10 +79,103 @@ func TestManifests(t *testing.T) {
 			k.checkDedupDir(cfg)
 			k.checkSecurity()
 			k.checkResources()
+			replicas := 1 // Kubernetes' default
+			if v, ok := dig(o.doc, "spec", "replicas").(int); ok {
+				replicas = v
+			}
+			checkReplicas(t, cfg, replicas)
+			if o.kind() == "Deployment" {
+				configs[o.name()] = cfg
+			}
 		})
 	}
 	if sidecars == 0 {
 		t.Error("no workload with a courier container in the manifests")
+	}
+	for _, so := range byKind["ScaledObject"] {
+		t.Run("ScaledObject/"+so.name(), func(t *testing.T) { checkScaledObject(t, so, configs) })
+	}
+}
+
+// checkReplicas: several couriers on one durable share their dedup keys
+// (the embedded store would remember each pod's own keys only, and a
+// duplicate landing on another pod would reach the app), in a bucket that
+// outlives one server.
+func checkReplicas(t *testing.T, cfg config.Config, replicas int) {
+	t.Helper()
+	if replicas <= 1 || !cfg.DedupEnabled() {
+		return
+	}
+	if cfg.DedupStore != config.DedupShared {
+		t.Errorf("%d replicas with COURIER_DEDUP_STORE=%s: each pod would recognise only its own keys; use shared", replicas, cfg.DedupStore)
+		return
+	}
+	if cfg.StreamReplicas < 3 {
+		t.Errorf("COURIER_STREAM_REPLICAS=%d: the shared bucket (and the dead letters) would not survive one server down; use 3", cfg.StreamReplicas)
+	}
+}
+
+// checkScaledObject: a KEDA ScaledObject scales a Deployment of the
+// manifests on the very consumer its courier consumes, with a lag threshold
+// above what one courier pulls ahead (which KEDA counts as lag: ack
+// pending), and any count above one only with shared keys.
+func checkScaledObject(t *testing.T, so object, configs map[string]config.Config) {
+	ref := asMap(t, dig(so.doc, "spec", "scaleTargetRef"), "spec.scaleTargetRef")
+	if kind := str(ref["kind"]); kind != "" && kind != "Deployment" {
+		t.Fatalf("scaleTargetRef.kind %s: the example scales a Deployment", kind)
+	}
+	cfg, ok := configs[str(ref["name"])]
+	if !ok {
+		t.Fatalf("scaleTargetRef.name %q is no Deployment with courier among the manifests", str(ref["name"]))
+	}
+	minR, maxR := 0, 100 // KEDA's defaults
+	if v, ok := dig(so.doc, "spec", "minReplicaCount").(int); ok {
+		minR = v
+	}
+	if v, ok := dig(so.doc, "spec", "maxReplicaCount").(int); ok {
+		maxR = v
+	}
+	if minR > maxR {
+		t.Errorf("minReplicaCount %d > maxReplicaCount %d", minR, maxR)
+	}
+	checkReplicas(t, cfg, maxR)
+	found := false
+	for i, tr := range asList(t, dig(so.doc, "spec", "triggers"), "spec.triggers") {
+		tr := asMap(t, tr, fmt.Sprintf("triggers[%d]", i))
+		if str(tr["type"]) != "nats-jetstream" {
+			continue
+		}
+		found = true
+		md := asMap(t, tr["metadata"], "nats-jetstream metadata")
+		for k, v := range md {
+			if _, ok := v.(string); !ok {
+				t.Errorf("metadata.%s is %T, not a string: quote it", k, v)
+			}
+		}
+		for _, k := range []string{"natsServerMonitoringEndpoint", "account", "stream", "consumer", "lagThreshold"} {
+			if str(md[k]) == "" {
+				t.Errorf("nats-jetstream trigger without %s", k)
+			}
+		}
+		if _, _, err := net.SplitHostPort(str(md["natsServerMonitoringEndpoint"])); err != nil {
+			t.Errorf("natsServerMonitoringEndpoint %q is not host:port (KEDA adds the scheme and /jsz): %v", str(md["natsServerMonitoringEndpoint"]), err)
+		}
+		if str(md["stream"]) != cfg.Stream || str(md["consumer"]) != cfg.Consumer {
+			t.Errorf("trigger on %s/%s, but courier consumes %s/%s", str(md["stream"]), str(md["consumer"]), cfg.Stream, cfg.Consumer)
+		}
+		lag, err := strconv.Atoi(str(md["lagThreshold"]))
+		if err != nil || lag <= 0 {
+			t.Errorf("lagThreshold %q is not a positive integer", str(md["lagThreshold"]))
+		}
+		// What one courier pulls ahead of its workers (proxy's fetch
+		// queue), counted by KEDA as ack pending.
+		readAhead := max(8*cfg.MaxInflight, 64) + cfg.MaxInflight
+		if lag < 2*readAhead {
+			t.Errorf("lagThreshold %d is not well above the %d messages one courier holds ahead of its workers (COURIER_MAX_INFLIGHT %d): a busy pod's read-ahead alone would look like backlog", lag, readAhead, cfg.MaxInflight)
+		}
+	}
+	if !found {
+		t.Error("no nats-jetstream trigger")
 	}
 }
 

@@ -12,10 +12,15 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// createdWait bounds how long a stream named by the subject look-up may
+// answer "not found" while it is being created (see captured).
+const createdWait = 5 * time.Second
 
 // errCodeSubjectOverlap is the server's JSStreamSubjectOverlapErr, which
 // nats.go does not name.
@@ -74,6 +79,17 @@ func EnsureCapture(ctx context.Context, js jetstream.JetStream, cfg jetstream.St
 // it.
 func captured(ctx context.Context, js jetstream.JetStream, name, subject string, check func(jetstream.StreamConfig) ([]string, error)) (*jetstream.StreamInfo, error) {
 	s, err := js.Stream(ctx, name)
+	// On a cluster, a stream another instance has just created is named by
+	// the subject look-up (the meta leader knows it) before it answers for
+	// itself: "not found" then means "not yet". Wait for it a little.
+	for wait := time.Now().Add(createdWait); errors.Is(err, jetstream.ErrStreamNotFound) && time.Now().Before(wait); {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stream %q capturing %q: %w", name, subject, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+		s, err = js.Stream(ctx, name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream %q capturing %q: %w", name, subject, err)
 	}

@@ -19,6 +19,8 @@ func TestCluster(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3}); err != nil {
 		t.Fatal(err)
 	}
+	// A new R3 stream answers publishes once it has a leader.
+	c.StreamLeader("S")
 	if _, err := js.Publish(ctx, "s", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

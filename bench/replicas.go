@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The replicas scenario: scale-out is for apps whose requests wait on
+// something else (a database, a remote call), where one courier's in-flight
+// limit, not the CPU, bounds the drain rate. Each courier runs with the
+// shared store (as replicas are deployed) and replicasInflight requests in
+// flight; the app answers each after replicasAppDelay.
+const (
+	replicasAppDelay = 20 * time.Millisecond
+	replicasInflight = 8
+	// replicasTarget is what three replicas should reach over one: the
+	// ideal is 3, and a little goes to start-up and to sharing the CPUs.
+	replicasTarget = 2.4
+)
+
+// replicaCounts is the order of one round: one and three, the first
+// alternating from round to round.
+func replicaCounts(round int) []int {
+	if round%2 == 0 {
+		return []int{1, 3}
+	}
+	return []int{3, 1}
+}
+
+// replicasResult is one drain of the latency-bound app by k couriers.
+type replicasResult struct {
+	k        int
+	n        int
+	elapsed  time.Duration // first process start → every message received and acked
+	steady   time.Duration // first → last message received
+	requests int64
+	distinct int64
+	strays   int64
+	logLines int
+	logHead  []string
+	err      error
+}
+
+func (r replicasResult) rate() float64 { return float64(r.distinct) / r.elapsed.Seconds() }
+
+func (r replicasResult) steadyRate() float64 {
+	if r.steady <= 0 {
+		return 0
+	}
+	return float64(r.distinct-1) / r.steady.Seconds()
+}
+
+// drainReplicas preloads o.replicasN messages, starts k couriers on one
+// durable, and measures how long they take to deliver and ack them all.
+func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error) {
+	r := replicasResult{k: k, n: b.o.replicasN}
+	run, stream, subject := b.next()
+	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
+	defer cancel()
+	if err := b.broker.createStream(pctx, stream, subject); err != nil {
+		return r, err
+	}
+	if err := b.broker.preload(pctx, stream, subject, run, r.n, b.o.size); err != nil {
+		return r, err
+	}
+	t := newTally(run, r.n)
+	b.app.measure(t)
+	b.app.answerAfter(replicasAppDelay)
+	defer b.app.answerAfter(0)
+
+	cs := make([]*child, 0, k)
+	logs := make([]string, 0, k)
+	defer func() {
+		for _, c := range cs {
+			c.stop(stopGrace) // on every path; a no-op after finish
+		}
+	}()
+	for i := range k {
+		c, logPath, err := b.launchReplica(dedupShared, run, stream, replicasInflight, i)
+		if err != nil {
+			return r, err
+		}
+		cs, logs = append(cs, c), append(logs, logPath)
+	}
+	exited := make(chan struct{})
+	var once sync.Once
+	for _, c := range cs {
+		go func() {
+			select {
+			case <-c.Exited():
+				once.Do(func() { close(exited) })
+			case <-pctx.Done():
+			}
+		}()
+	}
+	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
+	defer cancelRun()
+	select {
+	case <-t.Done():
+		r.err = b.broker.waitSettled(rctx, stream, consumerName)
+	case <-exited:
+		r.err = errors.New("a courier exited before draining")
+	case <-rctx.Done():
+		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), r.n)
+	}
+	r.elapsed = time.Since(cs[0].started)
+	r.requests, r.distinct, r.strays = t.requests.Load(), t.distinct.Load(), t.strays.Load()
+	if first := t.first.Load(); first != 0 {
+		if last := t.last.Load(); last != 0 {
+			r.steady = time.Duration(last - first)
+		}
+	}
+	// Every courier stops before the streams and the bucket are deleted.
+	var wg sync.WaitGroup
+	stopErrs := make([]error, len(cs))
+	for i, c := range cs {
+		wg.Go(func() { stopErrs[i] = c.stop(stopGrace) })
+	}
+	wg.Wait()
+	r.err = errors.Join(append([]error{r.err}, stopErrs...)...)
+	for i, c := range cs {
+		lines, head, _ := b.finish(ctx, c, run, logs[i])
+		r.logLines += lines
+		r.logHead = append(r.logHead, head...)
+	}
+	return r, ctx.Err()
+}
+
+// printReplicas writes the replicas scenario's figures.
+func (rep *report) printReplicas(w io.Writer) {
+	if len(rep.replicas) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nReplicas: drain of %d preloaded messages by couriers on one durable (shared store, %d in flight each)\n",
+		rep.o.replicasN, replicasInflight)
+	fmt.Fprintf(w, "  to an app answering each request after %s: latency-bound, not CPU-bound\n", replicasAppDelay)
+	var t table
+	t.add("couriers", "msgs/s", "steady msgs/s", "ideal msgs/s", "every drain: msgs/s (steady)")
+	med := map[int][2]float64{}
+	for _, k := range []int{1, 3} {
+		var rates, steadies []float64
+		var runs []string
+		for _, r := range rep.replicas {
+			if r.k == k {
+				rates, steadies = append(rates, r.rate()), append(steadies, r.steadyRate())
+				runs = append(runs, fmt.Sprintf("%.0f (%.0f)", r.rate(), r.steadyRate()))
+			}
+		}
+		if len(rates) == 0 {
+			continue
+		}
+		med[k] = [2]float64{median(rates), median(steadies)}
+		ideal := float64(k*replicasInflight) / replicasAppDelay.Seconds()
+		t.add(fmt.Sprint(k), fmt.Sprintf("%.0f", med[k][0]), fmt.Sprintf("%.0f", med[k][1]),
+			fmt.Sprintf("%.0f", ideal), strings.Join(runs, ", "))
+	}
+	t.write(w)
+	one, okOne := med[1]
+	three, okThree := med[3]
+	if okOne && okThree {
+		fmt.Fprintf(w, "three replicas / one: %s (steady %s); target >= %.1f\n",
+			ratio(three[0], one[0]), ratio(three[1], one[1]), replicasTarget)
+	}
+}
+
+// replicasAnomalies writes what went wrong in the replicas scenario, and
+// returns how many drains had something to say.
+func (rep *report) replicasAnomalies(w io.Writer) int {
+	n := 0
+	for _, r := range rep.replicas {
+		var notes []string
+		if r.err != nil {
+			notes = append(notes, r.err.Error())
+		}
+		if dups := r.requests - r.strays - r.distinct; dups > 0 {
+			notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
+		}
+		if r.strays > 0 {
+			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", r.strays))
+		}
+		if r.logLines > 0 {
+			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", r.logLines, strings.Join(r.logHead, " | ")))
+		}
+		if len(notes) > 0 {
+			n++
+			fmt.Fprintf(w, "  replicas: %d couriers: %s\n", r.k, strings.Join(notes, "; "))
+		}
+	}
+	return n
+}
+
+func median(vs []float64) float64 {
+	vs = slices.Clone(vs)
+	slices.Sort(vs)
+	if len(vs)%2 == 1 {
+		return vs[len(vs)/2]
+	}
+	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
+}

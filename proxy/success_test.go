@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
@@ -135,5 +137,41 @@ func TestSuccessRecordOnceWhenAckLost(t *testing.T) {
 	}
 	if got := e.calls.Load(); got != 1 {
 		t.Errorf("app called %d times, want 1", got)
+	}
+}
+
+// stuckAfterPublish stores the record for real, then fails every time: as if
+// courier died between the publish and the ack.
+type stuckAfterPublish struct{ *success.Publisher }
+
+func (s stuckAfterPublish) Publish(ctx context.Context, r success.Record) error {
+	if err := s.Publisher.Publish(ctx, r); err != nil {
+		return err
+	}
+	return errors.New("killed before the ack")
+}
+
+// Courier dies between the record's publish and the ack: the message comes
+// back, the app is called again (its key was not recorded), and the record,
+// published again under the same Nats-Msg-Id, is stored once.
+func TestSuccessRecordOnceAcrossAKill(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	if _, _, err := success.EnsureStream(ctx, e.js, "ok.s", 1, dlq.CheckStream); err != nil {
+		t.Fatal(err)
+	}
+	store := openStore(t)
+	e.publish(t, 1, []byte("x"))
+	_, stopA := e.runWith(t, store, proxy.Options{Success: stuckAfterPublish{success.NewPublisher(e.js, "ok.s")}})
+	waitFor(t, "the first record stored", func() bool { return len(records(t, e.js, "ok.s")) == 1 })
+	stopA() // the held message is given back
+	e.reg = prometheus.NewRegistry()
+	_, _ = e.runWith(t, store, proxy.Options{Success: success.NewPublisher(e.js, "ok.s")})
+	waitFor(t, "the message settled", func() bool { return e.settled(t) })
+	if got := e.calls.Load(); got != 2 {
+		t.Errorf("app called %d times, want 2 (once before the kill, once after)", got)
+	}
+	if got := len(records(t, e.js, "ok.s")); got != 1 {
+		t.Errorf("%d success records, want 1", got)
 	}
 }

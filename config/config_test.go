@@ -599,32 +599,6 @@ func TestDLQSubject(t *testing.T) {
 	}
 }
 
-func TestSubjectsCollide(t *testing.T) {
-	tests := []struct {
-		a, b string
-		want bool
-	}{
-		{"a.b", "a.b", true},
-		{"a.b", "a.c", false},
-		{"a.*", "a.b", true},
-		{"a.*", "*.b", true},
-		{"a.*", "a.b.c", false},
-		{"a.>", "a.b.c", true},
-		{"a.>", "a", false},
-		{"a.>", "b.>", false},
-		{">", "x.y", true},
-		{"*.x", "y.*", true},
-		{"*.x", "y.z", false},
-		{"a.*.c", "a.>", true},
-	}
-	for _, tt := range tests {
-		for _, pair := range [][2]string{{tt.a, tt.b}, {tt.b, tt.a}} {
-			if got := subjectsCollide(pair[0], pair[1]); got != tt.want {
-				t.Errorf("subjectsCollide(%q, %q) = %v, want %v", pair[0], pair[1], got, tt.want)
-			}
-		}
-	}
-}
 
 func TestParseStatusSet(t *testing.T) {
 	tests := []struct {

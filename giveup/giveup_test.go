@@ -284,6 +284,7 @@ func (e *env) originalExists(seq uint64) bool {
 }
 
 func TestGiveUpCatcherDeadLetters(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		retention jetstream.RetentionPolicy
@@ -365,6 +366,7 @@ func checkLetter(t *testing.T, e *env, dl *jetstream.RawStreamMsg, seq uint64, b
 }
 
 func TestGiveUpCatcherAdvisoryFiredWhileDown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	c := e.newCatcher(nil) // set up (capturing), not running
 	seq := e.publish("orders.created", "late", nil)
@@ -380,6 +382,7 @@ func TestGiveUpCatcherAdvisoryFiredWhileDown(t *testing.T) {
 }
 
 func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	a := e.newCatcher(nil).run(t)
 	b := e.newCatcher(nil).run(t)
@@ -407,6 +410,7 @@ func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
 }
 
 func TestGiveUpCatcherNothingToDeadLetter(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	c := e.newCatcher(nil).run(t)
 	// A sequence the stream never held.
@@ -423,6 +427,7 @@ func TestGiveUpCatcherNothingToDeadLetter(t *testing.T) {
 }
 
 func TestGiveUpCatcherMalformed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	c := e.newCatcher(nil).run(t)
 	seq := e.publish("orders.created", "x", nil)
@@ -443,6 +448,7 @@ func TestGiveUpCatcherMalformed(t *testing.T) {
 // body is dead-lettered as a reference, and left in its work-queue stream,
 // where replay reads it, rather than removed (issue #17.2).
 func TestGiveUpCatcherTooLargeKeepsOriginal(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
 	_, js := natstest.Connect(t, srv)
 	e := newEnvOn(t, srv, js, jetstream.WorkQueuePolicy)
@@ -479,6 +485,7 @@ func (f *flaky) DeadLetter(ctx context.Context, l dlq.Letter) error {
 }
 
 func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.WorkQueuePolicy)
 	f := &flaky{dl: e.pub}
 	f.fails.Store(3)
@@ -496,6 +503,7 @@ func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
 }
 
 func TestGiveUpCatcherKeepsOriginalUntilStored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.WorkQueuePolicy)
 	f := &flaky{dl: e.pub}
 	f.fails.Store(1 << 30) // never stores
@@ -513,6 +521,7 @@ func TestGiveUpCatcherKeepsOriginalUntilStored(t *testing.T) {
 }
 
 func TestGiveUpCatcherRunStops(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	reg := prometheus.NewRegistry()
 	c, err := giveup.New(e.js, e.src, consumer, e.pub, giveup.Options{Registerer: reg})
@@ -545,6 +554,7 @@ func TestGiveUpCatcherRunStops(t *testing.T) {
 // With the permissions of a user limited to courier's own stream, the
 // advisories cannot be acked: the log says what to grant.
 func TestGiveUpCatcherAckDenied(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) {
 		o.Users = []*server.User{
 			{Username: "admin", Password: "pw"},
@@ -593,6 +603,7 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 }
 
 func TestGiveUpOptionsRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	tests := []struct {
 		o     giveup.Options
@@ -617,6 +628,7 @@ func TestGiveUpOptionsRefused(t *testing.T) {
 // A deleted advisory consumer is created again by Run, which goes on
 // dead-lettering.
 func TestGiveUpCatcherRecreatesConsumer(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	e.newCatcher(nil).run(t)
 	advisories := giveup.StreamName("ORDERS", consumer)

@@ -18,6 +18,7 @@ import (
 )
 
 func TestGiveUpNames(t *testing.T) {
+	t.Parallel()
 	if got, want := giveup.AdvisorySubject("ORDERS", "courier"), "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.courier"; got != want {
 		t.Errorf("AdvisorySubject = %q, want %q", got, want)
 	}
@@ -35,6 +36,7 @@ func TestGiveUpNames(t *testing.T) {
 }
 
 func TestGiveUpCheckStream(t *testing.T) {
+	t.Parallel()
 	good := giveup.StreamConfig("ORDERS", "courier", 1, 0)
 	tests := []struct {
 		name    string
@@ -76,6 +78,7 @@ func TestGiveUpCheckStream(t *testing.T) {
 }
 
 func TestGiveUpEnsureStreamCreates(t *testing.T) {
+	t.Parallel()
 	s := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, s)
 	info, created, err := giveup.EnsureStream(ctx(t, 5*time.Second), js, "ORDERS", "courier", 1, 0)
@@ -98,6 +101,7 @@ func TestGiveUpEnsureStreamCreates(t *testing.T) {
 }
 
 func TestGiveUpEnsureStreamUsesExisting(t *testing.T) {
+	t.Parallel()
 	s := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, s)
 	if _, err := js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
@@ -123,6 +127,7 @@ func TestGiveUpEnsureStreamUsesExisting(t *testing.T) {
 }
 
 func TestGiveUpCatcherSetupCaptureInExistingStream(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
 	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
 		Name: "AUDIT", Subjects: []string{"$JS.EVENT.ADVISORY.>"},
@@ -145,6 +150,7 @@ func TestGiveUpCatcherSetupCaptureInExistingStream(t *testing.T) {
 }
 
 func TestGiveUpSetupCannotCreate(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		allow    []string

@@ -11,6 +11,7 @@ import (
 )
 
 func TestGiveUpStripServerHeaders(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC)
 	stamp := at.Format(time.RFC3339Nano)
 	tests := []struct {

@@ -47,6 +47,7 @@ type authCase struct {
 func TestAuthMethods(t *testing.T) {
 	for _, tc := range authCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each case has its own server
 			h := newSecureHarness(t, natstest.Options{Configure: tc.configure}, tc.client...)
 
 			t.Run("right secret delivers", func(t *testing.T) {

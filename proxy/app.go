@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -219,44 +220,88 @@ type Answer struct {
 // PostAnswer is Post that also returns a 2xx answer, its body read up to
 // limit bytes (0: the answer is not kept, only drained).
 func PostAnswer(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (*Answer, error) {
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		return nil, &AppError{Kind: KindTransport, Err: err}
+	}
+	return postAnswer(ctx, c, ep, h, body, limit)
+}
+
+func postAnswer(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body []byte, limit int64) (*Answer, error) {
 	for try := 0; ; try++ {
-		a, err, resend := post(ctx, c, url, h, body, limit)
+		a, err, resend := post(ctx, c, ep, h, body, limit)
 		if !resend || try > 0 || ctx.Err() != nil {
 			return a, err
 		}
 	}
 }
 
-func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
-	var (
-		askedConn       bool // the transport went for a connection
-		gotConn, reused bool
-		wroteErr        error
-		wrote           bool
-	)
+// endpoint is the app's URL parsed once, as http.NewRequest parses it, so
+// that each request is built without parsing it again. Requests share the
+// URL: neither the client nor the transport modifies a request's URL.
+type endpoint struct {
+	url  *url.URL
+	host string
+}
+
+func parseEndpoint(raw string) (endpoint, error) {
+	req, err := http.NewRequest(http.MethodPost, raw, nil)
+	if err != nil {
+		return endpoint{}, err
+	}
+	return endpoint{url: req.URL, host: req.Host}, nil
+}
+
+// newRequest is http.NewRequestWithContext(ctx, POST, ep, bytes.NewReader(body))
+// without parsing the URL, and without GetBody: without it the transport
+// never resends on its own (it would, for a POST carrying an
+// Idempotency-Key, after the app may have read it).
+func newRequest(ctx context.Context, ep endpoint, h http.Header, body []byte) *http.Request {
+	req := &http.Request{
+		Method: http.MethodPost, URL: ep.url, Host: ep.host,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: http.NoBody, ContentLength: int64(len(body)),
+	}
+	if len(body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return req.WithContext(ctx)
+}
+
+// connTrace is what one request learns of its connection, for classifying
+// a failure: the state and the hooks that set it in one allocation, read
+// once Do has returned.
+type connTrace struct {
+	askedConn       bool // the transport went for a connection
+	gotConn, reused bool
+	wroteErr        error
+	wrote           bool
 	// connected is set from the dialling goroutine, which may outlive Do
 	// when the request is cancelled mid-dial: hence atomic.
-	var connected atomic.Bool
-	trace := &httptrace.ClientTrace{
-		GetConn: func(string) { askedConn = true },
+	connected atomic.Bool
+	hooks     httptrace.ClientTrace
+}
+
+func newConnTrace() *connTrace {
+	t := &connTrace{}
+	t.hooks = httptrace.ClientTrace{
+		GetConn: func(string) { t.askedConn = true },
 		ConnectDone: func(_, _ string, err error) {
 			if err == nil {
-				connected.Store(true)
+				t.connected.Store(true)
 			}
 		},
-		GotConn: func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
+		GotConn: func(i httptrace.GotConnInfo) { t.gotConn, t.reused = true, i.Reused },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			wrote, wroteErr = true, i.Err
+			t.wrote, t.wroteErr = true, i.Err
 		},
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, &AppError{Kind: KindTransport, Err: err}, false
-	}
-	// Without GetBody the transport never resends on its own: it would, for a
-	// POST carrying an Idempotency-Key, after the app may have read it.
-	req.GetBody = nil
-	req.Header = h
+	return t
+}
+
+func post(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
+	t := newConnTrace()
+	req := newRequest(httptrace.WithClientTrace(ctx, &t.hooks), ep, h, body)
 	if req.Body == http.NoBody {
 		// An empty body is http.NoBody, which the transport deems replayable
 		// when an Idempotency-Key header is present, GetBody or not, and would
@@ -270,21 +315,21 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.
 		switch {
-		case !askedConn:
+		case !t.askedConn:
 			// Refused before any connection was sought (a header the
 			// transport will not send): about this request, not the app.
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !gotConn && connected.Load():
+		case !t.gotConn && t.connected.Load():
 			// The app accepted the connection but the TLS handshake failed
 			// (a certificate courier does not trust): a fault of the set-up
 			// that holding messages would not cure, and the probe's plain
 			// connection would call the app back at once.
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !gotConn:
+		case !t.gotConn:
 			return nil, &AppError{Kind: KindUnreachable, Err: err}, false
 		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 			return nil, &AppError{Kind: KindTimeout, Err: err}, false
-		case reused && (!wrote || wroteErr != nil):
+		case t.reused && (!t.wrote || t.wroteErr != nil):
 			return nil, &AppError{Kind: KindTransport, Err: err}, true
 		default:
 			return nil, &AppError{Kind: KindTransport, Err: err}, false

@@ -82,6 +82,8 @@ type Runner struct {
 	breaker *breaker
 	limiter *rate.Limiter // nil: no rate limit
 	ph      *phases
+	ep      endpoint // the app's URL, parsed once
+	epErr   error    // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder (dedup on).
@@ -116,6 +118,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		recs:    make(chan recJob, maxRecordBatch),
 		flights: newFlights(),
 	}
+	r.ep, r.epErr = parseEndpoint(o.AppURL)
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -229,7 +230,21 @@ func PostAnswer(ctx context.Context, c *http.Client, url string, h http.Header, 
 
 func postAnswer(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body []byte, limit int64) (*Answer, error) {
 	for try := 0; ; try++ {
-		a, err, resend := post(ctx, c, ep, h, body, limit)
+		a, err, resend := post(ctx, c, nil, ep, h, body, limit)
+		if !resend || try > 0 || ctx.Err() != nil {
+			return a, err
+		}
+	}
+}
+
+// postDirect is postAnswer with a client NewClient made: its requests go
+// straight to rt, its transport (roundTrip).
+func postDirect(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (*Answer, error) {
+	if ep.url.User != nil {
+		rt = nil // Client.Do turns the URL's user into an Authorization header
+	}
+	for try := 0; ; try++ {
+		a, err, resend := post(ctx, c, rt, ep, h, body, limit)
 		if !resend || try > 0 || ctx.Err() != nil {
 			return a, err
 		}
@@ -299,7 +314,43 @@ func newConnTrace() *connTrace {
 	return t
 }
 
-func post(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
+// roundTrip is c.Do(req) for a client NewClient made, whose transport is rt
+// (nil: call c.Do): the same answer and the same errors, without the copy of
+// the request's headers that Client.Do makes for redirects, which that
+// client never follows.
+func roundTrip(c *http.Client, rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	if rt == nil {
+		return c.Do(req)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		// As Client.Do reports it.
+		if tlsErr, ok := err.(tls.RecordHeaderError); ok && string(tlsErr.RecordHeader[:]) == "HTTP/" {
+			err = http.ErrSchemeMismatch
+		}
+		return nil, &url.Error{Op: "Post", URL: req.URL.String(), Err: err}
+	}
+	// Client.Do parses the Location of a redirect it could follow before
+	// asking CheckRedirect (NewClient's refuses every one), and fails on
+	// one it cannot parse. A 307 or 308 it could follow only without a
+	// body, having no GetBody to send it again.
+	switch resp.StatusCode {
+	case 301, 302, 303, 307, 308:
+		if resp.StatusCode >= 307 && req.ContentLength != 0 {
+			break
+		}
+		if loc := resp.Header.Get("Location"); loc != "" {
+			if _, perr := req.URL.Parse(loc); perr != nil {
+				resp.Body.Close()
+				return nil, &url.Error{Op: "Post", URL: req.URL.String(),
+					Err: fmt.Errorf("failed to parse Location header %q: %v", loc, perr)}
+			}
+		}
+	}
+	return resp, nil
+}
+
+func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
 	t := newConnTrace()
 	req := newRequest(httptrace.WithClientTrace(ctx, &t.hooks), ep, h, body)
 	if req.Body == http.NoBody {
@@ -310,7 +361,7 @@ func post(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body 
 		// the transport's exact-name check does not see them.
 		req.Header = hideReplayKeys(h)
 	}
-	resp, err := c.Do(req)
+	resp, err := roundTrip(c, rt, req)
 	if err != nil {
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.

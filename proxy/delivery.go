@@ -118,8 +118,12 @@ func (r *Runner) checkKey(d *delivery) bool {
 	d.fl = fl
 	var v verdict.Verdict
 	check := func(ctx context.Context) error {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
+		cctx := ctx
+		if !r.quickCheck {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+		}
 		var err error
 		if v, err = r.dd.Check(cctx, d.skey); err != nil {
 			r.m.dedupErrors.WithLabelValues("check").Inc()
@@ -298,7 +302,13 @@ func (r *Runner) post(requests context.Context, h http.Header, body []byte) (*An
 	if r.epErr != nil {
 		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
 	}
-	a, err := postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
+	var a *Answer
+	var err error
+	if r.o.ownClient {
+		a, err = postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
+	} else {
+		a, err = postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
+	}
 	return a, time.Since(began), err
 }
 

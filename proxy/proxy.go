@@ -51,6 +51,12 @@ type Deduper interface {
 	Release(ctx context.Context, key string) error
 }
 
+// quickChecker is a Deduper whose Check waits on nothing a deadline could
+// end (the embedded store), and so is given no timeout of its own.
+type quickChecker interface {
+	QuickCheck() bool
+}
+
 // DeadLetterer stores dead letters. DeadLetter must return nil only once the
 // dead letter is stored durably (publish acknowledged by a stream), and must
 // be safe for concurrent use.
@@ -74,16 +80,17 @@ type Runner struct {
 	log *slog.Logger
 	m   *metrics
 
-	fetch   *fetcher
-	track   *tracker
-	flights *flights
-	gate    *gate
-	prober  *prober
-	breaker *breaker
-	limiter *rate.Limiter // nil: no rate limit
-	ph      *phases
-	ep      endpoint // the app's URL, parsed once
-	epErr   error    // why it cannot be parsed: each request fails so
+	fetch      *fetcher
+	track      *tracker
+	flights    *flights
+	gate       *gate
+	prober     *prober
+	breaker    *breaker
+	limiter    *rate.Limiter // nil: no rate limit
+	ph         *phases
+	quickCheck bool     // dd is a quickChecker
+	ep         endpoint // the app's URL, parsed once
+	epErr      error    // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder (dedup on).
@@ -119,6 +126,9 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		flights: newFlights(),
 	}
 	r.ep, r.epErr = parseEndpoint(o.AppURL)
+	if qc, ok := dd.(quickChecker); ok {
+		r.quickCheck = qc.QuickCheck()
+	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",

@@ -5,9 +5,11 @@ package main
 // A CPU profile of courier as the benchmark runs it, in the bench build only
 // (go build -tags nodemo,benchprof; never in the image): with
 // BENCH_CPUPROFILE=prefix set, courier writes a profile of every 5 seconds
-// it runs to prefix.<pid>.<n>, so no shutdown hook is needed and a drain's
-// profiles merge with `go tool pprof -top courier prefix.*`. The variable is
-// not a COURIER_ one: the config would warn about an unknown name.
+// it runs to prefix.<pid>.<n>, and a heap profile at the end of each to
+// prefix.heap.<pid>.<n>, so no shutdown hook is needed and a drain's CPU
+// profiles merge with `go tool pprof -top courier prefix.<pid>.*`. The
+// variable is not a COURIER_ one: the config would warn about an unknown
+// name.
 
 import (
 	"fmt"
@@ -34,6 +36,10 @@ func init() {
 			time.Sleep(5 * time.Second)
 			pprof.StopCPUProfile()
 			_ = f.Close()
+			if h, err := os.Create(fmt.Sprintf("%s.heap.%d.%d", prefix, os.Getpid(), n)); err == nil {
+				_ = pprof.Lookup("heap").WriteTo(h, 0)
+				_ = h.Close()
+			}
 		}
 	}()
 }

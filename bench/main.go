@@ -6,13 +6,16 @@
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
 // with dedup off and on (at 16 in flight also with the shared store, and
-// logging a line per message). Last, replicas: one and three couriers with
-// the shared store on one durable, draining to an app that takes 20 ms a
-// request (see replicas.go).
+// logging a line per message at debug). Courier runs with every setting at
+// its default but those naming what the benchmark sets up (NATS, stream,
+// consumer, app, in-flight limit, admin address, dedup directory) and the one
+// a variant is about. Last, replicas: one and three couriers with the shared
+// store on one durable, draining to an app that takes 20 ms a request (see
+// replicas.go).
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 20000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-replicas-n 3000]
+//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -30,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -56,14 +60,15 @@ func main() {
 
 // options are the command's flags.
 type options struct {
-	n        int           // messages preloaded per drain
-	inflight []int         // in-flight limits to drain at
-	size     int           // message body size
-	rate     float64       // paced publish rate of the latency phase, msgs/s
-	latencyN int           // messages of the latency phase
-	repeat   int           // drains per variant and limit; the median is shown
-	timeout  time.Duration // bound on one drain or latency phase
-	courier  string        // a prebuilt courier binary; empty builds ./cmd/courier
+	n        int            // messages preloaded per drain
+	inflight []int          // in-flight limits to drain at
+	size     int            // message body size
+	rate     float64        // paced publish rate of the latency phase, msgs/s
+	latencyN int            // messages of the latency phase
+	repeat   int            // drains per variant and limit; the median is shown
+	timeout  time.Duration  // bound on one drain or latency phase
+	courier  string         // a prebuilt courier binary; empty builds ./cmd/courier
+	only     *regexp.Regexp // variants measured, by name; nil: all
 	// replicasN messages per drain of the replicas scenario; 0 skips it.
 	replicasN int
 }
@@ -72,8 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	var inflight string
-	fs.IntVar(&o.n, "n", 20000, "messages preloaded per drain")
+	var inflight, only string
+	fs.IntVar(&o.n, "n", 30000, "messages preloaded per drain")
 	fs.StringVar(&inflight, "inflight", "1,16,64", "comma-separated in-flight limits to drain at")
 	fs.IntVar(&o.size, "size", 256, fmt.Sprintf("message body size in bytes (at least %d)", bodyFixed))
 	fs.Float64Var(&o.rate, "rate", 200, "paced publish rate of the latency phase, msgs/s")
@@ -82,8 +87,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.replicasN, "replicas-n", 3000, "messages per drain of the replicas scenario (0 skips it)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
+	fs.StringVar(&only, "only", "", `measure only the variants whose name matches this regexp (e.g. "baseline|dedup on$")`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			return o, fmt.Errorf("-only: %w", err)
+		}
+		o.only = re
 	}
 	for _, f := range strings.Split(inflight, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(f))
@@ -119,18 +132,21 @@ const (
 	baseline    variant = iota // the minimal forwarder
 	dedupOff                   // courier with COURIER_DEDUP_TTL=0
 	dedupOn                    // courier with its dedup store (default TTL)
-	dedupOnInfo                // dedupOn logging at info (a line per message) to /dev/null
+	dedupOnInfo                // dedupOn logging at debug (a line per message) to /dev/null
 	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
 )
 
 func (v variant) String() string {
-	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, info logs",
+	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
 		"courier, dedup shared"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
 func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo || v == dedupShared }
 func (v variant) info() bool    { return v == dedupOnInfo }
+
+// skip reports whether -only leaves v out.
+func (o options) skip(v variant) bool { return o.only != nil && !o.only.MatchString(v.String()) }
 
 // bench holds what every measurement shares. It is used by one goroutine.
 type bench struct {
@@ -173,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep.machine = machine(ctx, b.courier)
 
 	// Idle memory: each variant started against an empty stream.
-	for _, v := range []variant{baseline, dedupOff, dedupOn} {
+	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOff, dedupOn}, o.skip) {
 		r, err := b.idle(ctx, v)
 		if err != nil {
 			return err
@@ -193,6 +209,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			vs := []variant{baseline, dedupOff, dedupOn}
 			if inflight == focusInflight {
 				vs = append(vs, dedupOnInfo, dedupShared)
+			}
+			if vs = slices.DeleteFunc(vs, o.skip); len(vs) == 0 {
+				continue
 			}
 			k := round % len(vs)
 			vs = slices.Concat(vs[k:], vs[:k])
@@ -224,7 +243,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// Latency at a paced rate well below capacity.
-	for _, v := range []variant{baseline, dedupOn} {
+	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn}, o.skip) {
 		r, err := b.latency(ctx, v, focusInflight)
 		if err != nil {
 			return err
@@ -294,9 +313,9 @@ func (b *bench) next() (run uint64, stream, subject string) {
 }
 
 // launch starts v consuming stream with the given in-flight limit. Courier's
-// warnings and errors go to a log file, returned so the caller can read it;
-// at info level its logs go to /dev/null, as the cost of writing them is
-// what that variant measures.
+// logs (at the default level, info) go to a log file, returned so the
+// caller can read it; at debug level they go to /dev/null, as the cost of
+// writing a line per message is what that variant measures.
 func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*child, string, error) {
 	return b.launchReplica(v, run, stream, inflight, 0)
 }
@@ -314,16 +333,15 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 	bin := b.forwarder
 	if v.courier() {
 		bin = b.courier
-		level := "warn"
-		if v.info() {
-			level = "info"
-		}
+		// Everything else at its default: dedup on, logs at info, a
+		// MaxAckPending of 1000 (the forwarder's too, up to 250 in flight).
 		env = append(env,
-			"COURIER_MAX_ACK_PENDING="+strconv.Itoa(max(1000, 4*inflight)),
 			"COURIER_ADMIN_ADDR=127.0.0.1:0",
-			"COURIER_LOG_LEVEL="+level,
 			"COURIER_DEDUP_DIR="+filepath.Join(b.dedupDir(run), strconv.Itoa(replica)),
 		)
+		if v.info() {
+			env = append(env, "COURIER_LOG_LEVEL=debug")
+		}
 		if !v.dedup() {
 			env = append(env, "COURIER_DEDUP_TTL=0")
 		}
@@ -354,9 +372,37 @@ func (b *bench) dedupDir(run uint64) string {
 // courier's default shutdown grace (25s) and a little more.
 const stopGrace = 30 * time.Second
 
+// logCount is what a process under test logged.
+type logCount struct {
+	lines int      // every line
+	warns int      // lines at warn or error
+	head  []string // the first warn or error lines
+}
+
+// countLog reads a log of JSON lines (courier's format when not on a
+// terminal; the forwarder writes only errors, as plain text).
+func countLog(data []byte) logCount {
+	var lc logCount
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		lc.lines++
+		if strings.Contains(line, `"level":"INFO"`) || strings.Contains(line, `"level":"DEBUG"`) {
+			continue
+		}
+		lc.warns++
+		if len(lc.head) < 3 {
+			lc.head = append(lc.head, line)
+		}
+	}
+	return lc
+}
+
 // finish stops c, removes what the measurement left on disk and the
-// server, and returns c's exit error and the log's first lines.
-func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string) (logLines int, logHead []string, stopErr error) {
+// server, and returns c's exit error and what it logged.
+func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string) (logs logCount, stopErr error) {
 	stopErr = c.stop(stopGrace)
 	b.app.measure(nil)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -367,16 +413,11 @@ func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string
 	_ = os.RemoveAll(b.dedupDir(run))
 	if logPath != "" {
 		if data, err := os.ReadFile(logPath); err == nil {
-			lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-			if len(lines) == 1 && lines[0] == "" {
-				lines = nil
-			}
-			logLines = len(lines)
-			logHead = lines[:min(3, len(lines))]
+			logs = countLog(data)
 		}
 		_ = os.Remove(logPath)
 	}
-	return logLines, logHead, stopErr
+	return logs, stopErr
 }
 
 // drainResult is one drain of N preloaded messages.
@@ -389,15 +430,13 @@ type drainResult struct {
 	steady   time.Duration // first → last message received
 	cpu      time.Duration // the process's CPU time, start-up included
 	hostCPU  time.Duration // the bench process's (nats-server and app) meanwhile
-	peakRSS  int64         // sampled every 50ms
-	hwm      int64         // VmHWM at the end
-	rssAnon  int64         // RssAnon at the end: the heap, stacks, Badger's memtables
-	rssFile  int64         // RssFile at the end: the binary and mapped files (Badger's tables)
+	peak     memory        // the peak of each part, sampled every 50ms
+	hwm      int64         // VmHWM at the end: the kernel's peak of the whole
+	end      memory        // at the end, every message acked (keys held)
 	requests int64         // requests the app received
 	distinct int64         // messages among them
 	strays   int64         // requests carrying no message of this drain
-	logLines int
-	logHead  []string
+	logs     logCount
 	err      error // an anomaly: timeout, early exit, exit status
 }
 
@@ -450,8 +489,8 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	r.hostCPU = selfCPU() - hostBefore
 	r.cpu, _ = c.cpu()
 	r.hwm, _ = c.hwm()
-	r.rssAnon, r.rssFile = c.rssParts()
-	r.peakRSS = rss.stop()
+	r.end, _ = c.memory()
+	r.peak = rss.stop()
 	r.requests, r.distinct, r.strays = t.requests.Load(), t.distinct.Load(), t.strays.Load()
 	if first := t.first.Load(); first != 0 {
 		r.startup = time.Unix(0, first).Sub(c.started)
@@ -459,9 +498,9 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 			r.steady = time.Duration(last - first)
 		}
 	}
-	lines, head, stopErr := b.finish(ctx, c, run, logPath)
+	logs, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
-	r.logLines, r.logHead = lines, head
+	r.logs = logs
 	if ctx.Err() != nil {
 		return r, ctx.Err()
 	}
@@ -471,7 +510,7 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 // idleResult is a process's memory after start-up, with nothing to do.
 type idleResult struct {
 	v   variant
-	rss int64
+	mem memory
 	hwm int64
 	err error
 }
@@ -498,10 +537,10 @@ func (b *bench) idle(ctx context.Context, v variant) (idleResult, error) {
 		case <-time.After(time.Second):
 		case <-ctx2.Done():
 		}
-		r.rss, _ = c.rss()
+		r.mem, _ = c.memory()
 		r.hwm, _ = c.hwm()
 	}
-	_, _, stopErr := b.finish(ctx, c, run, logPath)
+	_, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
 	return r, ctx.Err()
 }
@@ -557,7 +596,7 @@ func (b *bench) latency(ctx context.Context, v variant, inflight int) (latencyRe
 	}
 	r.lat = t.latencies(latencyWarmup)
 	slices.Sort(r.lat)
-	_, _, stopErr := b.finish(ctx, c, run, logPath)
+	_, stopErr := b.finish(ctx, c, run, logPath)
 	r.err = errors.Join(r.err, stopErr)
 	return r, ctx.Err()
 }

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -109,24 +108,10 @@ func (c *child) procStatusKiB(field string) (int64, error) {
 	return 0, fmt.Errorf("no %s in /proc/%d/status", field, c.cmd.Process.Pid)
 }
 
-// rss is the process's resident set size now, in bytes.
-func (c *child) rss() (int64, error) {
-	kib, err := c.procStatusKiB("VmRSS")
-	return kib << 10, err
-}
-
 // hwm is the process's peak resident set size so far, in bytes.
 func (c *child) hwm() (int64, error) {
 	kib, err := c.procStatusKiB("VmHWM")
 	return kib << 10, err
-}
-
-// rssParts is the process's resident memory now, split into anonymous
-// memory and mapped files, in bytes; zero where unreadable.
-func (c *child) rssParts() (anon, file int64) {
-	a, _ := c.procStatusKiB("RssAnon")
-	f, _ := c.procStatusKiB("RssFile")
-	return a << 10, f << 10
 }
 
 // cpu is the CPU time (user + system) the process has used so far.
@@ -153,10 +138,48 @@ func (c *child) cpu() (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
 }
 
-// rssSampler reads a child's RSS every interval and keeps the peak. Its
-// owner must call stop.
+// memory is one reading of a process's resident memory, in bytes: the
+// whole, and its anonymous (heap, stacks, Badger's memtables) and
+// file-backed (the binary, Badger's memory-mapped tables) parts.
+type memory struct{ rss, anon, file int64 }
+
+// memory reads the process's resident memory now, from one read of
+// /proc/<pid>/status.
+func (c *child) memory() (memory, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return memory{}, err
+	}
+	var m memory
+	for line := range bytes.Lines(b) {
+		var dst *int64
+		switch {
+		case bytes.HasPrefix(line, []byte("VmRSS:")):
+			dst = &m.rss
+		case bytes.HasPrefix(line, []byte("RssAnon:")):
+			dst = &m.anon
+		case bytes.HasPrefix(line, []byte("RssFile:")):
+			dst = &m.file
+		default:
+			continue
+		}
+		_, rest, _ := bytes.Cut(line, []byte(":"))
+		if f := strings.Fields(string(rest)); len(f) > 0 {
+			kib, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return memory{}, err
+			}
+			*dst = kib << 10
+		}
+	}
+	return m, nil
+}
+
+// rssSampler reads a child's resident memory every interval and keeps the
+// peak of each part (each its own maximum: the peaks of anon and file need
+// not come at the same moment). Its owner must call stop.
 type rssSampler struct {
-	peak atomic.Int64
+	peak memory // written by the sampling goroutine until done is closed
 	quit chan struct{}
 	done chan struct{}
 }
@@ -168,8 +191,10 @@ func sampleRSS(c *child, every time.Duration) *rssSampler {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			if v, err := c.rss(); err == nil && v > s.peak.Load() {
-				s.peak.Store(v)
+			if m, err := c.memory(); err == nil {
+				s.peak.rss = max(s.peak.rss, m.rss)
+				s.peak.anon = max(s.peak.anon, m.anon)
+				s.peak.file = max(s.peak.file, m.file)
 			}
 			select {
 			case <-t.C:
@@ -181,9 +206,9 @@ func sampleRSS(c *child, every time.Duration) *rssSampler {
 	return s
 }
 
-// stop ends sampling and returns the peak RSS seen, in bytes.
-func (s *rssSampler) stop() int64 {
+// stop ends sampling and returns the peaks seen.
+func (s *rssSampler) stop() memory {
 	close(s.quit)
 	<-s.done
-	return s.peak.Load()
+	return s.peak
 }

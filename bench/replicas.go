@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -125,9 +124,9 @@ func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error
 	wg.Wait()
 	r.err = errors.Join(append([]error{r.err}, stopErrs...)...)
 	for i, c := range cs {
-		lines, head, _ := b.finish(ctx, c, run, logs[i])
-		r.logLines += lines
-		r.logHead = append(r.logHead, head...)
+		lc, _ := b.finish(ctx, c, run, logs[i])
+		r.logLines += lc.warns
+		r.logHead = append(r.logHead, lc.head...)
 	}
 	return r, ctx.Err()
 }
@@ -193,13 +192,4 @@ func (rep *report) replicasAnomalies(w io.Writer) int {
 		}
 	}
 	return n
-}
-
-func median(vs []float64) float64 {
-	vs = slices.Clone(vs)
-	slices.Sort(vs)
-	if len(vs)%2 == 1 {
-		return vs[len(vs)/2]
-	}
-	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
 }

@@ -29,30 +29,67 @@ type drainRow struct {
 	runs     []drainResult
 }
 
-// median of f over the row's drains.
-func (r drainRow) median(f func(drainResult) float64) float64 {
+// values of f over the row's drains, in the order run.
+func (r drainRow) values(f func(drainResult) float64) []float64 {
 	vs := make([]float64, len(r.runs))
 	for i, d := range r.runs {
 		vs[i] = f(d)
 	}
-	slices.Sort(vs)
+	return vs
+}
+
+// median of f over the row's drains.
+func (r drainRow) median(f func(drainResult) float64) float64 { return median(r.values(f)) }
+
+// maximum of f over the row's drains.
+func (r drainRow) maximum(f func(drainResult) float64) float64 { return slices.Max(r.values(f)) }
+
+func (r drainRow) rate() float64       { return r.median(drainResult.rate) }
+func (r drainRow) steadyRate() float64 { return r.median(drainResult.steadyRate) }
+
+// ratios are f of each drain of r over f of base's drain of the same round
+// (rounds run every variant once, so drain i of each row shares a round).
+func ratios(r, base drainRow, f func(drainResult) float64) []float64 {
+	var vs []float64
+	for i := range min(len(r.runs), len(base.runs)) {
+		if b := f(base.runs[i]); b != 0 {
+			vs = append(vs, f(r.runs[i])/b)
+		}
+	}
+	return vs
+}
+
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	vs = slices.Sorted(slices.Values(vs))
 	if len(vs)%2 == 1 {
 		return vs[len(vs)/2]
 	}
 	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
 }
 
-// maximum of f over the row's drains.
-func (r drainRow) maximum(f func(drainResult) float64) float64 {
-	m := math.Inf(-1)
-	for _, d := range r.runs {
-		m = max(m, f(d))
+// spread formats the median of vs with their range: "m (lo–hi)", or just
+// the value when there is one.
+func spread(vs []float64, format string) string {
+	switch len(vs) {
+	case 0:
+		return "-"
+	case 1:
+		return fmt.Sprintf(format, vs[0])
 	}
-	return m
+	return fmt.Sprintf(format+" ("+format+"–"+format+")", median(vs), slices.Min(vs), slices.Max(vs))
 }
 
-func (r drainRow) rate() float64       { return r.median(drainResult.rate) }
-func (r drainRow) steadyRate() float64 { return r.median(drainResult.steadyRate) }
+// spreadMiB is spread for byte counts, in MiB.
+func spreadMiB(vs []float64) string {
+	m := make([]float64, len(vs))
+	for i, v := range vs {
+		m[i] = v / (1 << 20)
+	}
+	return spread(m, "%.1f")
+}
 
 // rows groups the drains by variant and in-flight limit, in the order run.
 func (rep *report) rows() []drainRow {
@@ -80,7 +117,7 @@ func find(rows []drainRow, v variant, inflight int) (drainRow, bool) {
 func mib(b float64) string { return fmt.Sprintf("%.1f", b/(1<<20)) }
 
 func ratio(a, b float64) string {
-	if b == 0 {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", a/b)
@@ -93,6 +130,9 @@ func perMsg(d time.Duration, n int64) float64 {
 	return float64(d.Microseconds()) / float64(n)
 }
 
+func cpuPerMsg(d drainResult) float64  { return perMsg(d.cpu, d.distinct) }
+func hostPerMsg(d drainResult) float64 { return perMsg(d.hostCPU, d.distinct) }
+
 // print writes the report.
 func (rep *report) print(w io.Writer) {
 	o := rep.o
@@ -102,73 +142,112 @@ func (rep *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "setup:    nats-server %s embedded (file storage) and the instant app both run inside the bench\n", server.VERSION)
 	fmt.Fprintln(w, "          process, sharing the CPUs with the process under test; every measurement on a fresh stream")
-	fmt.Fprintln(w, "logs:     courier at COURIER_LOG_LEVEL=warn, i.e. without its per-message \"delivered\" info line,")
-	fmt.Fprintln(w, "          except \"info logs\": the default level, JSON to /dev/null")
+	fmt.Fprintln(w, "courier:  every setting at its default (logs at info, dedup on with the embedded store) but those")
+	fmt.Fprintln(w, "          naming the set-up (NATS, stream, consumer, app, in flight, admin address, dedup directory)")
+	fmt.Fprintln(w, "          and the variant's own: dedup off is COURIER_DEDUP_TTL=0, debug logs (a line per message)")
+	fmt.Fprintln(w, "          go to /dev/null")
 	if o.repeat > 1 {
-		fmt.Fprintf(w, "repeat:   %d drains per row, median shown (peak RSS: the largest)\n", o.repeat)
+		fmt.Fprintf(w, "repeat:   %d drains per row, interleaved round by round: median (min–max)\n", o.repeat)
 	}
 
-	fmt.Fprintln(w, "\nIdle memory (empty stream, 1s after the consumer exists, 16 in flight)")
-	var t table
-	t.add("variant", "RSS MiB", "start-up VmHWM MiB", "")
-	for _, r := range rep.idle {
-		t.add(r.v.String(), mib(float64(r.rss)), mib(float64(r.hwm)), noteIf(r.err))
+	if len(rep.idle) > 0 {
+		fmt.Fprintln(w, "\nIdle memory (empty stream, 1s after the consumer exists, 16 in flight), MiB")
+		var t table
+		t.add("variant", "RSS", "anon", "file", "start-up VmHWM", "")
+		for _, r := range rep.idle {
+			t.add(r.v.String(), mib(float64(r.mem.rss)), mib(float64(r.mem.anon)), mib(float64(r.mem.file)),
+				mib(float64(r.hwm)), noteIf(r.err))
+		}
+		t.write(w)
 	}
-	t.write(w)
 
 	rows := rep.rows()
 	fmt.Fprintf(w, "\nDrain of %d preloaded messages of %d B to an instant app\n", o.n, o.size)
 	fmt.Fprintln(w, "  msgs/s: from process start until every message is received and acked (NumAckPending 0)")
-	fmt.Fprintln(w, "  steady: from the first message received to the last; start-up: process start to first message")
+	fmt.Fprintln(w, "  ×base: the ratio to the forwarder's drain of the same round; steady: first to last message received")
 	fmt.Fprintln(w, "  CPU/msg: the process's CPU time (start-up included) / messages; server+app: the bench process's meanwhile")
-	fmt.Fprintln(w, "  peak RSS: sampled every 50ms; VmHWM: the kernel's peak; anon+file: RssAnon + RssFile (mapped files) at the end")
-	t = table{}
-	t.add("variant", "in flight", "msgs/s", "×base", "steady msgs/s", "×base", "start-up ms",
-		"CPU µs/msg", "server+app µs/msg", "peak RSS MiB", "VmHWM MiB", "anon+file MiB")
+	fmt.Fprintln(w, "  log lines: everything the process logged over the drain, start-up and shutdown included")
+	var t table
+	t.add("variant", "in flight", "msgs/s", "×base", "steady ×base", "CPU µs/msg", "CPU ×base",
+		"server+app µs/msg", "start-up ms", "log lines")
 	for _, r := range rows {
 		base, _ := find(rows, baseline, r.inflight)
 		t.add(r.v.String(), fmt.Sprint(r.inflight),
-			fmt.Sprintf("%.0f", r.rate()), ratio(r.rate(), base.rate()),
-			fmt.Sprintf("%.0f", r.steadyRate()), ratio(r.steadyRate(), base.steadyRate()),
+			spread(r.values(drainResult.rate), "%.0f"),
+			spread(ratios(r, base, drainResult.rate), "%.2f"),
+			spread(ratios(r, base, drainResult.steadyRate), "%.2f"),
+			spread(r.values(cpuPerMsg), "%.1f"),
+			spread(ratios(r, base, cpuPerMsg), "%.2f"),
+			spread(r.values(hostPerMsg), "%.1f"),
 			fmt.Sprintf("%.0f", r.median(func(d drainResult) float64 { return float64(d.startup.Milliseconds()) })),
-			fmt.Sprintf("%.1f", r.median(func(d drainResult) float64 { return perMsg(d.cpu, d.distinct) })),
-			fmt.Sprintf("%.1f", r.median(func(d drainResult) float64 { return perMsg(d.hostCPU, d.distinct) })),
-			mib(r.maximum(func(d drainResult) float64 { return float64(d.peakRSS) })),
-			mib(r.maximum(func(d drainResult) float64 { return float64(d.hwm) })),
-			mib(r.median(func(d drainResult) float64 { return float64(d.rssAnon) }))+"+"+
-				mib(r.median(func(d drainResult) float64 { return float64(d.rssFile) })))
+			spread(r.values(func(d drainResult) float64 { return float64(d.logs.lines) }), "%.0f"))
+	}
+	t.write(w)
+
+	fmt.Fprintf(w, "\nMemory over the drains, MiB\n")
+	fmt.Fprintln(w, "  peak: sampled every 50ms from /proc/PID/status, each part its own peak: RSS, RssAnon (heap, stacks,")
+	fmt.Fprintln(w, "  Badger's memtables), RssFile (the binary, Badger's mapped tables: pages the kernel can reclaim);")
+	fmt.Fprintln(w, "  VmHWM: the kernel's peak RSS; end: once every message is acked, its keys held")
+	t = table{}
+	t.add("variant", "in flight", "peak RSS", "VmHWM", "peak anon", "peak file", "end anon", "end file")
+	for _, r := range rows {
+		t.add(r.v.String(), fmt.Sprint(r.inflight),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.peak.rss) })),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.hwm) })),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.peak.anon) })),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.peak.file) })),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.end.anon) })),
+			spreadMiB(r.values(func(d drainResult) float64 { return float64(d.end.file) })))
 	}
 	t.write(w)
 	if o.repeat > 1 {
-		fmt.Fprintln(w, "\nEvery drain, msgs/s (steady)")
+		fmt.Fprintln(w, "\nEvery drain in the order run, msgs/s (CPU µs/msg)")
 		for _, r := range rows {
 			var runs []string
 			for _, d := range r.runs {
-				runs = append(runs, fmt.Sprintf("%.0f (%.0f)", d.rate(), d.steadyRate()))
+				runs = append(runs, fmt.Sprintf("%.0f (%.1f)", d.rate(), cpuPerMsg(d)))
 			}
 			fmt.Fprintf(w, "  %-30s %3d: %s\n", r.v, r.inflight, strings.Join(runs, ", "))
 		}
 	}
 
-	fmt.Fprintln(w)
+	fmt.Fprintln(w, "\nTargets, courier at its defaults (dedup on) against the forwarder, per-round ratios")
+	for _, inflight := range o.inflight {
+		on, okOn := find(rows, dedupOn, inflight)
+		base, okBase := find(rows, baseline, inflight)
+		if !okOn || !okBase {
+			continue
+		}
+		want := 0.90
+		if inflight == focusInflight {
+			want = 0.95
+		}
+		fmt.Fprintf(w, "  %2d in flight: msgs/s %s× (target >= %.2f), CPU per message %s× the forwarder's\n",
+			inflight, spread(ratios(on, base, drainResult.rate), "%.2f"), want, spread(ratios(on, base, cpuPerMsg), "%.2f"))
+	}
+	var peaks []float64
+	for _, r := range rows {
+		if r.v == dedupOn {
+			peaks = append(peaks, r.values(func(d drainResult) float64 { return float64(max(d.peak.rss, d.hwm)) })...)
+		}
+	}
+	if len(peaks) > 0 {
+		fmt.Fprintf(w, "  peak RSS draining %d (dedup on, every in-flight limit): %s MiB (target <= 32)\n", o.n, spreadMiB(peaks))
+	}
+
 	on, okOn := find(rows, dedupOn, focusInflight)
 	off, okOff := find(rows, dedupOff, focusInflight)
 	if okOn && okOff {
-		cpu := func(r drainRow) float64 {
-			return r.median(func(d drainResult) float64 { return perMsg(d.cpu, d.distinct) })
-		}
-		fmt.Fprintf(w, "dedup on / dedup off at %d in flight: %s (steady %s); target >= 0.90\n",
-			focusInflight, ratio(on.rate(), off.rate()), ratio(on.steadyRate(), off.steadyRate()))
-		fmt.Fprintf(w, "  CPU per message, dedup off / dedup on: %s (%.1f vs %.1f µs): the ratio to expect where CPU is the limit\n",
-			ratio(cpu(off), cpu(on)), cpu(off), cpu(on))
+		fmt.Fprintf(w, "dedup on / dedup off at %d in flight: msgs/s %s×, CPU per message %s×\n",
+			focusInflight, spread(ratios(on, off, drainResult.rate), "%.2f"), spread(ratios(on, off, cpuPerMsg), "%.2f"))
 	}
 	if sh, ok := find(rows, dedupShared, focusInflight); ok && okOn {
-		fmt.Fprintf(w, "dedup shared / dedup on (embedded) at %d in flight: %s (steady %s): the cost of sharing keys between pods\n",
-			focusInflight, ratio(sh.rate(), on.rate()), ratio(sh.steadyRate(), on.steadyRate()))
+		fmt.Fprintf(w, "dedup shared / dedup on (embedded) at %d in flight: msgs/s %s×, CPU per message %s×: the cost of sharing keys between pods\n",
+			focusInflight, spread(ratios(sh, on, drainResult.rate), "%.2f"), spread(ratios(sh, on, cpuPerMsg), "%.2f"))
 	}
-	if info, ok := find(rows, dedupOnInfo, focusInflight); ok && okOn {
-		fmt.Fprintf(w, "info logs / warn logs (dedup on) at %d in flight: %s (steady %s): the cost of one log line per message\n",
-			focusInflight, ratio(info.rate(), on.rate()), ratio(info.steadyRate(), on.steadyRate()))
+	if dbg, ok := find(rows, dedupOnInfo, focusInflight); ok && okOn {
+		fmt.Fprintf(w, "debug logs / the default (info) at %d in flight: msgs/s %s×, CPU per message %s×: the cost of one log line per message\n",
+			focusInflight, spread(ratios(dbg, on, drainResult.rate), "%.2f"), spread(ratios(dbg, on, cpuPerMsg), "%.2f"))
 	}
 
 	rep.printReplicas(w)
@@ -203,8 +282,8 @@ func (rep *report) print(w io.Writer) {
 		if d.strays > 0 {
 			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", d.strays))
 		}
-		if d.logLines > 0 {
-			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", d.logLines, strings.Join(d.logHead, " | ")))
+		if d.logs.warns > 0 {
+			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", d.logs.warns, strings.Join(d.logs.head, " | ")))
 		}
 		if len(notes) > 0 {
 			n++

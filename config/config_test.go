@@ -599,7 +599,6 @@ func TestDLQSubject(t *testing.T) {
 	}
 }
 
-
 func TestParseStatusSet(t *testing.T) {
 	tests := []struct {
 		in, want string // want: String() of the set

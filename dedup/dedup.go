@@ -16,6 +16,7 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -189,7 +190,10 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	k, err := s.storeKey(key)
+	// Most keys checked are new and answered by the filter alone: built on
+	// the stack for it, the key is copied to the heap only to read Badger.
+	var buf [128]byte
+	k, err := s.appendStoreKey(buf[:0], key)
 	if err != nil {
 		return false, err
 	}
@@ -205,7 +209,7 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	// The newest version of the key, whatever its timestamp: a key is
 	// visible once its Record's commit has written it.
 	txn := s.db.NewTransactionAt(math.MaxUint64, false)
-	_, err = txn.Get(k)
+	_, err = txn.Get(bytes.Clone(k))
 	txn.Discard()
 	switch {
 	case err == nil:
@@ -373,16 +377,26 @@ func (s *Store) Close() error {
 // scope: keyPrefix, Scope, NUL, key. Scope holds no NUL, so the first NUL
 // ends it and no two (scope, key) pairs share a stored key.
 func (s *Store) storeKey(key string) ([]byte, error) {
+	return s.appendStoreKey(make([]byte, 0, len(s.scope)+len(key)), key)
+}
+
+// appendStoreKey is storeKey appending to dst.
+func (s *Store) appendStoreKey(dst []byte, key string) ([]byte, error) {
 	if key == "" {
 		return nil, ErrEmptyKey
 	}
 	if len(s.scope)+len(key) > maxKeySize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrKeyTooLong, len(key))
 	}
-	k := make([]byte, 0, len(s.scope)+len(key))
-	k = append(k, s.scope...)
-	return append(k, key...), nil
+	dst = append(dst, s.scope...)
+	return append(dst, key...), nil
 }
+
+// QuickCheck reports true: Check answers from memory and the local disk,
+// looking at its context only on entry, so a timeout of the caller's own
+// would end nothing; the delivery loop gives it none (a context, a timer and
+// a channel less per message).
+func (s *Store) QuickCheck() bool { return true }
 
 // commit writes keys in one transaction, or in as few as Badger's
 // transaction size allows, and counts them.

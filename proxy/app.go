@@ -3,12 +3,14 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -219,44 +221,138 @@ type Answer struct {
 // PostAnswer is Post that also returns a 2xx answer, its body read up to
 // limit bytes (0: the answer is not kept, only drained).
 func PostAnswer(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (*Answer, error) {
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		return nil, &AppError{Kind: KindTransport, Err: err}
+	}
+	return postAnswer(ctx, c, ep, h, body, limit)
+}
+
+func postAnswer(ctx context.Context, c *http.Client, ep endpoint, h http.Header, body []byte, limit int64) (*Answer, error) {
 	for try := 0; ; try++ {
-		a, err, resend := post(ctx, c, url, h, body, limit)
+		a, err, resend := post(ctx, c, nil, ep, h, body, limit)
 		if !resend || try > 0 || ctx.Err() != nil {
 			return a, err
 		}
 	}
 }
 
-func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
-	var (
-		askedConn       bool // the transport went for a connection
-		gotConn, reused bool
-		wroteErr        error
-		wrote           bool
-	)
+// postDirect is postAnswer with a client NewClient made: its requests go
+// straight to rt, its transport (roundTrip).
+func postDirect(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (*Answer, error) {
+	if ep.url.User != nil {
+		rt = nil // Client.Do turns the URL's user into an Authorization header
+	}
+	for try := 0; ; try++ {
+		a, err, resend := post(ctx, c, rt, ep, h, body, limit)
+		if !resend || try > 0 || ctx.Err() != nil {
+			return a, err
+		}
+	}
+}
+
+// endpoint is the app's URL parsed once, as http.NewRequest parses it, so
+// that each request is built without parsing it again. Requests share the
+// URL: neither the client nor the transport modifies a request's URL.
+type endpoint struct {
+	url  *url.URL
+	host string
+}
+
+func parseEndpoint(raw string) (endpoint, error) {
+	req, err := http.NewRequest(http.MethodPost, raw, nil)
+	if err != nil {
+		return endpoint{}, err
+	}
+	return endpoint{url: req.URL, host: req.Host}, nil
+}
+
+// newRequest is http.NewRequestWithContext(ctx, POST, ep, bytes.NewReader(body))
+// without parsing the URL, and without GetBody: without it the transport
+// never resends on its own (it would, for a POST carrying an
+// Idempotency-Key, after the app may have read it).
+func newRequest(ctx context.Context, ep endpoint, h http.Header, body []byte) *http.Request {
+	req := &http.Request{
+		Method: http.MethodPost, URL: ep.url, Host: ep.host,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: http.NoBody, ContentLength: int64(len(body)),
+	}
+	if len(body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return req.WithContext(ctx)
+}
+
+// connTrace is what one request learns of its connection, for classifying
+// a failure: the state and the hooks that set it in one allocation, read
+// once Do has returned.
+type connTrace struct {
+	askedConn       bool // the transport went for a connection
+	gotConn, reused bool
+	wroteErr        error
+	wrote           bool
 	// connected is set from the dialling goroutine, which may outlive Do
 	// when the request is cancelled mid-dial: hence atomic.
-	var connected atomic.Bool
-	trace := &httptrace.ClientTrace{
-		GetConn: func(string) { askedConn = true },
+	connected atomic.Bool
+	hooks     httptrace.ClientTrace
+}
+
+func newConnTrace() *connTrace {
+	t := &connTrace{}
+	t.hooks = httptrace.ClientTrace{
+		GetConn: func(string) { t.askedConn = true },
 		ConnectDone: func(_, _ string, err error) {
 			if err == nil {
-				connected.Store(true)
+				t.connected.Store(true)
 			}
 		},
-		GotConn: func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
+		GotConn: func(i httptrace.GotConnInfo) { t.gotConn, t.reused = true, i.Reused },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			wrote, wroteErr = true, i.Err
+			t.wrote, t.wroteErr = true, i.Err
 		},
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, &AppError{Kind: KindTransport, Err: err}, false
+	return t
+}
+
+// roundTrip is c.Do(req) for a client NewClient made, whose transport is rt
+// (nil: call c.Do): the same answer and the same errors, without the copy of
+// the request's headers that Client.Do makes for redirects, which that
+// client never follows.
+func roundTrip(c *http.Client, rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	if rt == nil {
+		return c.Do(req)
 	}
-	// Without GetBody the transport never resends on its own: it would, for a
-	// POST carrying an Idempotency-Key, after the app may have read it.
-	req.GetBody = nil
-	req.Header = h
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		// As Client.Do reports it.
+		if tlsErr, ok := err.(tls.RecordHeaderError); ok && string(tlsErr.RecordHeader[:]) == "HTTP/" {
+			err = http.ErrSchemeMismatch
+		}
+		return nil, &url.Error{Op: "Post", URL: req.URL.String(), Err: err}
+	}
+	// Client.Do parses the Location of a redirect it could follow before
+	// asking CheckRedirect (NewClient's refuses every one), and fails on
+	// one it cannot parse. A 307 or 308 it could follow only without a
+	// body, having no GetBody to send it again.
+	switch resp.StatusCode {
+	case 301, 302, 303, 307, 308:
+		if resp.StatusCode >= 307 && req.ContentLength != 0 {
+			break
+		}
+		if loc := resp.Header.Get("Location"); loc != "" {
+			if _, perr := req.URL.Parse(loc); perr != nil {
+				resp.Body.Close()
+				return nil, &url.Error{Op: "Post", URL: req.URL.String(),
+					Err: fmt.Errorf("failed to parse Location header %q: %v", loc, perr)}
+			}
+		}
+	}
+	return resp, nil
+}
+
+func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
+	t := newConnTrace()
+	req := newRequest(httptrace.WithClientTrace(ctx, &t.hooks), ep, h, body)
 	if req.Body == http.NoBody {
 		// An empty body is http.NoBody, which the transport deems replayable
 		// when an Idempotency-Key header is present, GetBody or not, and would
@@ -265,26 +361,26 @@ func post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 		// the transport's exact-name check does not see them.
 		req.Header = hideReplayKeys(h)
 	}
-	resp, err := c.Do(req)
+	resp, err := roundTrip(c, rt, req)
 	if err != nil {
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.
 		switch {
-		case !askedConn:
+		case !t.askedConn:
 			// Refused before any connection was sought (a header the
 			// transport will not send): about this request, not the app.
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !gotConn && connected.Load():
+		case !t.gotConn && t.connected.Load():
 			// The app accepted the connection but the TLS handshake failed
 			// (a certificate courier does not trust): a fault of the set-up
 			// that holding messages would not cure, and the probe's plain
 			// connection would call the app back at once.
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !gotConn:
+		case !t.gotConn:
 			return nil, &AppError{Kind: KindUnreachable, Err: err}, false
 		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 			return nil, &AppError{Kind: KindTimeout, Err: err}, false
-		case reused && (!wrote || wroteErr != nil):
+		case t.reused && (!t.wrote || t.wroteErr != nil):
 			return nil, &AppError{Kind: KindTransport, Err: err}, true
 		default:
 			return nil, &AppError{Kind: KindTransport, Err: err}, false

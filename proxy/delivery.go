@@ -31,24 +31,27 @@ type delivery struct {
 	// wait bounds waiting (for a flight of the same key, the store, the
 	// app): shutdown's noStart, or the grace period for a message on its
 	// last delivery, started at shutdown so that it is not given back.
-	wait context.Context
-	log  msgLog
+	// Both are the running worker's lane, as is requests, which ends with
+	// the grace period and bounds the request.
+	wait     context.Context
+	requests context.Context
+	log      msgLog
 }
 
 // last reports whether this is the message's last allowed delivery.
 func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
-// deliver runs one delivery of m to its end: ack, NAK with delay, dead
-// letter, or give back at shutdown.
-func (r *Runner) deliver(q queued, wait context.Context, probe bool) {
+// deliver runs one delivery of q's message, whose metadata m.Metadata
+// returned as meta and err, to its end: ack, NAK with delay, dead letter, or
+// give back at shutdown. wait is one of ln's contexts.
+func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) {
 	m := q.m
-	meta, err := m.Metadata()
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
 		r.release(m, "no metadata")
 		return
 	}
-	d := r.newDelivery(m, meta, wait)
+	d := r.newDelivery(m, meta, ln, wait)
 	d.probe, d.arrived = probe, q.at
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
@@ -60,10 +63,10 @@ func (r *Runner) deliver(q queued, wait context.Context, probe bool) {
 	r.attempt(d)
 }
 
-func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, wait context.Context) *delivery {
+func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
 	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
 	return &delivery{
-		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait,
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, requests: ln.requests,
 		log: msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
@@ -115,8 +118,12 @@ func (r *Runner) checkKey(d *delivery) bool {
 	d.fl = fl
 	var v verdict.Verdict
 	check := func(ctx context.Context) error {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
+		cctx := ctx
+		if !r.quickCheck {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+		}
 		var err error
 		if v, err = r.dd.Check(cctx, d.skey); err != nil {
 			r.m.dedupErrors.WithLabelValues("check").Inc()
@@ -178,7 +185,7 @@ func (r *Runner) attempt(d *delivery) {
 	}()
 	for {
 		span.request()
-		answer, took, err := r.post(h, d.m.Data())
+		answer, took, err := r.post(d.requests, h, d.m.Data())
 		lastErr = err
 		if errors.Is(err, errNotSent) {
 			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
@@ -272,10 +279,10 @@ func (r *Runner) attempt(d *delivery) {
 var errNotSent = errors.New("request not sent")
 
 // post sends one request, within the rate limit, bounded by the per-request
-// timeout and by the grace period. The answer to a 2xx is kept (up to the
-// largest message the server accepts) only when success records are
-// published.
-func (r *Runner) post(h http.Header, body []byte) (*Answer, time.Duration, error) {
+// timeout and by the grace period (requests: the worker's lane). The answer
+// to a 2xx is kept (up to the largest message the server accepts) only when
+// success records are published.
+func (r *Runner) post(requests context.Context, h http.Header, body []byte) (*Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
@@ -283,7 +290,7 @@ func (r *Runner) post(h http.Header, body []byte) (*Answer, time.Duration, error
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
 	}
-	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
+	ctx, cancel := context.WithTimeout(requests, r.o.HTTPTimeout)
 	defer cancel()
 	r.m.inflight.Inc()
 	defer r.m.inflight.Dec()
@@ -292,7 +299,16 @@ func (r *Runner) post(h http.Header, body []byte) (*Answer, time.Duration, error
 		keep = r.o.MaxPayload
 	}
 	began := time.Now()
-	a, err := PostAnswer(ctx, r.o.Client, r.o.AppURL, h, body, keep)
+	if r.epErr != nil {
+		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
+	}
+	var a *Answer
+	var err error
+	if r.o.ownClient {
+		a, err = postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
+	} else {
+		a, err = postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
+	}
 	return a, time.Since(began), err
 }
 

@@ -48,7 +48,7 @@ const fetchWait = time.Second
 type queued struct {
 	m    jetstream.Msg
 	size int64
-	at   time.Time // when it arrived
+	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -64,6 +64,7 @@ type fetcher struct {
 	log       *slog.Logger
 	now       func() time.Time
 	every     time.Duration // how often the consumer's settings are re-read
+	stamp     bool          // note when each message arrives (tracing's span start)
 
 	queue    chan queued
 	taken    chan struct{} // a worker took a message: there may be room
@@ -86,6 +87,7 @@ type fetcher struct {
 func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options) *fetcher {
 	f := &fetcher{
 		cons: cons, connected: o.Connected, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
+		stamp: o.Tracer != nil,
 		queue: make(chan queued, max(queuePerWorker*o.MaxInflight, minQueue)),
 		taken: make(chan struct{}, 1),
 		// Any message fits in half: a pull asks for at least that much.
@@ -171,7 +173,10 @@ func (f *fetcher) pull(ctx context.Context) error {
 		// sends to the queue, and room() left room for the whole pull.
 		for m := range batch.Messages() {
 			f.track.add(m)
-			q := queued{m: m, size: queueSize(m), at: time.Now()}
+			q := queued{m: m, size: queueSize(m)}
+			if f.stamp {
+				q.at = time.Now()
+			}
 			f.bytes.Add(q.size)
 			f.queue <- q
 		}

@@ -113,6 +113,10 @@ type Options struct {
 	Propagator propagation.TextMapPropagator
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+
+	// ownClient: Client is the one NewClient made by default, whose
+	// requests the runner sends straight to its transport (roundTrip).
+	ownClient bool
 }
 
 // DefaultRetryable is the default set of transient statuses: 408, 409 (the
@@ -197,6 +201,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Client == nil {
 		o.Client = NewClient(ClientOptions{MaxConns: o.MaxInflight})
+		o.ownClient = true
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -24,6 +24,26 @@ type phases struct {
 	endNoStart, endFetch, abandon context.CancelFunc
 }
 
+// lane is one worker's view of the steps its deliveries wait on: contexts
+// that end with noStart and requests. Every attempt derives a context with a
+// timeout (the dedup check, the request); derived from a lane it registers
+// with that worker's context, not with the one every worker shares, so that
+// starting and ending it takes no lock other workers contend for.
+type lane struct {
+	noStart, requests context.Context
+}
+
+// lane returns a new lane; its owner calls stop when done with it.
+func (p *phases) lane() (l lane, stop func()) {
+	var c1, c2 context.CancelFunc
+	l.noStart, c1 = context.WithCancel(p.noStart)
+	l.requests, c2 = context.WithCancel(p.requests)
+	return l, func() { c1(); c2() }
+}
+
+// lane0 is the shared contexts as a lane, for a delivery no worker runs.
+func (p *phases) lane0() lane { return lane{noStart: p.noStart, requests: p.requests} }
+
 // newPhases derives the phases from Run's context. stop releases them all.
 func newPhases(ctx context.Context) (p *phases, stop func()) {
 	p = &phases{stopping: ctx}

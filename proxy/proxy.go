@@ -51,6 +51,12 @@ type Deduper interface {
 	Release(ctx context.Context, key string) error
 }
 
+// quickChecker is a Deduper whose Check waits on nothing a deadline could
+// end (the embedded store), and so is given no timeout of its own.
+type quickChecker interface {
+	QuickCheck() bool
+}
+
 // DeadLetterer stores dead letters. DeadLetter must return nil only once the
 // dead letter is stored durably (publish acknowledged by a stream), and must
 // be safe for concurrent use.
@@ -74,14 +80,17 @@ type Runner struct {
 	log *slog.Logger
 	m   *metrics
 
-	fetch   *fetcher
-	track   *tracker
-	flights *flights
-	gate    *gate
-	prober  *prober
-	breaker *breaker
-	limiter *rate.Limiter // nil: no rate limit
-	ph      *phases
+	fetch      *fetcher
+	track      *tracker
+	flights    *flights
+	gate       *gate
+	prober     *prober
+	breaker    *breaker
+	limiter    *rate.Limiter // nil: no rate limit
+	ph         *phases
+	quickCheck bool     // dd is a quickChecker
+	ep         endpoint // the app's URL, parsed once
+	epErr      error    // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder (dedup on).
@@ -115,6 +124,10 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
 		recs:    make(chan recJob, maxRecordBatch),
 		flights: newFlights(),
+	}
+	r.ep, r.epErr = parseEndpoint(o.AppURL)
+	if qc, ok := dd.(quickChecker); ok {
+		r.quickCheck = qc.QuickCheck()
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",

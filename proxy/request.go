@@ -79,26 +79,35 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 			h[canon] = append(h[canon], v)
 		}
 	}
-	h.Set(HeaderIdempotencyKey, key)
-	h.Set(HeaderAttempt, strconv.FormatUint(meta.NumDelivered, 10))
-	// NATS allows control characters in a subject; HTTP does not in a value.
-	if subj := m.Subject(); validFieldValue(subj) {
-		h.Set(HeaderSubject, subj)
-	} else {
-		h.Set(HeaderSubject, strconv.Quote(subj))
-	}
-	h.Set(HeaderStream, meta.Stream)
-	h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
-	h.Set(HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))
-	// Copied above under its canonical name if the message had one, in
-	// whatever case its publisher wrote it.
-	if ct := h.Get("Content-Type"); ct == "" {
-		h.Set("Content-Type", "application/octet-stream")
+	// courier's own values share one array (h.Set would allocate a slice
+	// for each); each slice's capacity is its length, so an append to one
+	// copies it rather than overwriting the next.
+	own := make([]string, 7)
+	set := func(i int, name, v string) {
+		own[i] = v
+		h[name] = own[i : i+1 : i+1]
 	}
 	// A key that HTTP cannot carry cannot be sent; the stream-derived form
 	// always can, so this only happens for a publisher's odd header.
-	if !validFieldValue(key) {
-		h.Set(HeaderIdempotencyKey, strconv.Quote(key))
+	if validFieldValue(key) {
+		set(0, HeaderIdempotencyKey, key)
+	} else {
+		set(0, HeaderIdempotencyKey, strconv.Quote(key))
+	}
+	set(1, HeaderAttempt, strconv.FormatUint(meta.NumDelivered, 10))
+	// NATS allows control characters in a subject; HTTP does not in a value.
+	if subj := m.Subject(); validFieldValue(subj) {
+		set(2, HeaderSubject, subj)
+	} else {
+		set(2, HeaderSubject, strconv.Quote(subj))
+	}
+	set(3, HeaderStream, meta.Stream)
+	set(4, HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
+	set(5, HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))
+	// Copied above under its canonical name if the message had one, in
+	// whatever case its publisher wrote it.
+	if ct := h.Get("Content-Type"); ct == "" {
+		set(6, "Content-Type", "application/octet-stream")
 	}
 	return h, dropped
 }

@@ -104,15 +104,15 @@ func (r *Runner) giveBack(d *delivery, why string) {
 	r.release(d.m, why)
 }
 
-// giveBackMsg is giveBack for a message no worker has started.
-func (r *Runner) giveBackMsg(m jetstream.Msg, why string) {
-	meta, err := m.Metadata()
+// giveBackMsg is giveBack for a message no worker has started, with its
+// metadata as m.Metadata returned it.
+func (r *Runner) giveBackMsg(m jetstream.Msg, meta *jetstream.MsgMetadata, err error, why string) {
 	if err != nil {
 		<-r.ph.fetched.Done()
 		r.release(m, why)
 		return
 	}
-	r.giveBack(r.newDelivery(m, meta, r.ph.noStart), why)
+	r.giveBack(r.newDelivery(m, meta, r.ph.lane0(), r.ph.noStart), why)
 }
 
 // release NAKs m without delay so another instance can take it at once.

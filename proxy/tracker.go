@@ -112,9 +112,12 @@ type flights struct {
 	m  map[string]*flight
 }
 
+// flight is one delivery of a key under way. Its done channel is made by
+// the first caller that waits for it (most flights have none), under the
+// flights' lock; ok is set under it too, before done is closed.
 type flight struct {
-	done chan struct{}
-	ok   bool // set before done is closed
+	done chan struct{} // nil until someone waits; closed when the flight ends
+	ok   bool
 }
 
 func newFlights() *flights { return &flights{m: make(map[string]*flight)} }
@@ -126,14 +129,18 @@ func (f *flights) claim(ctx context.Context, key string) (fl *flight, dup bool, 
 		f.mu.Lock()
 		other, busy := f.m[key]
 		if !busy {
-			fl = &flight{done: make(chan struct{})}
+			fl = &flight{}
 			f.m[key] = fl
 			f.mu.Unlock()
 			return fl, false, nil
 		}
+		if other.done == nil {
+			other.done = make(chan struct{})
+		}
+		done := other.done
 		f.mu.Unlock()
 		select {
-		case <-other.done:
+		case <-done:
 			if other.ok {
 				return nil, true, nil
 			}
@@ -150,7 +157,9 @@ func (f *flights) finish(key string, fl *flight, ok bool) {
 	}
 	f.mu.Lock()
 	delete(f.m, key)
-	f.mu.Unlock()
 	fl.ok = ok
-	close(fl.done)
+	if fl.done != nil {
+		close(fl.done)
+	}
+	f.mu.Unlock()
 }

@@ -2,30 +2,37 @@ package proxy
 
 import "github.com/nats-io/nats.go/jetstream"
 
+// A worker parses a message's metadata once, when it takes the message, and
+// hands it on: jetstream.Msg.Metadata parses the reply subject anew at every
+// call.
+
 // worker delivers queued messages until the fetcher closes the queue. While
 // the gate is closed it holds the message it took (the tracker keeps it in
 // progress) and waits; once courier is stopping it gives messages back
 // instead of starting them.
 func (r *Runner) worker() {
 	defer r.workers.Done()
+	ln, stop := r.ph.lane()
+	defer stop()
 	for q := range r.fetch.queue {
 		r.fetch.take(q)
+		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { probe = r.waitToSend(!lastDelivery(q.m, r.o.MaxDeliver)) })
+			r.hold(func() { probe = r.waitToSend(!lastDelivery(meta, r.o.MaxDeliver)) })
 		}
 		if r.ph.noStart.Err() == nil {
-			r.deliver(q, r.ph.noStart, probe)
+			r.deliver(q, meta, merr, ln, ln.noStart, probe)
 			continue
 		}
 		// Stopping. A message on its last allowed delivery is sent within
 		// the grace period rather than given back: a NAK would make
 		// JetStream give up on it without the app having seen it.
-		if r.open() && lastDelivery(q.m, r.o.MaxDeliver) {
-			r.deliver(q, r.ph.requests, false)
+		if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
+			r.deliver(q, meta, merr, ln, ln.requests, false)
 			continue
 		}
-		r.giveBackMsg(q.m, "shutting down")
+		r.giveBackMsg(q.m, meta, merr, "shutting down")
 	}
 }
 
@@ -53,10 +60,10 @@ func (r *Runner) waitToSend(mayProbe bool) (probe bool) {
 	}
 }
 
-// lastDelivery reports whether m is on its last allowed delivery.
-func lastDelivery(m jetstream.Msg, maxDeliver int) bool {
-	meta, err := m.Metadata()
-	return err == nil && int(meta.NumDelivered) >= maxDeliver
+// lastDelivery reports whether a message with metadata meta (nil: none) is
+// on its last allowed delivery.
+func lastDelivery(meta *jetstream.MsgMetadata, maxDeliver int) bool {
+	return meta != nil && int(meta.NumDelivered) >= maxDeliver
 }
 
 // open reports whether the gate lets deliveries go.

@@ -207,6 +207,23 @@ func Post(ctx context.Context, c *http.Client, url string, h http.Header, body [
 	return err
 }
 
+// Send is one attempt of a request whose whole answer the caller reads (the
+// request/reply service): exactly one request reaches the app, as with
+// Post. It returns the response (the caller closes its body), or an
+// *AppError for a request that got none.
+func Send(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (*http.Response, error) {
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		return nil, &AppError{Kind: KindTransport, Err: err}
+	}
+	for try := 0; ; try++ {
+		resp, err, resend := exchange(ctx, c, nil, ep, h, body)
+		if !resend || try > 0 || ctx.Err() != nil {
+			return resp, err
+		}
+	}
+}
+
 // Answer is the app's answer to a 2xx, as far as it was read.
 type Answer struct {
 	Status int
@@ -350,7 +367,12 @@ func roundTrip(c *http.Client, rt http.RoundTripper, req *http.Request) (*http.R
 	return resp, nil
 }
 
-func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
+// exchange sends one request and returns the app's response, or an
+// *AppError saying how it failed: whether a connection was ever made (the
+// app never saw the request), and whether the request may be sent again
+// (resend: it never left courier whole, on a reused keep-alive connection
+// found closed while writing).
+func exchange(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte) (resp *http.Response, err error, resend bool) {
 	t := newConnTrace()
 	req := newRequest(httptrace.WithClientTrace(ctx, &t.hooks), ep, h, body)
 	if req.Body == http.NoBody {
@@ -361,7 +383,7 @@ func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint
 		// the transport's exact-name check does not see them.
 		req.Header = hideReplayKeys(h)
 	}
-	resp, err := roundTrip(c, rt, req)
+	resp, err = roundTrip(c, rt, req)
 	if err != nil {
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.
@@ -385,6 +407,14 @@ func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint
 		default:
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
 		}
+	}
+	return resp, nil, false
+}
+
+func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {
+	resp, err, resend := exchange(ctx, c, rt, ep, h, body)
+	if err != nil {
+		return nil, err, resend
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {

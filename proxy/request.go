@@ -46,12 +46,13 @@ type DroppedHeader struct {
 	Reason string
 }
 
-// BuildHeaders returns the HTTP headers for a message: its application
-// headers (not NATS's own Nats-* headers, not names or values HTTP cannot
-// carry, which are returned as dropped), then courier's own.
-func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (http.Header, []DroppedHeader) {
-	src := m.Headers()
-	h := make(http.Header, len(src)+8)
+// AppHeaders copies a message's application headers into h as HTTP carries
+// them: not NATS's own Nats-* headers, nor a copy of courier's own (a
+// publisher's Courier-Attempt must not be mistaken for courier's) or of
+// HTTP's framing headers; names or values HTTP cannot carry are returned as
+// dropped. The message's Idempotency-Key is kept only with keepKey (a
+// delivery replaces it with the resolved key).
+func AppHeaders(h http.Header, src nats.Header, keepKey bool) []DroppedHeader {
 	var dropped []DroppedHeader
 	for name, vs := range src {
 		if len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
@@ -62,13 +63,11 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 			continue
 		}
 		canon := http.CanonicalHeaderKey(name)
-		if canon == HeaderIdempotencyKey {
-			continue // replaced by the resolved key below
+		if canon == HeaderIdempotencyKey && !keepKey {
+			continue // replaced by the resolved key
 		}
-		if isReserved(canon) {
-			// courier's own headers describe this delivery; a publisher's
-			// copy must not be mistaken for them.
-			dropped = append(dropped, DroppedHeader{Name: name, Reason: "reserved for courier"})
+		if canon != HeaderIdempotencyKey && isReserved(canon) {
+			dropped = append(dropped, DroppedHeader{Name: name, Reason: "reserved for courier or HTTP"})
 			continue
 		}
 		for _, v := range vs {
@@ -79,6 +78,19 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 			h[canon] = append(h[canon], v)
 		}
 	}
+	return dropped
+}
+
+// ValidFieldValue reports whether HTTP can carry v as a header value.
+func ValidFieldValue(v string) bool { return validFieldValue(v) }
+
+// BuildHeaders returns the HTTP headers for a message: its application
+// headers (not NATS's own Nats-* headers, not names or values HTTP cannot
+// carry, which are returned as dropped), then courier's own.
+func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (http.Header, []DroppedHeader) {
+	src := m.Headers()
+	h := make(http.Header, len(src)+8)
+	dropped := AppHeaders(h, src, false)
 	// courier's own values share one array (h.Set would allocate a slice
 	// for each); each slice's capacity is its length, so an append to one
 	// copies it rather than overwriting the next.

@@ -8,10 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,7 +68,7 @@ func (a answer) message(reply string) *nats.Msg {
 // call POSTs one request to the app and reads its answer, at most maxPayload
 // bytes of body: an answer larger than that could not be sent as a reply.
 func call(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, maxPayload int64, timeout time.Duration) answer {
-	resp, err := send(ctx, c, url, h, body)
+	resp, err := proxy.Send(ctx, c, url, h, body)
 	if err != nil {
 		return failed(err, timeout)
 	}
@@ -156,90 +153,6 @@ func tooLargeAnswer(status int, maxPayload int64) answer {
 func stoppingAnswer() answer {
 	return answer{outcome: outcomeStopping, code: http.StatusServiceUnavailable,
 		desc: "courier is stopping", err: errors.New("courier is stopping")}
-}
-
-// send makes one request to the app: exactly one reaches it. Like proxy.Post,
-// whose rules it follows, the only resend is of a request that never left
-// courier whole (a reused keep-alive connection found closed while writing).
-// It returns the response, or an *proxy.AppError saying whether a connection
-// was ever made.
-//
-// TODO(lead): proxy.Post reads and discards the answer, so this repeats its
-// exchange; exporting from proxy a Send(ctx, c, url, h, body)
-// (*http.Response, error) that Post is built on would remove the copy.
-func send(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (*http.Response, error) {
-	for try := 0; ; try++ {
-		resp, err, resend := sendOnce(ctx, c, url, h, body)
-		if !resend || try > 0 || ctx.Err() != nil {
-			return resp, err
-		}
-	}
-}
-
-func sendOnce(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) (_ *http.Response, _ error, resend bool) {
-	var (
-		askedConn, gotConn, reused bool
-		wrote                      bool
-		wroteErr                   error
-	)
-	var connected atomic.Bool // set from the dialling goroutine, which may outlive Do
-	trace := &httptrace.ClientTrace{
-		GetConn: func(string) { askedConn = true },
-		ConnectDone: func(_, _ string, err error) {
-			if err == nil {
-				connected.Store(true)
-			}
-		},
-		GotConn:      func(i httptrace.GotConnInfo) { gotConn, reused = true, i.Reused },
-		WroteRequest: func(i httptrace.WroteRequestInfo) { wrote, wroteErr = true, i.Err },
-	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, &proxy.AppError{Kind: proxy.KindTransport, Err: err}, false
-	}
-	req.GetBody = nil // the transport resends nothing on its own
-	req.Header = h
-	if req.Body == http.NoBody {
-		// An empty body is deemed replayable when an Idempotency-Key is
-		// present; a name in lower case escapes that exact-name check.
-		req.Header = hideReplayKeys(h)
-	}
-	resp, err := c.Do(req)
-	if err == nil {
-		return resp, nil, false
-	}
-	switch {
-	case !askedConn, !gotConn && connected.Load():
-		// Refused before a connection was sought, or a TLS handshake that
-		// failed: about the set-up, not the app's presence.
-		return nil, &proxy.AppError{Kind: proxy.KindTransport, Err: err}, false
-	case !gotConn:
-		return nil, &proxy.AppError{Kind: proxy.KindUnreachable, Err: err}, false
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return nil, &proxy.AppError{Kind: proxy.KindTimeout, Err: err}, false
-	case reused && (!wrote || wroteErr != nil):
-		return nil, &proxy.AppError{Kind: proxy.KindTransport, Err: err}, true
-	}
-	return nil, &proxy.AppError{Kind: proxy.KindTransport, Err: err}, false
-}
-
-// hideReplayKeys returns h with the header names that make net/http resend a
-// body-less POST on its own written in lower case.
-func hideReplayKeys(h http.Header) http.Header {
-	var out http.Header
-	for _, k := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
-		if vs, ok := h[k]; ok {
-			if out == nil {
-				out = h.Clone()
-			}
-			delete(out, k)
-			out[strings.ToLower(k)] = vs
-		}
-	}
-	if out == nil {
-		return h
-	}
-	return out
 }
 
 func isTimeout(err error) bool {

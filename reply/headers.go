@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/courierhq/courier/proxy"
 )
 
 // HeaderStatus carries the app's HTTP status on a reply (the name the dead
@@ -21,36 +23,14 @@ const HeaderStatus = "Courier-Status"
 func (s *Service) requestHeaders(req micro.Request) http.Header {
 	src := nats.Header(req.Headers())
 	h := make(http.Header, len(src)+2)
-	for name, vs := range src {
-		if len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
-			continue
-		}
-		reason := ""
-		canon := http.CanonicalHeaderKey(name)
-		switch {
-		case !validFieldName(name):
-			reason = "not a valid HTTP header name"
-		case reserved(canon):
-			reason = "reserved for courier or HTTP"
-		}
-		for _, v := range vs {
-			if reason == "" && !validFieldValue(v) {
-				s.drop(req.Subject(), name, "value not valid in HTTP")
-				continue
-			}
-			if reason == "" {
-				h[canon] = append(h[canon], v)
-			}
-		}
-		if reason != "" {
-			s.drop(req.Subject(), name, reason)
-		}
+	for _, d := range proxy.AppHeaders(h, src, true) {
+		s.drop(req.Subject(), d.Name, d.Reason)
 	}
 	// NATS allows control characters in a subject; HTTP does not in a value.
-	if subj := req.Subject(); validFieldValue(subj) {
-		h.Set(headerSubject, subj)
+	if subj := req.Subject(); proxy.ValidFieldValue(subj) {
+		h.Set(proxy.HeaderSubject, subj)
 	} else {
-		h.Set(headerSubject, strconv.Quote(subj))
+		h.Set(proxy.HeaderSubject, strconv.Quote(subj))
 	}
 	if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/octet-stream")
@@ -61,22 +41,6 @@ func (s *Service) requestHeaders(req micro.Request) http.Header {
 func (s *Service) drop(subject, name, reason string) {
 	s.m.dropped.Inc()
 	s.log.Warn("header not passed to the app", "subject", subject, "header", name, "reason", reason)
-}
-
-// headerSubject names the subject a request came on, as for a stream
-// message (proxy.HeaderSubject).
-const headerSubject = "Courier-Subject"
-
-// reserved: courier's own request headers, which a caller's copy must not be
-// mistaken for, and HTTP's framing ones, which the transport writes itself.
-func reserved(canon string) bool {
-	switch canon {
-	case "Courier-Attempt", "Courier-Subject", "Courier-Stream", "Courier-Sequence", "Courier-Published",
-		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade",
-		"Keep-Alive", "Proxy-Connection":
-		return true
-	}
-	return false
 }
 
 // replyHeaders returns the app's response headers to send on the reply: not
@@ -114,37 +78,4 @@ func hopByHop(canon string) bool {
 		return true
 	}
 	return false
-}
-
-// validFieldName reports whether s is an HTTP token (RFC 9110 section 5.1).
-//
-// TODO(lead): proxy has the same check unexported; exporting
-// proxy.AppHeaders(nats.Header) (http.Header, []proxy.DroppedHeader), the
-// application-header half of BuildHeaders, would remove this copy.
-func validFieldName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-			continue
-		}
-		if strings.IndexByte("!#$%&'*+-.^_`|~", c) < 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// validFieldValue reports whether s can be sent as an HTTP field value: no
-// control characters but horizontal tab (RFC 9110 section 5.5).
-func validFieldValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }

@@ -41,11 +41,6 @@ func (r drainRow) values(f func(drainResult) float64) []float64 {
 // median of f over the row's drains.
 func (r drainRow) median(f func(drainResult) float64) float64 { return median(r.values(f)) }
 
-// maximum of f over the row's drains.
-func (r drainRow) maximum(f func(drainResult) float64) float64 { return slices.Max(r.values(f)) }
-
-func (r drainRow) rate() float64       { return r.median(drainResult.rate) }
-func (r drainRow) steadyRate() float64 { return r.median(drainResult.steadyRate) }
 
 // ratios are f of each drain of r over f of base's drain of the same round
 // (rounds run every variant once, so drain i of each row shares a round).

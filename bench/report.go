@@ -41,7 +41,6 @@ func (r drainRow) values(f func(drainResult) float64) []float64 {
 // median of f over the row's drains.
 func (r drainRow) median(f func(drainResult) float64) float64 { return median(r.values(f)) }
 
-
 // ratios are f of each drain of r over f of base's drain of the same round
 // (rounds run every variant once, so drain i of each row shares a round).
 func ratios(r, base drainRow, f func(drainResult) float64) []float64 {

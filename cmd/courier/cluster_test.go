@@ -72,13 +72,15 @@ func newCluster(t *testing.T, adjust ...func(*jetstream.StreamConfig)) *cluster 
 
 // env is the environment of courier number i: the shared store, R3 streams
 // and bucket, a directory of its own, NATS_URL listing node i first (so the
-// couriers spread over the nodes) and then every node.
+// couriers spread over the nodes) and then every node; logs at the default
+// level, as users run it.
 func (k *cluster) env(appURL string, i int, extra ...string) []string {
 	base := []string{
 		"NATS_URL=" + k.c.NodeURL(i%k.c.Len()) + "," + k.c.URL(),
 		"COURIER_DEDUP_STORE=shared",
 		"COURIER_STREAM_REPLICAS=3",
 		"COURIER_DEDUP_DIR=" + k.t.TempDir(),
+		"COURIER_LOG_LEVEL=info",
 	}
 	return k.harness.env(appURL, append(base, extra...)...)
 }
@@ -626,8 +628,9 @@ func TestClusterConcurrentDuplicates(t *testing.T) {
 	})
 	// Each courier posts to a path of its own, to tell who called.
 	cs := []*courier{
-		start(t, k.env(a.URL+"/c0", 0, "COURIER_MAX_INFLIGHT=4")),
-		start(t, k.env(a.URL+"/c1", 1, "COURIER_MAX_INFLIGHT=4")),
+		// Debug: the duplicates acked are read from the logs below.
+		start(t, k.env(a.URL+"/c0", 0, "COURIER_MAX_INFLIGHT=4", "COURIER_LOG_LEVEL=debug")),
+		start(t, k.env(a.URL+"/c1", 1, "COURIER_MAX_INFLIGHT=4", "COURIER_LOG_LEVEL=debug")),
 	}
 	waitReady(t, cs[0])
 	waitReady(t, cs[1])

@@ -8,11 +8,13 @@
 //
 // A message travels through the files in this order: fetch.go (pulled,
 // tracked, queued), worker.go (taken by a worker, held while the gate is
-// closed), delivery.go (key, max age, dedup check, the request), app.go and
-// request.go (the HTTP exchange and its classification), recorder.go (the key
-// of a 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give
-// back). gate.go decides whether courier may send; tracker.go keeps held
-// messages in progress; phases.go names the steps of shutdown.
+// closed), delivery.go (key, max age, dedup check, the request), request.go
+// and app.go (the headers and the HTTP exchange), classify.go (what the
+// answer means), results.go (the success record), recorder.go (the key of a
+// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back).
+// gate.go and breaker.go decide whether courier may send; tracker.go keeps
+// held messages in progress; phases.go names the steps of shutdown;
+// trace.go makes each attempt a span.
 package proxy
 
 import (

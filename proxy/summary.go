@@ -47,13 +47,13 @@ func (r *Runner) summarize(ctx context.Context, every time.Duration) {
 			return
 		}
 		last = now
-		msg := "summary"
+		attrs := []any{"delivered", d.delivered, "duplicates", d.duplicate, "retried", d.retried,
+			"dead_lettered", d.deadLettered, "given_back", d.released, "held", r.heldMessages()}
 		if final {
-			msg = "summary at shutdown"
+			r.log.Info("summary at shutdown (since the last summary)", attrs...)
+			return
 		}
-		r.log.Info(msg, "delivered", d.delivered, "duplicates", d.duplicate, "retried", d.retried,
-			"dead_lettered", d.deadLettered, "given_back", d.released, "held", r.heldMessages(),
-			"interval", every.String())
+		r.log.Info("summary", append(attrs, "interval", every.String())...)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -104,6 +104,47 @@ var errClaimed = errors.New("key claimed by another replica")
 // answer, or while another replica holds the key's claim.
 var checkWait = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
 
+// checkOnce asks the store once about skey. A store that cannot answer
+// holds deliveries (causeStore) until one of its answers comes; a key another
+// replica holds is errClaimed.
+func (r *Runner) checkOnce(ctx context.Context, skey string) (verdict.Verdict, error) {
+	if !r.quickCheck {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	v, err := r.dd.Check(ctx, skey)
+	if err != nil {
+		r.m.dedupErrors.WithLabelValues("check").Inc()
+		if r.storeDown.CompareAndSwap(false, true) {
+			r.gate.hold(causeStore, "dedup store check failed: "+err.Error())
+		}
+		return v, err
+	}
+	if r.storeDown.Load() && r.storeDown.CompareAndSwap(true, false) {
+		r.gate.free(causeStore)
+	}
+	if v == verdict.Claimed {
+		return v, errClaimed
+	}
+	return v, nil
+}
+
+// checkAgain holds d (in progress, spending nothing) and asks the store
+// again with backoff until it answers, or d's wait ends.
+func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
+	r.hold(func() {
+		err = retry.Do(d.wait, checkWait, func(ctx context.Context) error {
+			var cerr error
+			v, cerr = r.checkOnce(ctx, d.skey)
+			return cerr
+		}, func(err error, wait time.Duration) {
+			d.log.Debug("asking the dedup store again", "error", err, "in", wait.Round(time.Millisecond).String())
+		})
+	})
+	return v, err
+}
+
 // checkKey settles a duplicate, and reports whether the delivery goes on to
 // the app. A delivery of the same key already running in this process is
 // waited for; so is another replica's claim. While the store cannot answer,
@@ -116,37 +157,12 @@ func (r *Runner) checkKey(d *delivery) bool {
 		return false
 	}
 	d.fl = fl
-	var v verdict.Verdict
-	check := func(ctx context.Context) error {
-		cctx := ctx
-		if !r.quickCheck {
-			var cancel context.CancelFunc
-			cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-		}
-		var err error
-		if v, err = r.dd.Check(cctx, d.skey); err != nil {
-			r.m.dedupErrors.WithLabelValues("check").Inc()
-			if r.storeDown.CompareAndSwap(false, true) {
-				r.gate.hold(causeStore, "dedup store check failed: "+err.Error())
-			}
-			return err
-		}
-		if r.storeDown.CompareAndSwap(true, false) {
-			r.gate.free(causeStore)
-		}
-		if v == verdict.Claimed {
-			return errClaimed
-		}
-		return nil
-	}
 	if !dup {
-		if err = check(d.wait); err != nil {
-			r.hold(func() {
-				err = retry.Do(d.wait, checkWait, check, func(err error, wait time.Duration) {
-					d.log.Debug("asking the dedup store again", "error", err, "in", wait.Round(time.Millisecond).String())
-				})
-			})
+		// The common case asks the store once; the retry loop (and its
+		// closures) only when it could not answer.
+		v, err := r.checkOnce(d.wait, d.skey)
+		if err != nil {
+			v, err = r.checkAgain(d)
 		}
 		if err != nil {
 			r.flights.finish(d.skey, fl, false)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/courierhq/courier/internal/retry"
@@ -70,7 +71,9 @@ type gate struct {
 	held  [nCauses]holdState
 	nHeld int
 	upCh  chan struct{} // closed while no cause is held
-	now   func() time.Time
+	// open is nHeld == 0, read on every message without the lock.
+	open atomic.Bool
+	now  func() time.Time
 	// changed is called, outside the lock, once per transition of a cause.
 	changed func(c cause, held bool, reason string, heldFor time.Duration)
 }
@@ -86,6 +89,7 @@ type holdState struct {
 func newGate(now func() time.Time, changed func(cause, bool, string, time.Duration)) *gate {
 	g := &gate{upCh: make(chan struct{}), now: now, changed: changed}
 	close(g.upCh)
+	g.open.Store(true)
 	for c := range g.held {
 		g.held[c].ch = make(chan struct{})
 	}
@@ -106,18 +110,6 @@ func (g *gate) Held(c cause) <-chan struct{} {
 	return g.held[c].ch
 }
 
-// State reports whether the gate is open and, when it is not, why (the
-// first held cause's reason).
-func (g *gate) State() (bool, string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, h := range g.held {
-		if h.on {
-			return false, h.reason
-		}
-	}
-	return true, ""
-}
 
 // firstHeld returns the first held cause and its reason.
 func (g *gate) firstHeld() (cause, string, bool) {
@@ -157,6 +149,7 @@ func (g *gate) hold(c cause, reason string) {
 	close(h.ch)
 	if g.nHeld++; g.nHeld == 1 {
 		g.upCh = make(chan struct{})
+		g.open.Store(false)
 	}
 	g.mu.Unlock()
 	g.changed(c, true, reason, 0)
@@ -176,6 +169,7 @@ func (g *gate) free(c cause) {
 	h.ch = make(chan struct{})
 	if g.nHeld--; g.nHeld == 0 {
 		close(g.upCh)
+		g.open.Store(true)
 	}
 	g.mu.Unlock()
 	g.changed(c, false, "", heldFor)

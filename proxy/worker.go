@@ -67,10 +67,7 @@ func lastDelivery(meta *jetstream.MsgMetadata, maxDeliver int) bool {
 }
 
 // open reports whether the gate lets deliveries go.
-func (r *Runner) open() bool {
-	up, _ := r.gate.State()
-	return up
-}
+func (r *Runner) open() bool { return r.gate.open.Load() }
 
 // hold runs wait counted among the held messages.
 func (r *Runner) hold(wait func()) {

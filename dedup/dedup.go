@@ -433,8 +433,9 @@ func (s *Store) write(keys [][]byte, ttl time.Duration) error {
 	return txn.CommitAt(s.ts.Add(1), nil)
 }
 
-// gcLoop garbage-collects the value log every GCInterval until Close.
-func (s *Store) gcLoop(interval time.Duration) {
+// every runs f every interval until Close: the store's background work
+// (value-log GC, the free-space measure). The caller adds to s.wg.
+func (s *Store) every(interval time.Duration, f func()) {
 	defer s.wg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -443,7 +444,7 @@ func (s *Store) gcLoop(interval time.Duration) {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.runGC()
+			f()
 		}
 	}
 }

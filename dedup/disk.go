@@ -103,18 +103,3 @@ func (d *diskWatch) measure() error {
 	}
 	return state
 }
-
-// diskLoop measures free space every interval until Close.
-func (s *Store) diskLoop(interval time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			_ = s.disk.measure()
-		}
-	}
-}

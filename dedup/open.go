@@ -108,11 +108,11 @@ func Open(dir string, opts Options) (*Store, error) {
 	s.ts.Store(db.MaxVersion())
 	db.SetDiscardTs(s.ts.Load())
 	s.wg.Add(2)
-	go s.gcLoop(opts.GCInterval)
+	go s.every(opts.GCInterval, s.runGC) // value-log GC
 	go s.loadFilter()
 	if disk.floor > 0 {
 		s.wg.Add(1)
-		go s.diskLoop(opts.DiskInterval)
+		go s.every(opts.DiskInterval, func() { _ = s.disk.measure() }) // free space
 	}
 	log.Debug("dedup store open", "dir", dir, "ttl", opts.TTL, "scope", opts.Scope)
 	return s, nil

@@ -42,6 +42,18 @@ func (e *env) runWith(t *testing.T, dd proxy.Deduper, o proxy.Options) (*proxy.R
 	return r, stop
 }
 
+// updateConsumer changes the durable "c" on the server to cfg (its name and
+// explicit acks filled in), as an operator or another courier would.
+func (e *env) updateConsumer(t *testing.T, cfg jetstream.ConsumerConfig) {
+	t.Helper()
+	cfg.Durable, cfg.AckPolicy = "c", jetstream.AckExplicitPolicy
+	cons, err := e.js.UpdateConsumer(context.Background(), "S", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+}
+
 func (e *env) publish(t *testing.T, n int, body []byte) {
 	t.Helper()
 	for i := range n {
@@ -74,13 +86,7 @@ func TestInProgressFollowsServerAckWait(t *testing.T) {
 	e.slowApp(t, 2500*time.Millisecond)
 	// courier believes 30s; the server is changed to 1s once it runs.
 	_, _ = e.runWith(t, nil, proxy.Options{AckWait: 30 * time.Second, InfoInterval: 100 * time.Millisecond, MaxInflight: 2})
-	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
-		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cons = cons
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: time.Second})
 	time.Sleep(300 * time.Millisecond) // at least one re-read of the settings
 	e.publish(t, 2, []byte("x"))
 	waitFor(t, "both messages acked", func() bool { return e.settled(t) && e.calls.Load() >= 2 })
@@ -96,12 +102,7 @@ func TestPullLimitLoweredWhileRunning(t *testing.T) {
 	e := setup(t)
 	r, _ := e.runWith(t, nil, proxy.Options{AckWait: 5 * time.Second, InfoInterval: time.Hour})
 	waitFor(t, "the consumer bound", func() bool { return r.Ready() == nil })
-	if _, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
-		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
-		MaxRequestBatch: 3,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: 5 * time.Second, MaxRequestBatch: 3})
 	const n = 30
 	e.publish(t, n, []byte("x"))
 	waitFor(t, "every message delivered within the new limit", func() bool { return e.calls.Load() == n && e.settled(t) })
@@ -112,13 +113,7 @@ func TestPullLimitLoweredWhileRunning(t *testing.T) {
 // on them without the app having seen them).
 func TestLastDeliveryNotGivenBackAtShutdown(t *testing.T) {
 	e := setup(t)
-	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
-		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: 5 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cons = cons
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 1, AckWait: 5 * time.Second})
 	e.slowApp(t, 20*time.Millisecond)
 	const n = 20
 	e.publish(t, n, []byte("x"))
@@ -329,13 +324,7 @@ func TestFullDiskHoldsMessages(t *testing.T) {
 // given back for JetStream to give up on with an error about the ack wait.
 func TestAbandonedLastDeliveryIsDeadLettered(t *testing.T) {
 	e := setup(t)
-	cons, err := e.js.UpdateConsumer(context.Background(), "S", jetstream.ConsumerConfig{
-		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: 5 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cons = cons
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 1, AckWait: 5 * time.Second})
 	e.slowApp(t, 10*time.Second)
 	e.publish(t, 1, []byte("x"))
 	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, ShutdownGrace: 200 * time.Millisecond})

@@ -110,7 +110,6 @@ func (g *gate) Held(c cause) <-chan struct{} {
 	return g.held[c].ch
 }
 
-
 // firstHeld returns the first held cause and its reason.
 func (g *gate) firstHeld() (cause, string, bool) {
 	g.mu.Lock()

@@ -13,14 +13,33 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 )
 
+// defaultGCPercent is the garbage collector's target (GOGC) when the
+// environment sets none. courier's live heap is small and what it allocates
+// per message is short-lived, so Go's default (100: the heap may grow to
+// twice what is live) is mostly garbage awaiting collection; 50 keeps the
+// peak resident memory of a drain about 5 MiB lower at a cost in CPU the
+// bench does not separate from its noise (README, "Performance").
+const defaultGCPercent = 50
+
 func main() {
+	tuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// tuneGC sets the garbage collector's target to defaultGCPercent unless
+// GOGC is set (an operator's choice, which the runtime has applied).
+// GOMEMLIMIT, which the Kubernetes example sets, works alongside it.
+func tuneGC(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 }
 
 // run is the whole program, testable in-process: it runs the command args

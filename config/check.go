@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/courierhq/courier/internal/appurl"
 )
 
 // problem is one line of an *Error, with the position of its variable in
@@ -340,16 +342,8 @@ func (c *checker) checkApp(cfg *Config) {
 }
 
 func (c *checker) checkHTTPURL(name, v string) {
-	const want = "expected an absolute http or https URL, such as http://127.0.0.1:8080/messages"
-	u, err := url.Parse(v)
-	switch {
-	case err != nil:
-		// url's error would quote the URL, password and all.
-		c.add(name, "not a valid URL: %s", want)
-	case u.Scheme != "http" && u.Scheme != "https":
-		c.add(name, "%s", want)
-	case u.Hostname() == "":
-		c.add(name, "no host: %s", want)
+	if _, err := appurl.Parse(v); err != nil {
+		c.add(name, "%s", err.Error())
 	}
 }
 

@@ -396,12 +396,16 @@ func TestBadValue(t *testing.T) {
 		{"subject space", with(map[string]string{"COURIER_SUBJECTS": "a b.c"}), `COURIER_SUBJECTS="a b.c": "a b.c" is not a valid subject: it contains whitespace …`},
 		{"subjects overlap", with(map[string]string{"COURIER_SUBJECTS": "orders.*,orders.created"}), `COURIER_SUBJECTS="orders.*,orders.created": filter subjects "orders.*" and "orders.created" overlap…`},
 		{"subjects duplicate", with(map[string]string{"COURIER_SUBJECTS": "a.b, a.b"}), `COURIER_SUBJECTS="a.b, a.b": filter subjects "a.b" and "a.b" overlap…`},
-		{"app url relative", with(map[string]string{"COURIER_APP_URL": "/messages"}), `COURIER_APP_URL="/messages": expected an absolute http or https URL…`},
-		{"app url scheme", with(map[string]string{"COURIER_APP_URL": "ftp://host/x"}), `COURIER_APP_URL="ftp://host/x": expected an absolute http or https URL…`},
+		{"app url relative", with(map[string]string{"COURIER_APP_URL": "/messages"}), `COURIER_APP_URL="/messages": expected an absolute http, https or unix URL…`},
+		{"app url scheme", with(map[string]string{"COURIER_APP_URL": "ftp://host/x"}), `COURIER_APP_URL="ftp://host/x": expected an absolute http, https or unix URL…`},
 		{"app url no host", with(map[string]string{"COURIER_APP_URL": "http:///x"}), `COURIER_APP_URL="http:///x": no host: …`},
 		{"app url port only", with(map[string]string{"COURIER_APP_URL": "http://:8080/x"}), `COURIER_APP_URL="http://:8080/x": no host: …`},
 		{"app url unparsable", with(map[string]string{"COURIER_APP_URL": "http://a b/"}), `COURIER_APP_URL="http://a b/": not a valid URL: …`},
-		{"health url", with(map[string]string{"COURIER_APP_HEALTH_URL": "localhost:8080/health"}), `COURIER_APP_HEALTH_URL="localhost:8080/health": expected an absolute http or https URL…`},
+		{"health url", with(map[string]string{"COURIER_APP_HEALTH_URL": "localhost:8080/health"}), `COURIER_APP_HEALTH_URL="localhost:8080/health": expected an absolute http, https or unix URL…`},
+		{"app socket relative", with(map[string]string{"COURIER_APP_URL": "unix://run/app.sock"}), `COURIER_APP_URL="unix://run/app.sock": socket path "run/app.sock" is not absolute: expected unix:// and an absolute path, such as unix:///run/app/app.sock (three slashes)`},
+		{"app socket one slash", with(map[string]string{"COURIER_APP_URL": "unix:/run/app.sock"}), `COURIER_APP_URL="unix:/run/app.sock": a Unix socket is named unix:// and its absolute path, such as unix:///run/app/app.sock`},
+		{"app socket no path", with(map[string]string{"COURIER_APP_URL": "unix:///"}), `COURIER_APP_URL="unix:///": no socket path: …`},
+		{"app socket request path", with(map[string]string{"COURIER_APP_URL": "unix:///run/app.sock:messages"}), `COURIER_APP_URL="unix:///run/app.sock:messages": request path "messages" after the socket's ':' must start with '/', such as unix:///run/app/app.sock:/messages`},
 		{"deliver policy", with(map[string]string{"COURIER_DELIVER_POLICY": "last"}), `COURIER_DELIVER_POLICY="last": expected all or new`},
 		{"max deliver abc", with(map[string]string{"COURIER_MAX_DELIVER": "abc"}), `COURIER_MAX_DELIVER="abc": not an integer`},
 		{"max deliver float", with(map[string]string{"COURIER_MAX_DELIVER": "2.5"}), `COURIER_MAX_DELIVER="2.5": not an integer`},
@@ -907,4 +911,18 @@ func TestFormatDuration(t *testing.T) {
 			t.Errorf("formatDuration(%v) = %q does not read back: %v, %v", d, got, back, err)
 		}
 	}
+}
+
+// TestUnixSocketURLs checks that the URLs courier sends to may name a Unix
+// socket, with or without a request path.
+func TestUnixSocketURLs(t *testing.T) {
+	cfg := mustLoad(t, with(map[string]string{
+		"COURIER_APP_URL":        "unix:///run/app/app.sock:/messages",
+		"COURIER_APP_HEALTH_URL": "unix:///run/app/app.sock:/healthz",
+		"COURIER_REPLY_SUBJECTS": "q",
+	}))
+	if cfg.AppURL != "unix:///run/app/app.sock:/messages" || cfg.ReplyURL != cfg.AppURL {
+		t.Errorf("AppURL %q, ReplyURL %q: want the socket URL as given, the reply URL following it", cfg.AppURL, cfg.ReplyURL)
+	}
+	mustLoad(t, with(map[string]string{"COURIER_APP_URL": "unix:///run/app.sock"}))
 }

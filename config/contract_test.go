@@ -31,7 +31,7 @@ func TestNewVariablesBadValues(t *testing.T) {
 		{"replies overlap", with(map[string]string{"COURIER_REPLY_SUBJECTS": "quote.*,quote.get"}), `COURIER_REPLY_SUBJECTS="quote.*,quote.get": "quote.*" and "quote.get" overlap`},
 		{"reply consumed", with(map[string]string{"COURIER_SUBJECTS": "orders.>", "COURIER_REPLY_SUBJECTS": "orders.get"}), `COURIER_REPLY_SUBJECTS="orders.>": "orders.get" overlaps`},
 		{"reply answers dead letters", with(map[string]string{"COURIER_REPLY_SUBJECTS": "dlq.>"}), `COURIER_REPLY_SUBJECTS="dlq.>": "dlq.>" matches COURIER_DLQ_SUBJECT`},
-		{"reply url", with(map[string]string{"COURIER_REPLY_SUBJECTS": "q", "COURIER_REPLY_URL": "ftp://x/"}), `COURIER_REPLY_URL="ftp://x/": expected an absolute http or https URL`},
+		{"reply url", with(map[string]string{"COURIER_REPLY_SUBJECTS": "q", "COURIER_REPLY_URL": "ftp://x/"}), `COURIER_REPLY_URL="ftp://x/": expected an absolute http, https or unix URL`},
 		{"reply without any url", with(map[string]string{"COURIER_STREAM": "<unset>", "COURIER_APP_URL": "<unset>", "COURIER_REPLY_SUBJECTS": "q"}), `COURIER_REPLY_URL (or COURIER_APP_URL) is required with COURIER_REPLY_SUBJECTS`},
 		{"stream needs the app", with(map[string]string{"COURIER_APP_URL": "<unset>", "COURIER_REPLY_SUBJECTS": "q", "COURIER_REPLY_URL": "http://h/"}), `COURIER_APP_URL is required`},
 		{"success without stream", with(map[string]string{"COURIER_STREAM": "<unset>", "COURIER_REPLY_SUBJECTS": "q", "COURIER_SUCCESS_SUBJECT": "done"}), `COURIER_SUCCESS_SUBJECT="done": is set but COURIER_STREAM is not`},

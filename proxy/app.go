@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/courierhq/courier/internal/appurl"
 )
 
 // ClientOptions tunes the HTTP client for one local upstream.
@@ -33,7 +35,8 @@ type ClientOptions struct {
 // NewClient returns an HTTP client for one local app: keep-alive connections
 // sized to the in-flight limit, no redirects followed (a 3xx is the app's
 // answer: a redirected POST would become a GET), no proxy from the
-// environment, and no resends of its own (Post decides resends).
+// environment, and no resends of its own (Post decides resends). It sends
+// requests for a unix:// URL to its socket.
 func NewClient(o ClientOptions) *http.Client {
 	if o.MaxConns <= 0 {
 		o.MaxConns = 8
@@ -46,8 +49,8 @@ func NewClient(o ClientOptions) *http.Client {
 	}
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
-		Proxy:                 nil, // a sidecar talks to its app directly
-		DialContext:           d.DialContext,
+		Proxy:                 nil,                        // a sidecar talks to its app directly
+		DialContext:           appurl.Dial(d.DialContext), // unix:// URLs to their socket
 		MaxIdleConns:          o.MaxConns,
 		MaxIdleConnsPerHost:   o.MaxConns,
 		MaxConnsPerHost:       o.MaxConns,
@@ -151,12 +154,19 @@ type endpoint struct {
 	host string
 }
 
+// A unix:// URL names an app on a Unix socket (internal/appurl): its
+// requests go to a host standing for the socket, which NewClient's dialer
+// connects to it.
 func parseEndpoint(raw string) (endpoint, error) {
-	req, err := http.NewRequest(http.MethodPost, raw, nil)
+	t, err := appurl.Parse(raw)
 	if err != nil {
 		return endpoint{}, err
 	}
-	return endpoint{url: req.URL, host: req.Host}, nil
+	req, err := http.NewRequest(http.MethodPost, t.URL.String(), nil)
+	if err != nil {
+		return endpoint{}, err
+	}
+	return endpoint{url: req.URL, host: t.Host}, nil
 }
 
 // newRequest is http.NewRequestWithContext(ctx, POST, ep, bytes.NewReader(body))

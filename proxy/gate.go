@@ -5,11 +5,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/courierhq/courier/internal/appurl"
 	"github.com/courierhq/courier/internal/retry"
 )
 
@@ -200,34 +200,30 @@ func (g *gate) waitUp(ctx context.Context) error {
 // prober decides when an unavailable app is back, and with a health URL also
 // notices when an available one goes away.
 type prober struct {
-	gate      *gate
-	client    *http.Client
-	healthURL string
-	appAddr   string // host:port of the app, dialled when there is no health URL
-	interval  time.Duration
-	minWait   time.Duration
-	maxWait   time.Duration
+	gate       *gate
+	client     *http.Client
+	healthURL  string // as requested: a socket's stands for it (appurl)
+	healthHost string // the health request's Host header
+	// appNet and appAddr are where the app accepts connections: tcp and
+	// its host:port, or unix and its socket.
+	appNet, appAddr string
+	interval        time.Duration
+	minWait         time.Duration
+	maxWait         time.Duration
 }
 
 func newProber(g *gate, client *http.Client, appURL, healthURL string, interval time.Duration) *prober {
-	return &prober{
-		gate: g, client: client, healthURL: healthURL, appAddr: hostPort(appURL),
+	p := &prober{
+		gate: g, client: client, healthURL: healthURL,
 		interval: interval, minWait: 100 * time.Millisecond, maxWait: 5 * time.Second,
 	}
-}
-
-func hostPort(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
+	if t, err := appurl.Parse(appURL); err == nil {
+		p.appNet, p.appAddr = t.Addr()
 	}
-	if u.Port() != "" {
-		return u.Host
+	if t, err := appurl.Parse(healthURL); err == nil {
+		p.healthURL, p.healthHost = t.URL.String(), t.Host
 	}
-	if u.Scheme == "https" {
-		return net.JoinHostPort(u.Hostname(), "443")
-	}
-	return net.JoinHostPort(u.Hostname(), "80")
+	return p
 }
 
 // run probes until ctx ends: while the app is unavailable, with backoff (the
@@ -284,7 +280,7 @@ func (p *prober) probe(ctx context.Context) (bool, string) {
 	// URL answers: a health endpoint served elsewhere (another port, another
 	// process) cannot vouch for the app.
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", p.appAddr)
+	c, err := d.DialContext(ctx, p.appNet, p.appAddr)
 	if err != nil {
 		return false, "app not accepting connections: " + err.Error()
 	}
@@ -296,6 +292,7 @@ func (p *prober) probe(ctx context.Context) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
+	req.Host = p.healthHost
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return false, "app health check failed: " + err.Error()

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,7 +155,10 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		// Burst 1: the cap holds over any window, not just on average.
 		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
 	}
-	probeClient := &http.Client{Timeout: 5 * time.Second, CheckRedirect: o.Client.CheckRedirect}
+	// The probe's client dials as the app's default client does (a unix://
+	// health URL to its socket) and redirects as the app's client does.
+	probeClient := NewClient(ClientOptions{MaxConns: 1})
+	probeClient.Timeout, probeClient.CheckRedirect = 5*time.Second, o.Client.CheckRedirect
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
 	return r, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 )
@@ -93,25 +94,37 @@ func (t *tally) latencies(from int) []time.Duration {
 type app struct {
 	srv     *http.Server
 	ln      net.Listener
+	sock    string // the Unix socket it also listens on
 	current atomic.Pointer[tally]
 	delay   atomic.Int64 // how long each answer takes, ns; 0: at once
 	served  chan error
 }
 
-// startApp listens on a random loopback port and serves until close.
-func startApp() (*app, error) {
+// startApp listens on a random loopback port and on a Unix socket in dir,
+// and serves both until close.
+func startApp(dir string) (*app, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	a := &app{ln: ln, served: make(chan error, 1)}
+	a := &app{ln: ln, sock: filepath.Join(dir, "app.sock"), served: make(chan error, 2)}
+	sl, err := net.Listen("unix", a.sock)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	a.srv = &http.Server{Handler: http.HandlerFunc(a.handle), ReadHeaderTimeout: 10 * time.Second}
 	go func() { a.served <- a.srv.Serve(ln) }()
+	go func() { a.served <- a.srv.Serve(sl) }()
 	return a, nil
 }
 
 // URL is where the app accepts messages.
 func (a *app) URL() string { return "http://" + a.ln.Addr().String() + "/messages" }
+
+// SocketURL is where the app accepts messages on its Unix socket, as
+// COURIER_APP_URL names it.
+func (a *app) SocketURL() string { return "unix://" + a.sock + ":/messages" }
 
 // measure makes t the tally that receives from now on.
 func (a *app) measure(t *tally) { a.current.Store(t) }
@@ -144,4 +157,5 @@ func (a *app) close() {
 		_ = a.srv.Close()
 	}
 	<-a.served // http.ErrServerClosed: nothing to report at exit
+	<-a.served
 }

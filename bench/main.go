@@ -5,8 +5,8 @@
 // capacity (latency while draining a backlog is queueing, not overhead).
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
-// with dedup off and on (at 16 in flight also with the shared store, and
-// logging a line per message at debug). Courier runs with every setting at
+// with dedup off and on (at 16 in flight also with the shared store, to the
+// app's Unix socket, and logging a line per message at debug). Courier runs with every setting at
 // its default but those naming what the benchmark sets up (NATS, stream,
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared
@@ -134,16 +134,19 @@ const (
 	dedupOn                    // courier with its dedup store (default TTL)
 	dedupOnInfo                // dedupOn logging at debug (a line per message) to /dev/null
 	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
+	dedupSocket                // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
 )
 
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
-		"courier, dedup shared"}[v]
+		"courier, dedup shared", "courier, dedup on, unix socket"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
-func (v variant) dedup() bool   { return v == dedupOn || v == dedupOnInfo || v == dedupShared }
-func (v variant) info() bool    { return v == dedupOnInfo }
+func (v variant) dedup() bool {
+	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket
+}
+func (v variant) info() bool { return v == dedupOnInfo }
 
 // skip reports whether -only leaves v out.
 func (o options) skip(v variant) bool { return o.only != nil && !o.only.MatchString(v.String()) }
@@ -180,7 +183,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.broker.close()
-	if b.app, err = startApp(); err != nil {
+	if b.app, err = startApp(b.dir); err != nil {
 		return err
 	}
 	defer b.app.close()
@@ -202,13 +205,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// before spread over every variant.
 	total := o.repeat * len(o.inflight) * 3
 	if slices.Contains(o.inflight, focusInflight) {
-		total += 2 * o.repeat
+		total += 3 * o.repeat
 	}
 	for round := range o.repeat {
 		for _, inflight := range o.inflight {
 			vs := []variant{baseline, dedupOff, dedupOn}
 			if inflight == focusInflight {
-				vs = append(vs, dedupOnInfo, dedupShared)
+				vs = append(vs, dedupOnInfo, dedupShared, dedupSocket)
 			}
 			if vs = slices.DeleteFunc(vs, o.skip); len(vs) == 0 {
 				continue
@@ -350,6 +353,9 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 		}
 		if v == dedupShared {
 			env = append(env, "COURIER_DEDUP_STORE=shared") // the bucket is deleted with the streams
+		}
+		if v == dedupSocket {
+			env = append(env, "COURIER_APP_URL="+b.app.SocketURL()) // the later value wins
 		}
 	}
 	var logPath string

@@ -244,6 +244,11 @@ func (rep *report) print(w io.Writer) {
 			focusInflight, spread(ratios(dbg, on, drainResult.rate), "%.2f"), spread(ratios(dbg, on, cpuPerMsg), "%.2f"))
 	}
 
+	if us, ok := find(rows, dedupSocket, focusInflight); ok && okOn {
+		fmt.Fprintf(w, "unix socket / TCP to the app at %d in flight: msgs/s %s×, CPU per message %s×: COURIER_APP_URL=unix://... for an app sharing a volume\n",
+			focusInflight, spread(ratios(us, on, drainResult.rate), "%.2f"), spread(ratios(us, on, cpuPerMsg), "%.2f"))
+	}
+
 	rep.printReplicas(w)
 
 	if len(rep.latency) > 0 {

@@ -57,7 +57,7 @@ func specs() []spec {
 		{"COURIER_STREAM", "stream to consume (must exist; courier does not create it)", "required (unless only COURIER_REPLY_SUBJECTS are served)", false, func(c Config) string { return c.Stream }},
 		{"COURIER_CONSUMER", "durable consumer name; created or updated by courier", "courier", false, func(c Config) string { return c.Consumer }},
 		{"COURIER_SUBJECTS", "filter subjects, comma separated", "all of the stream", false, func(c Config) string { return strings.Join(c.Subjects, ",") }},
-		{"COURIER_APP_URL", "where each message is POSTed", "required (unless only COURIER_REPLY_SUBJECTS are served)", false, func(c Config) string { return c.AppURL }},
+		{"COURIER_APP_URL", "where each message is POSTed: http(s)://..., or unix:///path/to.sock[:/request-path]", "required (unless only COURIER_REPLY_SUBJECTS are served)", false, func(c Config) string { return c.AppURL }},
 		{"COURIER_APP_HEALTH_URL", "polled before consuming and during outages", "unset", false, func(c Config) string { return c.AppHealthURL }},
 		{"COURIER_DELIVER_POLICY", "where a new durable starts: all or new (fixed once created)", "all", false, func(c Config) string { return c.DeliverPolicy }},
 		{"COURIER_MAX_DELIVER", "delivery attempts per message, the first included", "5", false, func(c Config) string { return strconv.Itoa(c.MaxDeliver) }},

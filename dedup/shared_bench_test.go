@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
@@ -49,6 +50,15 @@ func BenchmarkDelivery(b *testing.B) {
 			ds = append(ds, openShared(b, js, SharedOptions{Replicas: 3}))
 		}
 		benchDelivery(b, ds)
+	})
+	// The floor of any race-safe shared design: one create-if-absent write
+	// per key (expected last subject sequence 0, the dedup TTL) and
+	// nothing else: no local cache, no second write to record.
+	b.Run("store=create/R1", func(b *testing.B) {
+		srv := natstest.Start(b, natstest.Options{})
+		_, js := natstest.Connect(b, srv)
+		s := openShared(b, js, SharedOptions{})
+		benchDelivery(b, []deduper{createOnly{s}})
 	})
 	// The design replaced, for comparison: a read of the bucket to check,
 	// a create to record, no claim (so no single call across replicas).
@@ -132,6 +142,28 @@ func (g getCreate) Record(ctx context.Context, keys ...string) error {
 	}
 	return nil
 }
+
+// createOnly writes each key once, create-if-absent, in Check; Record
+// does nothing.
+type createOnly struct{ s *Shared }
+
+func (c createOnly) Check(ctx context.Context, key string) (Verdict, error) {
+	bk, err := c.s.bucketKey(key)
+	if err != nil {
+		return New, err
+	}
+	_, err = c.s.js.PublishMsg(ctx, &nats.Msg{Subject: bk},
+		jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgTTL(c.s.ttl))
+	switch {
+	case err == nil:
+		return New, nil
+	case isWrongLastSeq(err):
+		return Processed, nil
+	}
+	return New, err
+}
+
+func (createOnly) Record(context.Context, ...string) error { return nil }
 
 // cpuTime is the CPU time this process has used: the client's and, as the
 // servers are embedded, the servers'.

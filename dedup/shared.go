@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -107,6 +108,11 @@ type Shared struct {
 	// msgGet is the API subject readLast asks the stream leader.
 	msgGet string
 
+	// The headers of a claim of an absent key and of a processed record,
+	// built once and shared by every publish: read-only, as jetstream
+	// leaves a message's headers alone when it is given no options.
+	createHdr, processedHdr nats.Header
+
 	// claims maps the bucket key of each claim this store holds to its
 	// revision, for Release; entries older than claimTTL are dropped.
 	claimsMu   sync.Mutex
@@ -166,6 +172,8 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 		return nil, err
 	}
 	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
+	s.createHdr = s.claimHeader(0)
+	s.processedHdr = nats.Header{jetstream.MsgTTLHeader: {s.ttl.String()}}
 	var err error
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
@@ -275,8 +283,11 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 	var expect uint64
 	recreated := false
 	for range claimTries {
-		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Data: claimValue},
-			jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(s.claimTTL))
+		hdr := s.createHdr
+		if expect != 0 {
+			hdr = s.claimHeader(expect)
+		}
+		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: hdr, Data: claimValue})
 		switch {
 		case err == nil:
 			s.hold(bk, ack.Sequence)
@@ -315,6 +326,16 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 		}
 	}
 	return New, s.bucketError("claim", fmt.Errorf("key kept changing over %d tries", claimTries))
+}
+
+// claimHeader is the header of a claim expecting the key's last revision
+// to be expect (0: absent), living ClaimTTL: what jetstream's
+// WithExpectLastSequencePerSubject and WithMsgTTL options write.
+func (s *Shared) claimHeader(expect uint64) nats.Header {
+	return nats.Header{
+		jetstream.ExpectedLastSubjSeqHeader: {strconv.FormatUint(expect, 10)},
+		jetstream.MsgTTLHeader:              {s.claimTTL.String()},
+	}
 }
 
 // cache records locally a key the bucket holds as processed, for what is
@@ -367,7 +388,7 @@ func (s *Shared) Record(ctx context.Context, keys ...string) error {
 func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(bks))
 	for _, bk := range bks {
-		f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: bk}, jetstream.WithMsgTTL(s.ttl))
+		f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: bk, Header: s.processedHdr})
 		if err != nil {
 			return futures, err
 		}

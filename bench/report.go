@@ -226,7 +226,11 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 	if len(peaks) > 0 {
-		fmt.Fprintf(w, "  peak RSS draining %d (dedup on, every in-flight limit): %s MiB (target <= 32)\n", o.n, spreadMiB(peaks))
+		target := "" // the target is for the default drain of 30,000
+		if o.n == 30000 {
+			target = " (target <= 32)"
+		}
+		fmt.Fprintf(w, "  peak RSS draining %d (dedup on, every in-flight limit): %s MiB%s\n", o.n, spreadMiB(peaks), target)
 	}
 
 	on, okOn := find(rows, dedupOn, focusInflight)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/internal/appurl"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -65,8 +66,8 @@ func (o *Options) defaults() error {
 	if len(o.Subjects) == 0 || o.URL == "" {
 		return errors.New("reply: Subjects and URL are required")
 	}
-	if u, err := url.Parse(o.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("reply: URL %q is not an http or https URL", redact(o.URL))
+	if _, err := appurl.Parse(o.URL); err != nil {
+		return fmt.Errorf("reply: URL %q: %w", redact(o.URL), err)
 	}
 	seen := make(map[string]bool, len(o.Subjects))
 	for _, s := range o.Subjects {

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -480,4 +482,30 @@ func TestConnectionDroppedIs502(t *testing.T) {
 	m := h.request(nil, []byte("q"))
 	checkReply(t, m, "", "502")
 	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "transport")
+}
+
+// An app on a Unix socket (COURIER_REPLY_URL=unix://...) answers requests
+// as one on a port does; with the socket gone, the caller gets a 503.
+func TestAppOnUnixSocket(t *testing.T) {
+	h := newHarness(t, 0)
+	sock := filepath.Join(t.TempDir(), "app.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(r.Method + " " + r.Host + " " + r.URL.RequestURI()))
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	h.start("unix://"+sock+":/rpc?v=1", nil)
+
+	m := h.request(nil, []byte("{}"))
+	checkReply(t, m, "200", "")
+	if string(m.Data) != "POST localhost /rpc?v=1" {
+		t.Errorf("reply %q, want the app on the socket to have seen POST localhost /rpc?v=1", m.Data)
+	}
+
+	_ = srv.Close()
+	m = h.request(nil, []byte("{}"))
+	checkReply(t, m, "", "503")
 }

@@ -12,8 +12,7 @@ import (
 // counts needs no nil checks; they are registered only when a Registerer is
 // given.
 type metrics struct {
-	reg          prometheus.Registerer // nil: nothing registered
-	registered   []prometheus.Collector
+	*registration
 	keysRecorded prometheus.Counter
 	recordErrors prometheus.Counter
 	batchSize    prometheus.Histogram
@@ -85,29 +84,45 @@ func newMetrics(dir string, disk *diskWatch, reg prometheus.Registerer) (*metric
 		}, func() float64 { return float64(disk.freeBytes.Load()) }),
 		duration: newDurations(),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	m.reg = reg
-	for _, c := range []prometheus.Collector{
-		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes, m.diskFree, m.duration.vec,
-	} {
-		if err := reg.Register(c); err != nil {
-			m.unregister()
-			return nil, err
-		}
-		m.registered = append(m.registered, c)
+	var err error
+	m.registration, err = register(reg,
+		m.keysRecorded, m.recordErrors, m.batchSize, m.filterAbsent, m.gcRuns, m.gcRewrites, m.sizeBytes, m.diskFree, m.duration.vec)
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }
 
-// unregister removes what newMetrics registered, so that a store opened again
-// on the same Registerer can register afresh.
-func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
+// registration is collectors registered together on one Registerer (none
+// when it is nil): all or none, and taken off together, so that a store
+// opened again on the same Registerer can register afresh.
+type registration struct {
+	reg prometheus.Registerer
+	cs  []prometheus.Collector
+}
+
+// register registers cs on reg, or none of them if one cannot be.
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) (*registration, error) {
+	r := &registration{reg: reg}
+	if reg == nil {
+		return r, nil
 	}
-	m.registered = nil
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			r.unregister()
+			return nil, err
+		}
+		r.cs = append(r.cs, c)
+	}
+	return r, nil
+}
+
+// unregister removes what register registered. Idempotent.
+func (r *registration) unregister() {
+	for _, c := range r.cs {
+		r.reg.Unregister(c)
+	}
+	r.cs = nil
 }
 
 // dirSize sums the disk space taken by the regular files under dir. Badger

@@ -565,7 +565,7 @@ func isWrongLastSeq(err error) bool {
 // sharedMetrics are a Shared store's collectors; registered only when a
 // Registerer is given.
 type sharedMetrics struct {
-	reg          prometheus.Registerer
+	*registration
 	checks       *prometheus.CounterVec
 	bucketErrors *prometheus.CounterVec
 	recreated    prometheus.Counter
@@ -586,29 +586,9 @@ func newSharedMetrics(reg prometheus.Registerer) (*sharedMetrics, error) {
 			Help: "Times the shared dedup bucket was found deleted and created again (keys recorded by other couriers before are forgotten).",
 		}),
 	}
-	if reg == nil {
-		return m, nil
+	var err error
+	if m.registration, err = register(reg, m.checks, m.bucketErrors, m.recreated); err != nil {
+		return nil, err
 	}
-	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.checks, m.bucketErrors, m.recreated} {
-		if err := reg.Register(c); err != nil {
-			for _, d := range done {
-				reg.Unregister(d)
-			}
-			return nil, err
-		}
-		done = append(done, c)
-	}
-	m.reg = reg
 	return m, nil
-}
-
-func (m *sharedMetrics) unregister() {
-	if m.reg == nil {
-		return
-	}
-	m.reg.Unregister(m.checks)
-	m.reg.Unregister(m.bucketErrors)
-	m.reg.Unregister(m.recreated)
-	m.reg = nil
 }

@@ -103,8 +103,8 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// courier starts first, so the "unreachable" lines, which
 			// name the URL, are logged too.
-			port := freePort(t)
-			hostport := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			host, port := freePort(t)
+			hostport := net.JoinHostPort(host, strconv.Itoa(port))
 			a := newApp(t, func(w http.ResponseWriter, _ *http.Request, n int) {
 				if n == 1 {
 					w.WriteHeader(http.StatusServiceUnavailable) // a retry, logged with the URL's error
@@ -133,7 +133,12 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 				return len(logLines(c, "NATS unreachable")) > 0
 			})
 
-			h.srv = natstest.Start(t, natstest.Options{Port: port, Configure: tc.configure})
+			h.srv = natstest.Start(t, natstest.Options{Port: port, Configure: func(o *server.Options) {
+				o.Host = host
+				if tc.configure != nil {
+					tc.configure(o)
+				}
+			}})
 			h.nc, h.js = connectWith(t, h.srv, tc.client)
 			createStream(t, h)
 			h.publish("orders.leak", "hello", nil)
@@ -183,13 +188,21 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback port nothing listens on (for a moment).
-func freePort(t *testing.T) int {
+// freePort returns a loopback address and port nothing listens on (for a
+// moment).
+func freePort(t *testing.T) (host string, port int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// On 127.0.0.2 where the system has it (Linux routes all of 127/8 to
+	// loopback): everything else the tests start listens on 127.0.0.1:0,
+	// which could take the port just released before the server does.
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	a := ln.Addr().(*net.TCPAddr)
+	return a.IP.String(), a.Port
 }

@@ -44,7 +44,14 @@ type lateApp struct {
 // newLateApp reserves a free address for an app that is not listening yet.
 func newLateApp(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, n int)) *lateApp {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Reserved on 127.0.0.2 where the system has it (Linux routes all of
+	// 127/8 to loopback): everything else the tests start listens on
+	// 127.0.0.1:0, and courier's admin server once took the port just
+	// released, so that the "missing" app answered 404.
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+	}
 	if err != nil {
 		t.Fatalf("reserve an address: %v", err)
 	}

@@ -147,11 +147,12 @@ func postDirect(ctx context.Context, c *http.Client, rt http.RoundTripper, ep en
 }
 
 // endpoint is the app's URL parsed once, as http.NewRequest parses it, so
-// that each request is built without parsing it again. Requests share the
+// that each request is built without parsing it again: tmpl is a request to
+// it with no header nor body, which each request copies. Requests share the
 // URL: neither the client nor the transport modifies a request's URL.
 type endpoint struct {
 	url  *url.URL
-	host string
+	tmpl *http.Request
 }
 
 // A unix:// URL names an app on a Unix socket (internal/appurl): its
@@ -166,49 +167,49 @@ func parseEndpoint(raw string) (endpoint, error) {
 	if err != nil {
 		return endpoint{}, err
 	}
-	return endpoint{url: req.URL, host: t.Host}, nil
+	req.Host = t.Host
+	req.Header = nil
+	return endpoint{url: req.URL, tmpl: req}, nil
 }
 
 // newRequest is http.NewRequestWithContext(ctx, POST, ep, bytes.NewReader(body))
 // without parsing the URL, and without GetBody: without it the transport
 // never resends on its own (it would, for a POST carrying an
-// Idempotency-Key, after the app may have read it).
+// Idempotency-Key, after the app may have read it). The body stays a
+// NopCloser around a bytes.Reader: the transport sends the headers and a
+// body it knows to be in memory in one write.
 func newRequest(ctx context.Context, ep endpoint, h http.Header, body []byte) *http.Request {
-	req := &http.Request{
-		Method: http.MethodPost, URL: ep.url, Host: ep.host,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: http.NoBody, ContentLength: int64(len(body)),
-	}
+	req := ep.tmpl.WithContext(ctx) // a copy
+	req.Header, req.Body, req.ContentLength = h, http.NoBody, int64(len(body))
 	if len(body) > 0 {
 		req.Body = io.NopCloser(bytes.NewReader(body))
 	}
-	return req.WithContext(ctx)
+	return req
 }
 
 // connTrace is what one request learns of its connection, for classifying
 // a failure: the state and the hooks that set it in one allocation, read
-// once Do has returned.
+// once Do has returned. Its hooks are all of httptrace's ClientTrace: a
+// ConnectDone hook would also make httptrace add a net-level trace to every
+// request's context.
 type connTrace struct {
 	askedConn       bool // the transport went for a connection
 	gotConn, reused bool
 	wroteErr        error
 	wrote           bool
-	// connected is set from the dialling goroutine, which may outlive Do
-	// when the request is cancelled mid-dial: hence atomic.
-	connected atomic.Bool
-	hooks     httptrace.ClientTrace
+	// handshaking: a connection was made and its TLS handshake began. It
+	// is set from the dialling goroutine, which may outlive Do when the
+	// request is cancelled mid-dial: hence atomic.
+	handshaking atomic.Bool
+	hooks       httptrace.ClientTrace
 }
 
 func newConnTrace() *connTrace {
 	t := &connTrace{}
 	t.hooks = httptrace.ClientTrace{
-		GetConn: func(string) { t.askedConn = true },
-		ConnectDone: func(_, _ string, err error) {
-			if err == nil {
-				t.connected.Store(true)
-			}
-		},
-		GotConn: func(i httptrace.GotConnInfo) { t.gotConn, t.reused = true, i.Reused },
+		GetConn:           func(string) { t.askedConn = true },
+		TLSHandshakeStart: func() { t.handshaking.Store(true) },
+		GotConn:           func(i httptrace.GotConnInfo) { t.gotConn, t.reused = true, i.Reused },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			t.wrote, t.wroteErr = true, i.Err
 		},
@@ -277,7 +278,7 @@ func exchange(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endp
 			// Refused before any connection was sought (a header the
 			// transport will not send): about this request, not the app.
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !t.gotConn && t.connected.Load():
+		case !t.gotConn && t.handshaking.Load():
 			// The app accepted the connection but the TLS handshake failed
 			// (a certificate courier does not trust): a fault of the set-up
 			// that holding messages would not cure, and the probe's plain
@@ -285,7 +286,8 @@ func exchange(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endp
 			return nil, &AppError{Kind: KindTransport, Err: err}, false
 		case !t.gotConn:
 			return nil, &AppError{Kind: KindUnreachable, Err: err}, false
-		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err) ||
+			errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 			return nil, &AppError{Kind: KindTimeout, Err: err}, false
 		case t.reused && (!t.wrote || t.wroteErr != nil):
 			return nil, &AppError{Kind: KindTransport, Err: err}, true

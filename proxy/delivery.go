@@ -31,11 +31,11 @@ type delivery struct {
 	// wait bounds waiting (for a flight of the same key, the store, the
 	// app): shutdown's noStart, or the grace period for a message on its
 	// last delivery, started at shutdown so that it is not given back.
-	// Both are the running worker's lane, as is requests, which ends with
-	// the grace period and bounds the request.
-	wait     context.Context
-	requests context.Context
-	log      msgLog
+	// Both are the running worker's lane, as is timer, which bounds each
+	// request by the HTTP timeout and by the grace period.
+	wait  context.Context
+	timer *requestTimer
+	log   msgLog
 }
 
 // last reports whether this is the message's last allowed delivery.
@@ -66,7 +66,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
 	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
 	return &delivery{
-		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, requests: ln.requests,
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
 		log: msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
@@ -201,7 +201,7 @@ func (r *Runner) attempt(d *delivery) {
 	}()
 	for {
 		span.request()
-		answer, took, err := r.post(d.requests, h, d.m.Data())
+		answer, took, err := r.post(d.timer, h, d.m.Data())
 		lastErr = err
 		if errors.Is(err, errNotSent) {
 			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
@@ -295,10 +295,10 @@ func (r *Runner) attempt(d *delivery) {
 var errNotSent = errors.New("request not sent")
 
 // post sends one request, within the rate limit, bounded by the per-request
-// timeout and by the grace period (requests: the worker's lane). The answer
+// timeout and by the grace period (t: the worker's lane's timer). The answer
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
-func (r *Runner) post(requests context.Context, h http.Header, body []byte) (*Answer, time.Duration, error) {
+func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
@@ -306,8 +306,12 @@ func (r *Runner) post(requests context.Context, h http.Header, body []byte) (*An
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
 	}
-	ctx, cancel := context.WithTimeout(requests, r.o.HTTPTimeout)
-	defer cancel()
+	if t == nil {
+		t = newRequestTimer(r.ph.requests, r.o.HTTPTimeout)
+		defer t.close()
+	}
+	ctx := t.start()
+	defer t.stop()
 	r.m.inflight.Inc()
 	defer r.m.inflight.Dec()
 	var keep int64

@@ -15,11 +15,17 @@ type msgLog struct {
 	attempt int
 }
 
+// enabled reports whether lines at level are written: a caller checks it
+// first where building a line's values costs allocations per message.
+func (ml *msgLog) enabled(level slog.Level) bool {
+	return ml.l != nil && ml.l.Enabled(context.Background(), level)
+}
+
 func (ml *msgLog) log(level slog.Level, msg string, args ...any) {
-	ctx := context.Background()
-	if ml.l == nil || !ml.l.Enabled(ctx, level) {
+	if !ml.enabled(level) {
 		return
 	}
+	ctx := context.Background()
 	ml.l.Log(ctx, level, msg, append([]any{"subject", ml.subject, "seq", ml.seq, "key", ml.key, "attempt", ml.attempt}, args...)...)
 }
 

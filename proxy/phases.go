@@ -31,6 +31,9 @@ type phases struct {
 // starting and ending it takes no lock other workers contend for.
 type lane struct {
 	noStart, requests context.Context
+	// timer bounds the worker's requests (derived from requests); nil in
+	// lane0, whose deliveries send none.
+	timer *requestTimer
 }
 
 // lane returns a new lane; its owner calls stop when done with it.

@@ -55,7 +55,7 @@ type DroppedHeader struct {
 func AppHeaders(h http.Header, src nats.Header, keepKey bool) []DroppedHeader {
 	var dropped []DroppedHeader
 	for name, vs := range src {
-		if len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
+		if isNatsHeader(name) {
 			continue
 		}
 		if !validFieldName(name) {
@@ -89,40 +89,61 @@ func ValidFieldValue(v string) bool { return validFieldValue(v) }
 // carry, which are returned as dropped), then courier's own.
 func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (http.Header, []DroppedHeader) {
 	src := m.Headers()
-	h := make(http.Header, len(src)+8)
+	// Sized for what it will hold: up to 8 entries fit a map's first group.
+	n := len(own)
+	for name := range src {
+		if !isNatsHeader(name) {
+			n++
+		}
+	}
+	h := make(http.Header, n)
 	dropped := AppHeaders(h, src, false)
 	// courier's own values share one array (h.Set would allocate a slice
 	// for each); each slice's capacity is its length, so an append to one
 	// copies it rather than overwriting the next.
-	own := make([]string, 7)
-	set := func(i int, name, v string) {
-		own[i] = v
-		h[name] = own[i : i+1 : i+1]
+	vals := make([]string, len(own))
+	set := func(i int, v string) {
+		vals[i] = v
+		h[own[i]] = vals[i : i+1 : i+1]
 	}
 	// A key that HTTP cannot carry cannot be sent; the stream-derived form
 	// always can, so this only happens for a publisher's odd header.
 	if validFieldValue(key) {
-		set(0, HeaderIdempotencyKey, key)
+		set(0, key)
 	} else {
-		set(0, HeaderIdempotencyKey, strconv.Quote(key))
+		set(0, strconv.Quote(key))
 	}
-	set(1, HeaderAttempt, strconv.FormatUint(meta.NumDelivered, 10))
+	set(1, strconv.FormatUint(meta.NumDelivered, 10))
 	// NATS allows control characters in a subject; HTTP does not in a value.
 	if subj := m.Subject(); validFieldValue(subj) {
-		set(2, HeaderSubject, subj)
+		set(2, subj)
 	} else {
-		set(2, HeaderSubject, strconv.Quote(subj))
+		set(2, strconv.Quote(subj))
 	}
-	set(3, HeaderStream, meta.Stream)
-	set(4, HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
-	set(5, HeaderPublished, meta.Timestamp.UTC().Format(time.RFC3339Nano))
+	set(3, meta.Stream)
+	// The sequence and the publish time as one string, cut in two.
+	var buf [64]byte
+	b := strconv.AppendUint(buf[:0], meta.Sequence.Stream, 10)
+	cut := len(b)
+	b = meta.Timestamp.UTC().AppendFormat(b, time.RFC3339Nano)
+	both := string(b)
+	set(4, both[:cut])
+	set(5, both[cut:])
 	// Copied above under its canonical name if the message had one, in
 	// whatever case its publisher wrote it.
 	if ct := h.Get("Content-Type"); ct == "" {
-		set(6, "Content-Type", "application/octet-stream")
+		set(6, "application/octet-stream")
 	}
 	return h, dropped
 }
+
+// own are the headers BuildHeaders sets, by index.
+var own = [...]string{HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence,
+	HeaderPublished, "Content-Type"}
+
+// isNatsHeader reports whether name is one of NATS's own headers (Nats-*,
+// in any case), which are not passed to the app.
+func isNatsHeader(name string) bool { return len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") }
 
 func isReserved(canon string) bool {
 	switch canon {

@@ -30,7 +30,9 @@ func (r *Runner) acked(d *delivery, took time.Duration) {
 		r.flights.finish(d.skey, d.fl, true)
 	}
 	r.m.delivered.Inc()
-	d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
+	if d.log.enabled(slog.LevelDebug) {
+		d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
+	}
 }
 
 // ackDuplicate acks a message whose key was already processed.

@@ -14,6 +14,8 @@ func (r *Runner) worker() {
 	defer r.workers.Done()
 	ln, stop := r.ph.lane()
 	defer stop()
+	ln.timer = newRequestTimer(ln.requests, r.o.HTTPTimeout)
+	defer ln.timer.close()
 	for q := range r.fetch.queue {
 		r.fetch.take(q)
 		meta, merr := q.m.Metadata()

@@ -281,13 +281,21 @@ func (s *Store) record(ctx context.Context, ttl time.Duration, keys []string) er
 		return nil
 	}
 	defer since(s.m.duration.record, time.Now())
+	// The stored keys share one array, sized for all so that it never
+	// moves: one allocation for the batch rather than one per key.
+	size := 0
+	for _, key := range keys {
+		size += len(s.scope) + len(key)
+	}
+	buf := make([]byte, 0, size)
 	sks := make([][]byte, len(keys))
 	for i, key := range keys {
-		k, err := s.storeKey(key)
-		if err != nil {
+		start := len(buf)
+		var err error
+		if buf, err = s.appendStoreKey(buf, key); err != nil {
 			return err
 		}
-		sks[i] = k
+		sks[i] = buf[start:len(buf):len(buf)]
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -373,14 +381,9 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-// storeKey returns the Badger key for an idempotency key in this store's
-// scope: keyPrefix, Scope, NUL, key. Scope holds no NUL, so the first NUL
-// ends it and no two (scope, key) pairs share a stored key.
-func (s *Store) storeKey(key string) ([]byte, error) {
-	return s.appendStoreKey(make([]byte, 0, len(s.scope)+len(key)), key)
-}
-
-// appendStoreKey is storeKey appending to dst.
+// appendStoreKey appends to dst the Badger key for an idempotency key in
+// this store's scope: keyPrefix, Scope, NUL, key. Scope holds no NUL, so the
+// first NUL ends it and no two (scope, key) pairs share a stored key.
 func (s *Store) appendStoreKey(dst []byte, key string) ([]byte, error) {
 	if key == "" {
 		return nil, ErrEmptyKey

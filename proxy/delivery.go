@@ -24,7 +24,8 @@ type delivery struct {
 	attempt int    // JetStream's delivery count, 1-based
 	key     string // the resolved dedup key, as the app sees it
 	skey    string // the key as the dedup store holds it
-	fl      *flight
+	fl      *flight // own while this delivery holds the key's flight, else nil
+	own     flight
 	claimed bool      // the dedup store holds a claim of ours on skey
 	probe   bool      // sent while the breaker is open, to see if the app recovered
 	arrived time.Time // when the message reached courier
@@ -151,7 +152,7 @@ func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
 func (r *Runner) checkKey(d *delivery) bool {
-	fl, dup, err := r.flights.claim(d.wait, d.skey)
+	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own)
 	if err != nil {
 		r.giveBack(d, "shutting down while a delivery of the same key ran")
 		return false

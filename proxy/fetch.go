@@ -101,13 +101,25 @@ func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logg
 	return f
 }
 
-// take is called by a worker for each message it takes off the queue.
+// take is called by a worker for each message it takes off the queue. It
+// wakes the fetcher only once there is room for a pull: a wake for every
+// message taken would cost the fetcher a futile turn each time.
 func (f *fetcher) take(q queued) {
-	f.bytes.Add(-q.size)
+	if b := f.bytes.Add(-q.size); !f.hasRoom(len(f.queue), b) {
+		return
+	}
 	select {
 	case f.taken <- struct{}{}:
 	default:
 	}
+}
+
+// hasRoom reports whether a queue holding n messages of b bytes has room for
+// a pull: at least half of it free, in messages and in bytes. Only the
+// fetcher adds to the queue, so once a worker's take leaves room, room stays
+// until the fetcher pulls.
+func (f *fetcher) hasRoom(n int, b int64) bool {
+	return cap(f.queue)-n >= max(cap(f.queue)/2, 1) && f.maxBytes-b >= f.maxBytes/2
 }
 
 // errDisconnected: no pull is sent while the connection is down.
@@ -220,9 +232,9 @@ func endsNormally(err error) bool {
 // limits: a pull over them is refused outright).
 func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 	for {
-		n = cap(f.queue) - len(f.queue)
-		bytes = f.maxBytes - f.bytes.Load()
-		if n >= max(cap(f.queue)/2, 1) && bytes >= f.maxBytes/2 {
+		queued, b := len(f.queue), f.bytes.Load()
+		if f.hasRoom(queued, b) {
+			n, bytes = cap(f.queue)-queued, f.maxBytes-b
 			break
 		}
 		select {

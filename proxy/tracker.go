@@ -122,17 +122,18 @@ type flight struct {
 
 func newFlights() *flights { return &flights{m: make(map[string]*flight)} }
 
-// claim returns the flight for key once this caller owns it, or dup=true if
-// another delivery of the key succeeded while this one waited.
-func (f *flights) claim(ctx context.Context, key string) (fl *flight, dup bool, err error) {
+// claim makes own (a new flight, held in the caller's delivery so that it
+// costs no allocation of its own) the flight of key once this caller owns
+// the key, and returns it; or dup=true if another delivery of the key
+// succeeded while this one waited.
+func (f *flights) claim(ctx context.Context, key string, own *flight) (fl *flight, dup bool, err error) {
 	for {
 		f.mu.Lock()
 		other, busy := f.m[key]
 		if !busy {
-			fl = &flight{}
-			f.m[key] = fl
+			f.m[key] = own
 			f.mu.Unlock()
-			return fl, false, nil
+			return own, false, nil
 		}
 		if other.done == nil {
 			other.done = make(chan struct{})

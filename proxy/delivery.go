@@ -21,9 +21,9 @@ import (
 type delivery struct {
 	m       jetstream.Msg
 	meta    *jetstream.MsgMetadata
-	attempt int    // JetStream's delivery count, 1-based
-	key     string // the resolved dedup key, as the app sees it
-	skey    string // the key as the dedup store holds it
+	attempt int     // JetStream's delivery count, 1-based
+	key     string  // the resolved dedup key, as the app sees it
+	skey    string  // the key as the dedup store holds it
 	fl      *flight // own while this delivery holds the key's flight, else nil
 	own     flight
 	claimed bool      // the dedup store holds a claim of ours on skey

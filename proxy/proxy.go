@@ -94,8 +94,10 @@ type Runner struct {
 	epErr      error    // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
-	// recs hands delivered messages to the recorder (dedup on).
+	// recs hands delivered messages to the recorder (dedup on), which lets
+	// each batch gather for linger (recordLinger).
 	recs      chan recJob
+	linger    time.Duration
 	recorders sync.WaitGroup
 	parked    atomic.Int64 // workers holding a message while the gate is closed
 	wasUp     atomic.Bool  // the app has been available at least once
@@ -124,6 +126,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		log:     o.Logger.With("component", "proxy"),
 		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
 		recs:    make(chan recJob, maxRecordBatch),
+		linger:  recordLinger,
 		flights: newFlights(),
 	}
 	r.ep, r.epErr = parseEndpoint(o.AppURL)

@@ -74,7 +74,7 @@ func (s *Shared) openBucket(ctx context.Context) error {
 	cfg.AllowMsgTTL = true
 	cfg.SubjectDeleteMarkerTTL = min(markerTTL, s.claimTTL)
 	if _, err := s.js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("%w: bucket %s has no per-key TTL, which claims need, and turning it on failed: %v "+
+		return fmt.Errorf("%w: bucket %s has no per-key TTL, which claims need, and turning it on failed: %w "+
 			"(needs nats-server 2.11 or later; or delete the bucket for courier to create it)", ErrBucket, s.bucket, err)
 	}
 	s.log.Info("per-key TTL turned on in the dedup bucket", "bucket", s.bucket)
@@ -103,7 +103,9 @@ func (s *Shared) createBucket(ctx context.Context) error {
 		return fmt.Errorf("%w: bucket %s: the server does not support per-key TTLs, which claims need "+
 			"(COURIER_DEDUP_STORE=shared needs nats-server 2.11 or later)", ErrBucket, s.bucket)
 	default:
-		return fmt.Errorf("%w: create bucket %s: %v", ErrBucket, s.bucket, err)
+		// Wrapped whole: a timeout (a cluster slow to place the bucket's
+		// replicas) is one the caller can retry.
+		return fmt.Errorf("%w: create bucket %s: %w", ErrBucket, s.bucket, err)
 	}
 }
 

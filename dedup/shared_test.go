@@ -341,3 +341,21 @@ func TestSharedUnreachable(t *testing.T) {
 		t.Errorf("Check after Close: %v", err)
 	}
 }
+
+// TestCreateBucketTimeoutIsRetryable: a bucket whose creation times out (a
+// cluster slow to place its replicas) fails with the timeout in the error's
+// chain, so that start-up retries it rather than giving up.
+func TestCreateBucketTimeoutIsRetryable(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	s := &Shared{js: js, bucket: "SLOW", stream: "KV_SLOW", replicas: 1, ttl: hour, claimTTL: 5 * time.Second}
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	err := s.createBucket(ctx)
+	if !errors.Is(err, ErrBucket) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("createBucket past its deadline: %v; want ErrBucket wrapping context.DeadlineExceeded", err)
+	}
+	if _, err := js.KeyValue(context.Background(), "SLOW"); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Errorf("bucket after the failed create: %v, want none", err)
+	}
+}

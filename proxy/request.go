@@ -90,7 +90,7 @@ func ValidFieldValue(v string) bool { return validFieldValue(v) }
 func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (http.Header, []DroppedHeader) {
 	src := m.Headers()
 	// Sized for what it will hold: up to 8 entries fit a map's first group.
-	n := len(own)
+	n := len(ownHeaders)
 	for name := range src {
 		if !isNatsHeader(name) {
 			n++
@@ -101,10 +101,10 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 	// courier's own values share one array (h.Set would allocate a slice
 	// for each); each slice's capacity is its length, so an append to one
 	// copies it rather than overwriting the next.
-	vals := make([]string, len(own))
+	vals := make([]string, len(ownHeaders))
 	set := func(i int, v string) {
 		vals[i] = v
-		h[own[i]] = vals[i : i+1 : i+1]
+		h[ownHeaders[i]] = vals[i : i+1 : i+1]
 	}
 	// A key that HTTP cannot carry cannot be sent; the stream-derived form
 	// always can, so this only happens for a publisher's odd header.
@@ -137,8 +137,8 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 	return h, dropped
 }
 
-// own are the headers BuildHeaders sets, by index.
-var own = [...]string{HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence,
+// ownHeaders are the headers BuildHeaders sets, by index.
+var ownHeaders = [...]string{HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence,
 	HeaderPublished, "Content-Type"}
 
 // isNatsHeader reports whether name is one of NATS's own headers (Nats-*,

@@ -74,13 +74,13 @@ func TestRecorderGathersSuccessiveMessages(t *testing.T) {
 	}
 	// Long enough for the app to answer every message, one at a time,
 	// before the first batch is recorded.
-	r.linger = 3 * time.Second
+	r.linger = 5 * time.Second
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = r.Run(rctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		info, err := cons.Info(ctx)
 		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {

@@ -40,7 +40,7 @@ func TestRequestTimer(t *testing.T) {
 	}
 	grace, abandon := context.WithCancel(context.Background())
 	defer abandon()
-	rt := newRequestTimer(grace, 300*time.Millisecond)
+	rt := newRequestTimer(grace, time.Second)
 	defer rt.close()
 	send := func() (context.Context, error) {
 		ctx := rt.start()
@@ -72,7 +72,7 @@ func TestRequestTimer(t *testing.T) {
 		t.Errorf("the new context is done: %v", third.Err())
 	}
 
-	time.AfterFunc(100*time.Millisecond, abandon)
+	time.AfterFunc(200*time.Millisecond, abandon)
 	_, err = send()
 	if err == nil {
 		t.Fatal("request 4 outlived the grace period and succeeded")

@@ -130,7 +130,7 @@ func (k *cluster) noDeadLetters() {
 // replicas returns the configured replicas of stream.
 func (k *cluster) replicas(stream string) int {
 	k.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	s, err := k.js.Stream(ctx, stream)
 	if err != nil {
@@ -221,7 +221,7 @@ func TestClusterStreamLeaderLost(t *testing.T) {
 	c2 := start(t, k.env(a.URL, 1, fmt.Sprint("COURIER_MAX_INFLIGHT=", inflight)))
 	waitReady(t, c1)
 	waitReady(t, c2)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	dlqStream, err := k.js.StreamNameBySubject(ctx, "dlq.ORDERS.courier")
 	if err != nil {
@@ -586,7 +586,7 @@ func TestClusterPulls(t *testing.T) {
 	}
 	// One entry per key in the bucket: each claim was replaced by its
 	// record (docs/operations.md sizes the bucket from these figures).
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if st, err := k.js.Stream(ctx, "KV_COURIER_DEDUP"); err != nil {
 		t.Errorf("bucket stream: %v", err)

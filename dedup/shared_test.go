@@ -28,16 +28,16 @@ func openShared(t testing.TB, js jetstream.JetStream, o SharedOptions) *Shared {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Courier's start-up gives each attempt 10s and retries; creating an R3
-	// bucket on a loaded CI machine has outlasted the 5s OpenShared takes
-	// when its context has no deadline, so the test gives it a minute.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := OpenShared(ctx, js, local, o)
-	if err != nil {
-		_ = local.Close()
-		t.Fatalf("OpenShared: %v", err)
-	}
+	var s *Shared
+	t.Cleanup(func() {
+		if s == nil {
+			_ = local.Close()
+		}
+	})
+	natstest.Try(t, "OpenShared", func(ctx context.Context) error {
+		s, err = OpenShared(ctx, js, local, o)
+		return err
+	})
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			t.Errorf("Close: %v", err)

@@ -59,12 +59,9 @@ func newCluster(t *testing.T, adjust ...func(*jetstream.StreamConfig)) *cluster 
 	for _, f := range adjust {
 		f(&sc)
 	}
-	// A fresh meta leader may not answer at once.
-	waitFor(t, 20*time.Second, "the R3 stream created", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+	natstest.Try(t, "creating the R3 stream", func(ctx context.Context) error {
 		_, err := js.CreateStream(ctx, sc)
-		return err == nil
+		return err
 	})
 	h := &harness{t: t, srv: c.Node(0), nc: nc, js: js, stream: sc.Name, dir: t.TempDir()}
 	return &cluster{harness: h, c: c}

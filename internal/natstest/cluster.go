@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -235,5 +236,30 @@ func (c *Cluster) StreamLeader(stream string) int {
 func (c *Cluster) shutdownAll() {
 	for i := range c.opts {
 		c.Shutdown(i)
+	}
+}
+
+// Try runs a JetStream API call until it succeeds, in attempts of 10s for
+// up to a minute, as courier's own start-up does: on a loaded machine a
+// request to a cluster just formed (creating an R3 stream or bucket, whose
+// group must elect a leader first) can go unanswered or be refused for a
+// while (no meta leader yet, peers not yet known), and one long wait may
+// never end where a second request is answered at once. Each failed
+// attempt is logged; tb fails if the minute runs out.
+func Try(tb testing.TB, what string, f func(ctx context.Context) error) {
+	tb.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := f(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: still failing after a minute: %v", what, err)
+		}
+		tb.Logf("%s: %v; trying again", what, err)
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -14,11 +14,12 @@ import (
 func TestCluster(t *testing.T) {
 	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
 	_, js := natstest.ConnectURL(t, c.URL())
+	natstest.Try(t, "creating an R3 stream", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3})
+		return err
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
 	// A new R3 stream answers publishes once it has a leader.
 	c.StreamLeader("S")
 	if _, err := js.Publish(ctx, "s", []byte("x")); err != nil {

@@ -509,6 +509,9 @@ func (c *checker) checkReplies(cfg *Config) {
 	} else if len(cfg.ReplySubjects) > 0 && cfg.AppURL == "" {
 		c.note("COURIER_REPLY_URL", "COURIER_REPLY_URL (or COURIER_APP_URL) is required with COURIER_REPLY_SUBJECTS: the URL requests are POSTed to")
 	}
+	if cfg.ReplyMaxWaiting < 0 {
+		c.add("COURIER_REPLY_MAX_WAITING", "must be at least 1 (or unset: 64 × COURIER_MAX_INFLIGHT)")
+	}
 	if cfg.ReplyURL == "" && len(cfg.ReplySubjects) > 0 && cfg.AppURL != "" {
 		cfg.ReplyURL = cfg.AppURL
 		c.derived["COURIER_REPLY_URL"] = redactHTTPURL(cfg.AppURL)

@@ -92,6 +92,10 @@ type Config struct {
 	// ReplyURL is where requests on ReplySubjects are POSTed; Load fills
 	// in AppURL when it is unset.
 	ReplyURL string `env:"COURIER_REPLY_URL"`
+	// ReplyMaxWaiting bounds the requests waiting for one of the
+	// MaxInflight slots; beyond it a request is answered 503 busy at once.
+	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
+	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
 	// Operations.
 	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
@@ -340,4 +344,13 @@ func formatDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// EffectiveReplyMaxWaiting is ReplyMaxWaiting, or its default when unset:
+// 64 waiting requests per MaxInflight slot.
+func (c Config) EffectiveReplyMaxWaiting() int {
+	if c.ReplyMaxWaiting > 0 {
+		return c.ReplyMaxWaiting
+	}
+	return 64 * c.MaxInflight
 }

@@ -89,6 +89,7 @@ func specOrder() []string {
 		"COURIER_DEDUP_TTL", "COURIER_DEDUP_STORE", "COURIER_DEDUP_BUCKET",
 		"COURIER_BREAKER_FAILURES", "COURIER_BREAKER_PROBE", "COURIER_MAX_RATE",
 		"COURIER_SUCCESS_SUBJECT", "COURIER_REPLY_SUBJECTS", "COURIER_REPLY_URL",
+		"COURIER_REPLY_MAX_WAITING", // courier's own addition to the SPEC's table
 		"COURIER_ADMIN_ADDR", "COURIER_LOG_LEVEL", "COURIER_LOG_FORMAT",
 		"COURIER_SHUTDOWN_GRACE",
 		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -416,6 +417,7 @@ func TestBadValue(t *testing.T) {
 		{"ack wait junk", with(map[string]string{"COURIER_ACK_WAIT": "half a minute"}), `COURIER_ACK_WAIT="half a minute": not a duration: Go syntax expected…`},
 		{"ack wait short", with(map[string]string{"COURIER_ACK_WAIT": "999ms"}), `COURIER_ACK_WAIT="999ms": must be at least 1s…`},
 		{"max inflight zero", with(map[string]string{"COURIER_MAX_INFLIGHT": "0"}), `COURIER_MAX_INFLIGHT="0": must be at least 1`},
+		{"reply waiting negative", with(map[string]string{"COURIER_REPLY_SUBJECTS": "q.get", "COURIER_REPLY_MAX_WAITING": "-1"}), `COURIER_REPLY_MAX_WAITING="-1": must be at least 1 (or unset: 64 × COURIER_MAX_INFLIGHT)`},
 		{"ack pending below inflight", with(map[string]string{"COURIER_MAX_INFLIGHT": "2000"}), `COURIER_MAX_ACK_PENDING="1000" (default): must be at least COURIER_MAX_INFLIGHT (2000), and should be far larger: messages waiting out a backoff count toward it…`},
 		{"ack pending set low", with(map[string]string{"COURIER_MAX_ACK_PENDING": "4"}), `COURIER_MAX_ACK_PENDING="4": must be at least COURIER_MAX_INFLIGHT (8)…`},
 		{"ack pending unlimited", with(map[string]string{"COURIER_MAX_ACK_PENDING": "-1"}), `COURIER_MAX_ACK_PENDING="-1": must be at least COURIER_MAX_INFLIGHT (8)…`},
@@ -925,4 +927,23 @@ func TestUnixSocketURLs(t *testing.T) {
 		t.Errorf("AppURL %q, ReplyURL %q: want the socket URL as given, the reply URL following it", cfg.AppURL, cfg.ReplyURL)
 	}
 	mustLoad(t, with(map[string]string{"COURIER_APP_URL": "unix:///run/app.sock"}))
+}
+
+// TestReplyMaxWaitingDefault: unset, 64 per COURIER_MAX_INFLIGHT slot, as
+// `courier config` shows it; set, as given.
+func TestReplyMaxWaitingDefault(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{minimal(), "512"},
+		{with(map[string]string{"COURIER_MAX_INFLIGHT": "2"}), "128"},
+		{with(map[string]string{"COURIER_REPLY_MAX_WAITING": "10"}), "10"},
+	} {
+		for _, v := range Describe(mustLoad(t, c.env)) {
+			if v.Name == "COURIER_REPLY_MAX_WAITING" && v.Value != c.want {
+				t.Errorf("%v: COURIER_REPLY_MAX_WAITING in effect %q, want %q", c.env, v.Value, c.want)
+			}
+		}
+	}
 }

@@ -84,6 +84,7 @@ func specs() []spec {
 		{"COURIER_SUCCESS_SUBJECT", "where the app's answer to each 2xx is published; unset = nowhere", "unset", false, func(c Config) string { return c.SuccessSubject }},
 		{"COURIER_REPLY_SUBJECTS", "subjects courier answers as a NATS service: request → POST → reply; unset = none", "unset", false, func(c Config) string { return strings.Join(c.ReplySubjects, ",") }},
 		{"COURIER_REPLY_URL", "where requests on COURIER_REPLY_SUBJECTS are POSTed", "COURIER_APP_URL", false, func(c Config) string { return c.ReplyURL }},
+		{"COURIER_REPLY_MAX_WAITING", "requests that may wait for a free COURIER_MAX_INFLIGHT slot; beyond it a request is answered 503 busy at once", "64 × COURIER_MAX_INFLIGHT", false, func(c Config) string { return strconv.Itoa(c.EffectiveReplyMaxWaiting()) }},
 		{"COURIER_ADMIN_ADDR", "address of /healthz, /readyz, /metrics", DefaultAdminAddr, false, func(c Config) string { return c.AdminAddr }},
 		{"COURIER_LOG_LEVEL", "debug, info, warn or error", "info", false, func(c Config) string { return c.LogLevel }},
 		{"COURIER_LOG_FORMAT", "text (tint) or json", "text on a terminal, else json", false, func(c Config) string { return c.LogFormat }},

@@ -28,6 +28,7 @@ const (
 	outcomeTransport   = "transport"   // 502: the connection failed before a whole answer
 	outcomeTooLarge    = "too_large"   // 502: the answer does not fit in a NATS message
 	outcomeStopping    = "stopping"    // 503: courier is stopping
+	outcomeBusy        = "busy"        // 503: every slot taken and no room to wait
 	outcomeNoReply     = "no_reply"    // a message without a reply subject: ignored
 )
 
@@ -153,6 +154,13 @@ func tooLargeAnswer(status int, maxPayload int64) answer {
 func stoppingAnswer() answer {
 	return answer{outcome: outcomeStopping, code: http.StatusServiceUnavailable,
 		desc: "courier is stopping", err: errors.New("courier is stopping")}
+}
+
+// busyAnswer is the reply to a request that found inflight requests at the
+// app and waiting others waiting for a slot, as many as may wait.
+func busyAnswer(inflight, waiting int) answer {
+	desc := fmt.Sprintf("courier busy: %d requests at the app and %d waiting; try again", inflight, waiting)
+	return answer{outcome: outcomeBusy, code: http.StatusServiceUnavailable, desc: desc, err: errors.New(desc)}
 }
 
 func isTimeout(err error) bool {

@@ -14,6 +14,7 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	inflight    prometheus.Gauge
+	waiting     prometheus.Gauge
 	dropped     prometheus.Counter
 	replyErrors prometheus.Counter
 }
@@ -22,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_reply_requests_total",
-			Help: "NATS requests answered through the app, by outcome: 2xx, 3xx, 4xx, 5xx (the app's status), timeout (504), unavailable (503, no connection), transport (502, connection failed), too_large (502, answer over max_payload), stopping (503, courier stopping), no_reply (no reply subject: ignored).",
+			Help: "NATS requests answered through the app, by outcome: 2xx, 3xx, 4xx, 5xx (the app's status), timeout (504), unavailable (503, no connection), transport (502, connection failed), too_large (502, answer over max_payload), stopping (503, courier stopping), busy (503, every slot taken and COURIER_REPLY_MAX_WAITING already waiting), no_reply (no reply subject: ignored).",
 		}, []string{"outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "courier_reply_request_duration_seconds",
@@ -32,6 +33,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "courier_reply_inflight_requests",
 			Help: "NATS requests waiting for the app's answer now.",
+		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "courier_reply_waiting_requests",
+			Help: "NATS requests waiting in courier for a free slot (COURIER_MAX_INFLIGHT at the app already).",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_reply_dropped_headers_total",
@@ -43,10 +48,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, o := range []string{outcome2xx, outcome3xx, outcome4xx, outcome5xx, outcomeTimeout,
-		outcomeUnavailable, outcomeTransport, outcomeTooLarge, outcomeStopping, outcomeNoReply} {
+		outcomeUnavailable, outcomeTransport, outcomeTooLarge, outcomeStopping, outcomeBusy, outcomeNoReply} {
 		m.requests.WithLabelValues(o)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.dropped, m.replyErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.waiting, m.dropped, m.replyErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reply: registering metrics: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/appurl"
@@ -36,13 +37,19 @@ type Options struct {
 	// Default "0.0.0".
 	Version string
 	// MaxConcurrent bounds requests to the app in flight at once, over all
-	// subjects. Requests beyond it wait in their subject's subscription
-	// buffer, each subject's in the order they came.
+	// subjects. Requests beyond it wait (see MaxWaiting).
 	// The limit is the service's own, not shared with the asynchronous
 	// delivery loop: a request's caller is waiting, so it must not queue
 	// behind messages that can wait. The sidecar passes COURIER_MAX_INFLIGHT.
 	// Default 8.
 	MaxConcurrent int
+	// MaxWaiting bounds the requests that wait in courier for a slot, in
+	// the order they came, when MaxConcurrent are in flight; their data
+	// together is bounded too (maxWaitingBytes). A request beyond either is
+	// answered 503 "busy" at once, so that its caller can try again, on
+	// another member of the queue group if there is one. The sidecar passes
+	// COURIER_REPLY_MAX_WAITING. Default 64 × MaxConcurrent.
+	MaxWaiting int
 	// Timeout bounds one request, from connecting to the app to the last
 	// byte of its answer; past it the caller gets a 504 error reply. The
 	// sidecar passes COURIER_HTTP_TIMEOUT. Default 30s.
@@ -87,6 +94,9 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxConcurrent <= 0 {
 		o.MaxConcurrent = 8
+	}
+	if o.MaxWaiting <= 0 {
+		o.MaxWaiting = 64 * o.MaxConcurrent
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
@@ -174,3 +184,8 @@ func microVersion(v string) (string, map[string]string) {
 	}
 	return "0.0.0", map[string]string{"courier_version": v}
 }
+
+// maxWaitingBytes bounds the data of the requests waiting for a slot: the
+// client's own default limit on a subscription's buffer, which courier's
+// waiting replaces.
+const maxWaitingBytes = nats.DefaultSubPendingBytesLimit

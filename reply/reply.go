@@ -41,6 +41,11 @@ type Service struct {
 	closed  bool          // set by Stop; no request starts after it
 	running sync.WaitGroup
 	stop    sync.Once
+	// Requests waiting for a slot, and the bytes they hold; busyNow: the
+	// last request that came found no room to wait.
+	waiting      int
+	waitingBytes int64
+	busyNow      bool
 
 	endpoints map[string]*endpoint // by subject, fixed after Start
 	appDown   appState
@@ -209,9 +214,13 @@ func (s *Service) Stop() {
 	})
 }
 
-// dispatch runs on the endpoint's subscription goroutine: it waits for a free
-// slot and hands the request to a goroutine of its own, so that requests run
-// up to MaxConcurrent at once across every endpoint.
+// dispatch runs on the endpoint's subscription goroutine and never blocks
+// it: a request that finds a free slot is served at once; one that does not
+// waits in courier, in arrival order, if fewer than Options.MaxWaiting
+// requests (and maxWaitingBytes of data) are waiting already, and is
+// answered 503 "busy" at once otherwise. A subscription left blocked would
+// pile requests up in the client's buffer until the client dropped them
+// unanswered, each caller learning nothing until its own timeout.
 func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 	if req.Reply() == "" {
 		// A publish, not a request: nobody waits for an answer, and calling
@@ -220,26 +229,86 @@ func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 		s.log.Debug("ignored a message without a reply subject", "subject", req.Subject())
 		return
 	}
-	select {
-	case s.slots <- struct{}{}:
-	case <-s.stopping:
-		s.refuse(req)
-		return
-	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		<-s.slots
 		s.refuse(req)
 		return
+	}
+	var waitBytes int64
+	select {
+	case s.slots <- struct{}{}:
+		s.overloaded(false)
+	default:
+		// Every slot taken: wait for one, if there is room to wait.
+		waitBytes = int64(len(req.Data()) + len(req.Subject()) + len(req.Reply()))
+		if s.waiting >= s.o.MaxWaiting || s.waitingBytes+waitBytes > maxWaitingBytes {
+			n := s.waiting
+			s.mu.Unlock()
+			s.busy(req, n)
+			return
+		}
+		s.waiting++
+		s.waitingBytes += waitBytes
+		s.m.waiting.Inc()
+		s.overloaded(false)
 	}
 	s.running.Add(1)
 	s.mu.Unlock()
 	go func() {
 		defer s.running.Done()
+		if waitBytes > 0 && !s.awaitSlot(waitBytes) {
+			s.refuse(req)
+			return
+		}
 		defer func() { <-s.slots }()
 		s.serve(ep, req)
 	}()
+}
+
+// awaitSlot waits for a free slot for a request of size bytes that found
+// none, and reports whether it got one (false: the service is stopping).
+// Waiters get slots in the order they began waiting: a channel's blocked
+// senders are served first in, first out.
+func (s *Service) awaitSlot(size int64) bool {
+	var got bool
+	select {
+	case s.slots <- struct{}{}:
+		got = true
+	case <-s.stopping:
+	}
+	s.mu.Lock()
+	s.waiting--
+	s.waitingBytes -= size
+	s.mu.Unlock()
+	s.m.waiting.Dec()
+	return got
+}
+
+// busy answers a request that found every slot taken and no room to wait:
+// 503 at once, so that its caller can try again, on another member of the
+// queue group if there is one.
+func (s *Service) busy(req micro.Request, waiting int) {
+	a := s.respond(req, busyAnswer(s.o.MaxConcurrent, waiting))
+	s.m.outcome(a.outcome)
+	s.mu.Lock()
+	s.overloaded(true)
+	s.mu.Unlock()
+}
+
+// overloaded logs when requests start being refused as busy and when one
+// may wait again: one line per change, not one per request. s.mu is held.
+func (s *Service) overloaded(now bool) {
+	if s.busyNow == now {
+		return
+	}
+	s.busyNow = now
+	if now {
+		s.log.Warn("reply requests beyond capacity; answering 503 busy to those that cannot wait",
+			"max_concurrent", s.o.MaxConcurrent, "max_waiting", s.o.MaxWaiting)
+	} else {
+		s.log.Info("reply requests within capacity again")
+	}
 }
 
 // refuse answers a request that arrived as the service stops: the caller

@@ -265,6 +265,76 @@ func TestConcurrencyIsBounded(t *testing.T) {
 	}
 }
 
+// TestRequestsBeyondWaitingAreBusy fills the one slot and the two places to
+// wait: the next request is answered 503 busy at once (not left to time
+// out), and the waiting ones reach the app in the order they came once the
+// slot is free.
+func TestRequestsBeyondWaitingAreBusy(t *testing.T) {
+	h := newHarness(t, 0)
+	var mu sync.Mutex
+	var order []string
+	release := make(chan struct{})
+	a := app(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		order = append(order, string(b))
+		mu.Unlock()
+		<-release
+	})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	svc := h.start(a.URL, func(o *Options) { o.MaxConcurrent = 1; o.MaxWaiting = 2 })
+
+	replies := make(chan *nats.Msg, 3)
+	send := func(body string) {
+		go func() {
+			m, err := h.tryRequest(nil, []byte(body))
+			if err != nil {
+				t.Errorf("request %s: %v", body, err)
+			}
+			replies <- m
+		}()
+	}
+	send("0")
+	waitCount(t, svc.reg, 1, "courier_reply_inflight_requests")
+	send("1")
+	waitCount(t, svc.reg, 1, "courier_reply_waiting_requests")
+	send("2")
+	waitCount(t, svc.reg, 2, "courier_reply_waiting_requests")
+
+	m := h.request(nil, []byte("3"))
+	checkReply(t, m, "", "503")
+	if d := m.Header.Get("Nats-Service-Error"); !strings.Contains(d, "busy") {
+		t.Errorf("Nats-Service-Error = %q, want it to say courier is busy", d)
+	}
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "busy")
+	if n := strings.Count(svc.logs.String(), "answering 503 busy"); n != 1 {
+		t.Errorf("busy logged %d times, want once:\n%s", n, svc.logs.String())
+	}
+
+	letGo()
+	for range 3 {
+		if m := <-replies; m != nil {
+			checkReply(t, m, "200", "")
+		}
+	}
+	mu.Lock()
+	got := strings.Join(order, ",")
+	mu.Unlock()
+	if got != "0,1,2" {
+		t.Errorf("requests reached the app in the order %s, want 0,1,2 (3 refused)", got)
+	}
+	if g := count(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
+		t.Errorf("waiting gauge = %v after every request ended, want 0", g)
+	}
+	// Room again: the next request waits for nothing and is answered.
+	checkReply(t, h.request(nil, []byte("4")), "200", "")
+	if !strings.Contains(svc.logs.String(), "within capacity again") {
+		t.Errorf("no line saying requests fit again:\n%s", svc.logs.String())
+	}
+}
+
 func TestMicroControlSubjectsSeeTheService(t *testing.T) {
 	h := newHarness(t, 0)
 	a := app(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNotFound) })
@@ -366,6 +436,44 @@ func TestStopDrainsInFlightRequests(t *testing.T) {
 		t.Fatal("Stop did not return after the last request")
 	}
 	svc.Stop() // idempotent
+}
+
+// TestStopAnswersWaitingRequests: a request waiting for a slot when Stop
+// begins is answered 503 at once (its caller can go to another member of
+// the queue group), while the one at the app is let finish.
+func TestStopAnswersWaitingRequests(t *testing.T) {
+	h := newHarness(t, 0)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	a := app(t, func(w http.ResponseWriter, r *http.Request) { <-release })
+	t.Cleanup(letGo)
+	svc := h.start(a.URL, func(o *Options) { o.MaxConcurrent = 1 })
+	replies := make(chan *nats.Msg, 2)
+	send := func() {
+		go func() {
+			m, err := h.tryRequest(nil, []byte("q"))
+			if err != nil {
+				t.Errorf("request: %v", err)
+			}
+			replies <- m
+		}()
+	}
+	send()
+	waitCount(t, svc.reg, 1, "courier_reply_inflight_requests")
+	send()
+	waitCount(t, svc.reg, 1, "courier_reply_waiting_requests")
+	stopped := make(chan struct{})
+	go func() { svc.Stop(); close(stopped) }()
+	if m := <-replies; m != nil {
+		checkReply(t, m, "", "503")
+	}
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "stopping")
+	letGo()
+	if m := <-replies; m != nil {
+		checkReply(t, m, "200", "")
+	}
+	<-stopped
 }
 
 func TestStopCancelsWhatOutlastsTheGrace(t *testing.T) {

@@ -392,7 +392,7 @@ func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	v, _, _ := buildInfo()
 	rs, err := reply.New(s.nc, reply.Options{
 		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
-		MaxConcurrent: s.cfg.MaxInflight, Timeout: s.cfg.HTTPTimeout, ShutdownGrace: s.cfg.ShutdownGrace,
+		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: s.cfg.ShutdownGrace,
 		Logger: s.log, Registerer: s.reg,
 	})
 	if err != nil {

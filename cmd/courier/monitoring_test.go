@@ -28,9 +28,15 @@ func TestMonitoringUsesServedMetrics(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
-	c := start(t, h.env(a.URL))
+	// Answering requests too, so the reply metrics are served.
+	c := start(t, append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get"))
 	admin := adminAddr(t, c)
 	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
+	// One request answered, so the reply latency histogram has its series.
+	waitFor(t, 10*time.Second, "a request answered", func() bool {
+		_, err := h.nc.Request("quotes.get", []byte("q"), 2*time.Second)
+		return err == nil
+	})
 	var body string
 	waitFor(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
 		_, body = get(t, "http://"+admin+"/metrics")

@@ -30,10 +30,8 @@ type Service struct {
 	log *slog.Logger
 	m   *metrics
 
-	slots    chan struct{} // one token per request in flight
-	stopping chan struct{} // closed when Stop begins
-	abort    context.Context
-	cancel   context.CancelFunc // ends requests still running after the grace period
+	abort  context.Context
+	cancel context.CancelFunc // ends requests still running after the grace period
 
 	mu      sync.Mutex
 	svc     micro.Service // nil until Start
@@ -41,9 +39,12 @@ type Service struct {
 	closed  bool          // set by Stop; no request starts after it
 	running sync.WaitGroup
 	stop    sync.Once
-	// Requests waiting for a slot, and the bytes they hold; busyNow: the
-	// last request that came found no room to wait.
-	waiting      int
+	// Requests at the app (at most MaxConcurrent, each on a goroutine of
+	// its own), those waiting for one of them to end (first in, first
+	// out) and the bytes they hold; busyNow: the last request that came
+	// found no room to wait.
+	atApp        int
+	waiting      []waiter
 	waitingBytes int64
 	busyNow      bool
 
@@ -67,14 +68,12 @@ func New(nc *nats.Conn, opts Options) (*Service, error) {
 	}
 	abort, cancel := context.WithCancel(context.Background())
 	return &Service{
-		nc:       nc,
-		o:        opts,
-		log:      opts.Logger.With("component", "reply"),
-		m:        m,
-		slots:    make(chan struct{}, opts.MaxConcurrent),
-		stopping: make(chan struct{}),
-		abort:    abort,
-		cancel:   cancel,
+		nc:     nc,
+		o:      opts,
+		log:    opts.Logger.With("component", "reply"),
+		m:      m,
+		abort:  abort,
+		cancel: cancel,
 	}, nil
 }
 
@@ -193,7 +192,7 @@ func (s *Service) Stop() {
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
-		close(s.stopping)
+		s.refuseWaiting()
 
 		done := make(chan struct{})
 		go func() { s.running.Wait(); close(done) }()
@@ -215,12 +214,13 @@ func (s *Service) Stop() {
 }
 
 // dispatch runs on the endpoint's subscription goroutine and never blocks
-// it: a request that finds a free slot is served at once; one that does not
-// waits in courier, in arrival order, if fewer than Options.MaxWaiting
-// requests (and maxWaitingBytes of data) are waiting already, and is
-// answered 503 "busy" at once otherwise. A subscription left blocked would
-// pile requests up in the client's buffer until the client dropped them
-// unanswered, each caller learning nothing until its own timeout.
+// it: a request that finds fewer than MaxConcurrent at the app goes to the
+// app at once, on a goroutine of its own; one that does not waits in
+// courier, first in, first out, if fewer than Options.MaxWaiting requests
+// (and maxWaitingBytes of data) are waiting already, and is answered 503
+// "busy" at once otherwise. A subscription left blocked would pile requests
+// up in the client's buffer until the client dropped them unanswered, each
+// caller learning nothing until its own timeout.
 func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 	if req.Reply() == "" {
 		// A publish, not a request: nobody waits for an answer, and calling
@@ -235,54 +235,68 @@ func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 		s.refuse(req)
 		return
 	}
-	var waitBytes int64
-	select {
-	case s.slots <- struct{}{}:
+	if s.atApp < s.o.MaxConcurrent {
+		s.atApp++
 		s.overloaded(false)
-	default:
-		// Every slot taken: wait for one, if there is room to wait.
-		waitBytes = int64(len(req.Data()) + len(req.Subject()) + len(req.Reply()))
-		if s.waiting >= s.o.MaxWaiting || s.waitingBytes+waitBytes > maxWaitingBytes {
-			n := s.waiting
-			s.mu.Unlock()
-			s.busy(req, n)
-			return
-		}
-		s.waiting++
-		s.waitingBytes += waitBytes
-		s.m.waiting.Inc()
-		s.overloaded(false)
+		s.running.Add(1)
+		s.mu.Unlock()
+		go s.work(waiter{ep: ep, req: req})
+		return
 	}
-	s.running.Add(1)
+	w := waiter{ep: ep, req: req, size: int64(len(req.Data()) + len(req.Subject()) + len(req.Reply()))}
+	if len(s.waiting) >= s.o.MaxWaiting || s.waitingBytes+w.size > maxWaitingBytes {
+		n := len(s.waiting)
+		s.mu.Unlock()
+		s.busy(req, n)
+		return
+	}
+	s.waiting = append(s.waiting, w)
+	s.waitingBytes += w.size
+	s.overloaded(false)
 	s.mu.Unlock()
-	go func() {
-		defer s.running.Done()
-		if waitBytes > 0 && !s.awaitSlot(waitBytes) {
-			s.refuse(req)
-			return
-		}
-		defer func() { <-s.slots }()
-		s.serve(ep, req)
-	}()
+	s.m.waiting.Inc()
 }
 
-// awaitSlot waits for a free slot for a request of size bytes that found
-// none, and reports whether it got one (false: the service is stopping).
-// Waiters get slots in the order they began waiting: a channel's blocked
-// senders are served first in, first out.
-func (s *Service) awaitSlot(size int64) bool {
-	var got bool
-	select {
-	case s.slots <- struct{}{}:
-		got = true
-	case <-s.stopping:
+// waiter is a request waiting for its turn at the app, with its size as
+// counted against maxWaitingBytes.
+type waiter struct {
+	ep   *endpoint
+	req  micro.Request
+	size int64
+}
+
+// work serves w, then the requests waiting, one after another, the oldest
+// first, until none is left or the service stops.
+func (s *Service) work(w waiter) {
+	defer s.running.Done()
+	for {
+		s.serve(w.ep, w.req)
+		s.mu.Lock()
+		if len(s.waiting) == 0 || s.closed {
+			s.atApp--
+			s.mu.Unlock()
+			return
+		}
+		w = s.waiting[0]
+		s.waiting[0] = waiter{}
+		s.waiting = s.waiting[1:]
+		s.waitingBytes -= w.size
+		s.mu.Unlock()
+		s.m.waiting.Dec()
 	}
+}
+
+// refuseWaiting answers 503 every request still waiting, once the service
+// is closed (no request joins them then).
+func (s *Service) refuseWaiting() {
 	s.mu.Lock()
-	s.waiting--
-	s.waitingBytes -= size
+	ws := s.waiting
+	s.waiting, s.waitingBytes = nil, 0
 	s.mu.Unlock()
-	s.m.waiting.Dec()
-	return got
+	for _, w := range ws {
+		s.m.waiting.Dec()
+		s.refuse(w.req)
+	}
 }
 
 // busy answers a request that found every slot taken and no room to wait:

@@ -137,7 +137,8 @@ func (p *Publisher) DeadLetter(ctx context.Context, l Letter) error {
 //
 // A PubAck with Duplicate set is success: the same dead letter was already
 // stored (its Nats-Msg-Id is MsgID(l)), and the returned ack carries the
-// sequence it was first stored under. On error nothing is known to be stored
+// sequence it was first stored under; Receipt.BodyOmitted is then also set
+// when that first dead letter is a reference (or cannot be read to tell). On error nothing is known to be stored
 // and the caller must not drop the original; the errors are DeadLetter's.
 func (p *Publisher) Publish(ctx context.Context, l Letter) (*Receipt, error) {
 	if _, ok := ctx.Deadline(); !ok {
@@ -160,7 +161,29 @@ func (p *Publisher) Publish(ctx context.Context, l Letter) (*Receipt, error) {
 	if err != nil {
 		return nil, p.publishError(err)
 	}
+	if ack.Duplicate && !omitted {
+		// What is stored is the first dead letter, which may be a
+		// reference although this one fits (a shorter error, another
+		// reason): its original must stay where replay reads it.
+		omitted = p.storedWithoutBody(ctx, ack)
+	}
 	return &Receipt{PubAck: *ack, BodyOmitted: omitted}, nil
+}
+
+// storedWithoutBody reports whether the dead letter ack names as stored
+// before is a reference dead letter (HeaderBody), or may be one: when it
+// cannot be read, the answer keeps the original. One no longer there
+// (replayed or purged since) is not.
+func (p *Publisher) storedWithoutBody(ctx context.Context, ack *jetstream.PubAck) bool {
+	s, err := p.js.Stream(ctx, ack.Stream)
+	if err != nil {
+		return !errors.Is(err, jetstream.ErrStreamNotFound)
+	}
+	m, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return !errors.Is(err, jetstream.ErrMsgNotFound)
+	}
+	return m.Header.Get(HeaderBody) != ""
 }
 
 func (p *Publisher) publishError(err error) error {

@@ -181,3 +181,31 @@ func TestDeadLetterRefused(t *testing.T) {
 		t.Errorf("DeadLetter to a stream with max_msg_size 512 = %v, want ErrRefused wrapping the API error", err)
 	}
 }
+
+// A dead letter that fits, published again within the duplicate window of
+// a first one stored as a reference (a longer error made that one too
+// large), is reported stored without the body: what is stored is the
+// reference, and the original must stay in its stream.
+func TestDeadLetterDuplicateOfReference(t *testing.T) {
+	const subject = "dlq.ORDERS.courier"
+	js, _ := smallServer(t, subject)
+	p := dlq.NewPublisher(js, subject)
+	l := letter()
+	l.Error = "short"
+	size := len("NATS/1.0\r\n\r\n")
+	for k, vs := range dlq.Envelope(l) {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	l.Data = []byte(strings.Repeat("b", 8192-size-8)) // fits with the short error only
+	long := l
+	long.Error = strings.Repeat("e", 1000)
+	if err := p.DeadLetter(ctx(t, 5*time.Second), long); !errors.Is(err, dlq.ErrBodyOmitted) {
+		t.Fatalf("first DeadLetter = %v, want a reference", err)
+	}
+	err := p.DeadLetter(ctx(t, 5*time.Second), l)
+	if !errors.Is(err, dlq.ErrDuplicate) || !errors.Is(err, dlq.ErrBodyOmitted) {
+		t.Errorf("second DeadLetter = %v, want a duplicate of a reference dead letter (ErrDuplicate and ErrBodyOmitted)", err)
+	}
+}

@@ -62,7 +62,9 @@ type ReplayResult struct {
 	Ack *jetstream.PubAck
 	// Earlier is set when the republish was a duplicate of a copy stored
 	// by an earlier, interrupted replay (Ack.Sequence is that copy's, and
-	// it holds the same body and headers).
+	// it holds the same body and headers, or it is gone and the republish
+	// carries the dead letter's own Nats-Msg-Id, which only a replay of it
+	// publishes).
 	Earlier bool
 	// Why, for Kept, says why the duplicate was not taken for an earlier
 	// replay's copy, in a phrase such as "stream ORDERS calls the
@@ -127,8 +129,11 @@ type ReplaySummary struct {
 // message stored there is read and compared with the republish: the same
 // body and headers make it a copy stored by an earlier replay that was
 // interrupted before removing the dead letter, and the dead letter is
-// removed (Replayed, Earlier); a different message (its publisher reused
-// the id), or none left to compare, keeps the dead letter (Kept, with Why).
+// removed (Replayed, Earlier), as it is when none is left to compare but
+// the republish carries the dead letter's own id (MsgID, given to an
+// original that had none), which only a replay of it publishes; a different
+// message (its publisher reused the id), or none left to compare under the
+// original's own id, keeps the dead letter (Kept, with Why).
 // So an interrupted replay, run again within the duplicate window, neither
 // loses nor doubles a message.
 //
@@ -253,6 +258,13 @@ func (q *Queue) checkDuplicate(ctx context.Context, d *DeadLetter, msg *nats.Msg
 	}
 	id := msg.Header.Get(msgIDHeader)
 	stored, err := q.storedAt(ctx, ack.Stream, ack.Sequence)
+	if errors.Is(err, jetstream.ErrMsgNotFound) && id != "" && id == d.Header.Get(msgIDHeader) {
+		// The republish carries the dead letter's own id (its original
+		// had none), which only a replay of it publishes to the source
+		// stream: the copy stored under it was an earlier replay's, since
+		// consumed from a work queue or deleted.
+		return false
+	}
 	if err != nil {
 		r.Why = fmt.Sprintf("stream %s calls the republish a duplicate of sequence %d (Nats-Msg-Id %q), which cannot be read to check that it is an earlier replay's copy (%v); if it was, the sidecar's dedup recognises a later replay",
 			ack.Stream, ack.Sequence, id, err)
@@ -276,7 +288,7 @@ func (q *Queue) storedAt(ctx context.Context, stream string, seq uint64) (*jetst
 	}
 	m, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, errors.New("it is no longer in the stream")
+		return nil, fmt.Errorf("it is no longer in the stream (%w)", err)
 	}
 	return m, err
 }

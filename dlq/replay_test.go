@@ -181,3 +181,36 @@ func TestReplayPurgeOptionsRefused(t *testing.T) {
 		t.Errorf("NewDepthCollector with CacheFor -1s = %v, want an error naming CacheFor", err)
 	}
 }
+
+// An original without a Nats-Msg-Id is republished under its dead letter's
+// own (MsgID), which nothing but a replay of it publishes to the source
+// stream. A replay interrupted before removing the dead letter, whose copy
+// a work-queue stream has since handed out and removed, is still that
+// replay's copy: the rerun removes the dead letter rather than keep it to
+// republish once the window has passed, a second copy ("an interrupted
+// replay loses and doubles nothing: run it again").
+func TestReplayAfterInterruptedReplayCopyConsumed(t *testing.T) {
+	e := newToolsEnv(t, func(c *jetstream.StreamConfig) { c.Retention = jetstream.WorkQueuePolicy })
+	seq := e.deadLetter(7, "orders.created", dlq.ReasonRejected, nats.Header{"X-A": {"1"}}, "the failed order")
+	d, err := e.queue().Show(ctx(t, 5*time.Second), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The interrupted replay: republished, not removed; the copy was then
+	// consumed and acked, which removes it from the work queue.
+	ack, err := e.js.PublishMsg(ctx(t, 5*time.Second), d.Republish("Idempotency-Key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.orders.DeleteMsg(ctx(t, 5*time.Second), ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+
+	sum, res := e.replayAll(dlq.ReplayOptions{IdempotencyHeader: "Idempotency-Key"})
+	if sum.Replayed != 1 || !res.Earlier {
+		t.Fatalf("Replay = %+v, outcome %v, why %q; want replayed (earlier)", sum, res.Outcome, res.Why)
+	}
+	if _, err := e.queue().Show(ctx(t, 5*time.Second), seq); !errors.Is(err, dlq.ErrNotFound) {
+		t.Errorf("dead letter still there after its replay was recognised: %v", err)
+	}
+}

@@ -140,6 +140,12 @@ func runDLQ(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 
 	// Everything the user can get wrong is checked before connecting.
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "reason", "subject", "since":
+			f.given = append(f.given, fl.Name)
+		}
+	})
 	sel, err := f.selection(pos, time.Now())
 	if err != nil {
 		return usageError("dlq %s: %v", cmd, err)
@@ -237,12 +243,20 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 // dlqFilters are the filter flags as given.
 type dlqFilters struct {
 	reason, subject, since string
+	given                  []string // the names of the filter flags given
 }
 
 // selection checks the filters and positional sequences and builds the
 // Selection (without the stream and consumer).
 func (f dlqFilters) selection(seqs []string, now time.Time) (dlq.Selection, error) {
 	sel := dlq.Selection{Reason: strings.TrimSpace(f.reason), Subject: strings.TrimSpace(f.subject)}
+	// A filter given empty ("--reason \"$R\"" with R unset) is not "no
+	// filter": purge would delete every dead letter.
+	for _, name := range f.given {
+		if v := map[string]string{"reason": f.reason, "subject": f.subject, "since": f.since}[name]; strings.TrimSpace(v) == "" {
+			return sel, fmt.Errorf("--%s is empty: give a value, or leave the flag out to select every dead letter", name)
+		}
+	}
 	if sel.Reason != "" && !slices.Contains(dlq.Reasons(), sel.Reason) {
 		return sel, fmt.Errorf("--reason %q is not a reason courier writes; use one of: %s", sel.Reason, strings.Join(dlq.Reasons(), ", "))
 	}

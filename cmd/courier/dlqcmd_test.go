@@ -484,3 +484,21 @@ func TestDLQReplayProgress(t *testing.T) {
 		}
 	}
 }
+
+// A filter given with an empty value ("--reason \"$R\"" with R unset) is a
+// mistake to report, not "no filter": purge would delete every dead letter.
+func TestDLQPurgeEmptyFilterRefused(t *testing.T) {
+	h := newHarness(t)
+	h.publish("orders.created", "a", nil)
+	h.publish("orders.paid", "b", nil)
+	h.deadLettered(2, http.StatusBadRequest, "COURIER_MAX_DELIVER=1")
+	for _, flag := range []string{"--reason", "--subject", "--since"} {
+		for _, v := range []string{"", " "} {
+			res := h.dlq("purge", flag, v, "--yes")
+			if n := len(h.deadLetters(dlqSubject)); res.code != 2 || n != 2 {
+				t.Fatalf("purge %s %q --yes: exit status %d, %d dead letters left; want 2 (usage) and both kept\nstdout: %s",
+					flag, v, res.code, n, res.stdout)
+			}
+		}
+	}
+}

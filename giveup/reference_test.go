@@ -1,0 +1,82 @@
+package giveup_test
+
+import (
+	"net/textproto"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+// envelopeSize is the wire size of h as nats.go encodes it.
+func envelopeSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(textproto.TrimString(v)) + 4
+		}
+	}
+	return n
+}
+
+// The delivery loop stored a reference dead letter (its envelope, with the
+// app's error, was too large to carry the body) and left the original in
+// its work-queue stream, where replay reads the body. JetStream then gives
+// up on the original and its max-deliveries advisory is handled within the
+// DLQ's duplicate window: the catcher's own, smaller envelope fits with the
+// body, the DLQ calls it a duplicate of the reference dead letter, and the
+// original must still be kept, for the stored dead letter has no body.
+func TestGiveUpCatcherDuplicateOfReferenceKeepsOriginal(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 8192
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = maxPayload }})
+	_, js := natstest.Connect(t, srv)
+	e := newEnvOn(t, srv, js, jetstream.WorkQueuePolicy)
+
+	longest := time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC) // the longest RFC 3339 form
+	base := dlq.Letter{
+		Subject: "orders.created", Stream: "ORDERS", StreamCreated: e.src.CachedInfo().Created,
+		Sequence: 1, Consumer: consumer, Published: longest, FailedAt: longest,
+	}
+	catcherLetter := base
+	catcherLetter.Reason, catcherLetter.Attempts = dlq.ReasonMaxDeliveries, 2
+	catcherLetter.Error = "JetStream gave up after 2 deliveries without an ack (ack wait expired each time)"
+	body := strings.Repeat("x", maxPayload-envelopeSize(dlq.Envelope(catcherLetter))-20)
+
+	seq := e.publish("orders.created", body, nil)
+	orig, err := e.src.GetMsg(ctx(t, 5*time.Second), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The delivery loop's dead letter of the last attempt: a 400 with a
+	// long error; it does not fit with the body.
+	loop := base
+	loop.Sequence, loop.Published, loop.Data = seq, orig.Time, orig.Data
+	loop.Reason, loop.Status, loop.Attempts = dlq.ReasonRejected, 400, 2
+	loop.Error = strings.Repeat("e", 1000)
+	if err := e.pub.DeadLetter(ctx(t, 5*time.Second), loop); !dlq.Stored(err) || !strings.Contains(err.Error(), dlq.ErrBodyOmitted.Error()) {
+		t.Fatalf("delivery loop's dead letter = %v, want stored as a reference", err)
+	}
+
+	c := e.newCatcher(nil).run(t)
+	e.exhaust()
+	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
+		return c.handled(giveup.ResultDuplicate)+c.handled(giveup.ResultDeadLettered) > 0
+	})
+	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+
+	dls := e.deadLetters()
+	if len(dls) != 1 || dls[0].Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge {
+		t.Fatalf("%d dead letters, want the one reference dead letter", len(dls))
+	}
+	if !e.originalExists(seq) {
+		t.Error("original removed from its work-queue stream, though its only dead letter does not carry its body: the body is lost")
+	}
+}

@@ -138,8 +138,9 @@ func (p *Publisher) DeadLetter(ctx context.Context, l Letter) error {
 // A PubAck with Duplicate set is success: the same dead letter was already
 // stored (its Nats-Msg-Id is MsgID(l)), and the returned ack carries the
 // sequence it was first stored under; Receipt.BodyOmitted is then also set
-// when that first dead letter is a reference (or cannot be read to tell). On error nothing is known to be stored
-// and the caller must not drop the original; the errors are DeadLetter's.
+// when that first dead letter is a reference (or cannot be read to tell).
+// On error nothing is known to be stored and the caller must not drop the
+// original; the errors are DeadLetter's.
 func (p *Publisher) Publish(ctx context.Context, l Letter) (*Receipt, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -50,6 +50,8 @@ func (r *Runner) waitToSend(stop context.Context, mayProbe bool) (probe bool) {
 	var probes <-chan struct{}
 	if mayProbe {
 		probes = r.breaker.probes
+		r.probers.Add(1)
+		defer r.probers.Add(-1)
 	}
 	for {
 		select {

@@ -26,9 +26,13 @@ type delivery struct {
 	skey    string  // the key as the dedup store holds it
 	fl      *flight // own while this delivery holds the key's flight, else nil
 	own     flight
-	claimed bool      // the dedup store holds a claim of ours on skey
-	probe   bool      // sent while the breaker is open, to see if the app recovered
-	arrived time.Time // when the message reached courier
+	claimed bool // the dedup store holds a claim of ours on skey
+	probe   bool // sent while the breaker is open, to see if the app recovered
+	// answered: the app's answer reached the breaker. A probe that ends
+	// without one (a duplicate, an expired message, the app unreachable)
+	// has used the breaker's token for nothing and must ask for another.
+	answered bool
+	arrived  time.Time // when the message reached courier
 	// wait bounds waiting (for a flight of the same key, the store, the
 	// app): shutdown's noStart, or the grace period for a message on its
 	// last delivery, started at shutdown so that it is not given back.
@@ -54,6 +58,13 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	}
 	d := r.newDelivery(m, meta, ln, wait)
 	d.probe, d.arrived = probe, q.at
+	if probe {
+		defer func() {
+			if d.probe && !d.answered {
+				r.breaker.retryProbe()
+			}
+		}()
+	}
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
 		return
@@ -227,6 +238,7 @@ func (r *Runner) attempt(d *delivery) {
 		r.m.request(resultLabel(err), took.Seconds())
 
 		class := Classify(err, r.o.Retryable)
+		d.answered = class != Unavailable
 		switch class {
 		case Success, Permanent:
 			r.breaker.success()
@@ -255,9 +267,18 @@ func (r *Runner) attempt(d *delivery) {
 			// app is back, then try again: the outage spent nothing.
 			if r.ph.fetched.Err() == nil {
 				r.gate.hold(causeApp, err.Error())
-				var werr error
-				r.hold(func() { werr = r.gate.waitUp(r.ph.fetched) })
-				if werr == nil {
+				if d.probe {
+					// The breaker's token reached no app: another one
+					// comes after its wait.
+					r.breaker.retryProbe()
+				}
+				// Waiting as a worker does for the gate: while the
+				// breaker alone holds (the app back, still failing) this
+				// message may be its probe, as no other may be left.
+				var probe bool
+				r.hold(func() { probe = r.waitToSend(r.ph.fetched, !d.last(r.o.MaxDeliver)) })
+				if r.ph.fetched.Err() == nil {
+					d.probe = probe
 					if f, expired := r.expired(d); expired {
 						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)
 						r.deadLetter(d, f)

@@ -72,6 +72,10 @@ type fetcher struct {
 	maxBytes int64
 	maxMsg   int64 // the largest message, as counted against maxBytes
 	bound    atomic.Bool
+	// noProbe reports that the breaker alone holds deliveries and no
+	// worker holds a message that may be its probe (nil: never). Set once,
+	// before run.
+	noProbe func() bool
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -150,7 +154,7 @@ func (f *fetcher) run(ctx context.Context) error {
 // as pulls do, an error to be retried after a wait, or a permanent one when
 // the consumer is gone.
 func (f *fetcher) pull(ctx context.Context) error {
-	if err := f.gate.waitUp(ctx); err != nil {
+	if err := f.waitToFetch(ctx); err != nil {
 		return err
 	}
 	room, byteRoom, ok := f.room(ctx)
@@ -208,6 +212,38 @@ func (f *fetcher) pull(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// waitToFetch waits until the gate opens, or until the breaker alone holds
+// deliveries and courier has no message to probe the app with: none queued,
+// none held by a worker that may send it as a probe (one on its last
+// allowed delivery may not). Each failed probe gives its message back, and
+// nothing is fetched while the gate is closed, so a storm that outlasts the
+// queue would otherwise leave the breaker without a probe, open for good.
+// The messages such a pull brings are held, as any queued while the gate is
+// closed, and the first is the next probe.
+func (f *fetcher) waitToFetch(ctx context.Context) error {
+	if f.noProbe == nil {
+		return f.gate.waitUp(ctx)
+	}
+	var tick <-chan time.Time
+	for {
+		if len(f.queue) == 0 && f.noProbe() {
+			return nil
+		}
+		if tick == nil {
+			t := time.NewTicker(fetchWait)
+			defer t.Stop()
+			tick = t.C
+		}
+		select {
+		case <-f.gate.Up():
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+		}
+	}
 }
 
 // endsNormally reports whether a pull ended the way pulls end: its count or

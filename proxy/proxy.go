@@ -100,6 +100,7 @@ type Runner struct {
 	linger    time.Duration
 	recorders sync.WaitGroup
 	parked    atomic.Int64 // workers holding a message while the gate is closed
+	probers   atomic.Int64 // workers holding a message that may be the breaker's probe
 	wasUp     atomic.Bool  // the app has been available at least once
 	storeDown atomic.Bool  // the dedup store failed its last check
 	released  atomic.Int64 // messages given back (NAK'd without delay)
@@ -153,6 +154,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		r.wasUp.Store(true)
 	}
 	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
+	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.probers.Load() == 0 }
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	if o.MaxRate > 0 {
 		// Burst 1: the cap holds over any window, not just on average.

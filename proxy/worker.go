@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/nats-io/nats.go/jetstream"
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // A worker parses a message's metadata once, when it takes the message, and
 // hands it on: jetstream.Msg.Metadata parses the reply subject anew at every
@@ -21,7 +25,7 @@ func (r *Runner) worker() {
 		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { probe = r.waitToSend(!lastDelivery(meta, r.o.MaxDeliver)) })
+			r.hold(func() { probe = r.waitToSend(r.ph.noStart, !lastDelivery(meta, r.o.MaxDeliver)) })
 		}
 		if r.ph.noStart.Err() == nil {
 			r.deliver(q, meta, merr, ln, ln.noStart, probe)
@@ -38,20 +42,22 @@ func (r *Runner) worker() {
 	}
 }
 
-// waitToSend waits until the gate opens or courier stops. While the breaker
+// waitToSend waits until the gate opens or stop ends. While the breaker
 // alone holds deliveries, a message that may be a probe (not on its last
 // allowed delivery: a probe never spends that) goes when the breaker lets
 // one through; waitToSend then reports true.
-func (r *Runner) waitToSend(mayProbe bool) (probe bool) {
+func (r *Runner) waitToSend(stop context.Context, mayProbe bool) (probe bool) {
 	var probes <-chan struct{}
 	if mayProbe {
 		probes = r.breaker.probes
+		r.probers.Add(1)
+		defer r.probers.Add(-1)
 	}
 	for {
 		select {
 		case <-r.gate.Up():
 			return false
-		case <-r.ph.noStart.Done():
+		case <-stop.Done():
 			return false
 		case <-probes:
 			if r.gate.onlyHeld(causeBreaker) {

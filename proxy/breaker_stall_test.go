@@ -121,12 +121,13 @@ func TestProbeMeetingUnreachableAppDoesNotStallBreaker(t *testing.T) {
 	})
 }
 
-// With every held message on its last allowed delivery (MaxDeliver 1), no
-// message may probe; the breaker must still not stop deliveries for good.
+// With every held message on its last allowed delivery (always, with
+// MaxDeliver 1), the breaker still probes: with such a message, whose
+// failed probe is held again rather than dead-lettered. A and B, failing
+// before the breaker opened, are dead-lettered as exhausted; C, held through
+// the storm and probed with again and again, reaches the app once it is
+// back, and is not dead-lettered.
 func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
-	t.Skip("known defect, not fixed: a worker holding a message on its last allowed delivery " +
-		"never probes, so when every worker holds one (always, with MaxDeliver 1) the breaker " +
-		"stays open for good; remove this skip to reproduce")
 	e := setup(t)
 	a := newStormApp(t, e)
 	a.storming.Store(true)
@@ -142,12 +143,25 @@ func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
 		err := r.Ready()
 		return err != nil && contains(err.Error(), "breaker open")
 	})
+	// Two failed probes with C, at least.
+	waitFor(t, "C probed twice", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.times) >= 4
+	})
+	if err := r.Ready(); err == nil || !contains(err.Error(), "breaker open") {
+		t.Fatalf("Ready = %v during the storm, want breaker open", err)
+	}
 	a.storming.Store(false)
 	waitFor(t, "k-c delivered after the app recovered", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.keys["k-c"] == 1
 	})
+	waitFor(t, "every message settled", func() bool { return e.settled(t) })
+	if got := e.deadLetters(t); got != 2 {
+		t.Errorf("%d dead letters, want 2 (A and B, exhausted before the breaker opened; none from a probe)", got)
+	}
 }
 
 // A storm that outlasts the queued messages: each failed probe NAKs its

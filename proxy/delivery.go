@@ -272,13 +272,7 @@ func (r *Runner) attempt(d *delivery) {
 					// comes after its wait.
 					r.breaker.retryProbe()
 				}
-				// Waiting as a worker does for the gate: while the
-				// breaker alone holds (the app back, still failing) this
-				// message may be its probe, as no other may be left.
-				var probe bool
-				r.hold(func() { probe = r.waitToSend(r.ph.fetched, !d.last(r.o.MaxDeliver)) })
-				if r.ph.fetched.Err() == nil {
-					d.probe = probe
+				if r.rehold(d) {
 					if f, expired := r.expired(d); expired {
 						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)
 						r.deadLetter(d, f)
@@ -292,6 +286,23 @@ func (r *Runner) attempt(d *delivery) {
 			return
 
 		case Transient:
+			if d.last(r.o.MaxDeliver) && d.probe {
+				// A probe never spends a message's last allowed delivery:
+				// held again, it may be the next probe.
+				d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
+					statusAttr(err), "error", err.Error())
+				if r.rehold(d) {
+					if f, expired := r.expired(d); expired {
+						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the breaker was open", r.o.MaxAge)
+						r.deadLetter(d, f)
+						return
+					}
+					continue
+				}
+				span.setOutcome("released")
+				r.giveBack(d, "shutting down while the breaker is open")
+				return
+			}
 			if d.last(r.o.MaxDeliver) {
 				span.setOutcome("dead_lettered")
 				r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
@@ -382,4 +393,20 @@ func (r *Runner) unclaim(d *delivery) {
 		// The claim lapses by itself after about the ack wait.
 		d.log.Warn("cannot release the key's claim; it lapses by itself", "error", err)
 	}
+}
+
+// rehold holds d after an attempt that spent nothing (the app unreachable,
+// a failed probe on its last delivery), as a worker holds a message it
+// took while the gate is closed: until the gate opens, or, while the
+// breaker alone holds, until d is its probe (no other message may be left
+// to be one). It reports false when courier stopped fetching meanwhile: d
+// is then to be given back.
+func (r *Runner) rehold(d *delivery) bool {
+	var probe bool
+	r.hold(func() { probe = r.waitToSend(r.ph.fetched) })
+	if r.ph.fetched.Err() != nil {
+		return false
+	}
+	d.probe = probe
+	return true
 }

@@ -100,7 +100,7 @@ type Runner struct {
 	linger    time.Duration
 	recorders sync.WaitGroup
 	parked    atomic.Int64 // workers holding a message while the gate is closed
-	probers   atomic.Int64 // workers holding a message that may be the breaker's probe
+	probers   atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
 	wasUp     atomic.Bool  // the app has been available at least once
 	storeDown atomic.Bool  // the dedup store failed its last check
 	released  atomic.Int64 // messages given back (NAK'd without delay)

@@ -25,7 +25,7 @@ func (r *Runner) worker() {
 		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { probe = r.waitToSend(r.ph.noStart, !lastDelivery(meta, r.o.MaxDeliver)) })
+			r.hold(func() { probe = r.waitToSend(r.ph.noStart) })
 		}
 		if r.ph.noStart.Err() == nil {
 			r.deliver(q, meta, merr, ln, ln.noStart, probe)
@@ -43,23 +43,21 @@ func (r *Runner) worker() {
 }
 
 // waitToSend waits until the gate opens or stop ends. While the breaker
-// alone holds deliveries, a message that may be a probe (not on its last
-// allowed delivery: a probe never spends that) goes when the breaker lets
-// one through; waitToSend then reports true.
-func (r *Runner) waitToSend(stop context.Context, mayProbe bool) (probe bool) {
-	var probes <-chan struct{}
-	if mayProbe {
-		probes = r.breaker.probes
-		r.probers.Add(1)
-		defer r.probers.Add(-1)
-	}
+// alone holds deliveries, the message goes as a probe when the breaker lets
+// one through; waitToSend then reports true. Any message may be a probe: a
+// failed probe on a message's last allowed delivery is held again rather
+// than dead-lettered (attempt), so a probe never spends that delivery, and
+// a breaker whose workers all hold such messages still probes.
+func (r *Runner) waitToSend(stop context.Context) (probe bool) {
+	r.probers.Add(1)
+	defer r.probers.Add(-1)
 	for {
 		select {
 		case <-r.gate.Up():
 			return false
 		case <-stop.Done():
 			return false
-		case <-probes:
+		case <-r.breaker.probes:
 			if r.gate.onlyHeld(causeBreaker) {
 				return true
 			}

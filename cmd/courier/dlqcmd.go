@@ -277,7 +277,9 @@ func (f dlqFilters) selection(seqs []string, now time.Time) (dlq.Selection, erro
 		if err != nil || n == 0 {
 			return sel, fmt.Errorf("%q is not a dead-letter sequence (a positive integer)", s)
 		}
-		sel.Sequences = append(sel.Sequences, n)
+		if !slices.Contains(sel.Sequences, n) { // a sequence given twice is one dead letter
+			sel.Sequences = append(sel.Sequences, n)
+		}
 	}
 	return sel, nil
 }
@@ -619,7 +621,7 @@ func dlqPurge(ctx context.Context, q *dlq.Queue, sel dlq.Selection, limit int, s
 // missingSequences reports whether sequences were given and fewer dead
 // letters than that were handled, without a limit to explain it.
 func missingSequences(sel dlq.Selection, limit, handled int) bool {
-	n := len(slices.Compact(slices.Sorted(slices.Values(sel.Sequences))))
+	n := len(sel.Sequences)
 	return n > 0 && handled < n && (limit == 0 || handled < limit)
 }
 

@@ -418,6 +418,11 @@ func TestDLQPurge(t *testing.T) {
 	}
 	h.dlq("purge", "--yes", strconv.FormatUint(left[0].Sequence, 10)).want(t, 0, "purged 1, failed 0")
 	h.dlq("purge", "--yes", strconv.FormatUint(left[0].Sequence, 10)).want(t, 1, "purged 0, failed 0")
+	// A sequence given twice is one dead letter, counted once as missing.
+	seq := strconv.FormatUint(left[0].Sequence, 10)
+	if res := h.dlq("purge", "--yes", seq, seq); !strings.Contains(res.stderr, "1 of the 1 sequences given") {
+		t.Errorf("purge of a sequence given twice: stderr %q, want it counted once", res.stderr)
+	}
 	if n := len(h.deadLetters(dlqSubject)); n != 0 {
 		t.Errorf("%d dead letters left, want 0", n)
 	}

@@ -226,6 +226,11 @@ func (f *fetcher) waitToFetch(ctx context.Context) error {
 	if f.noProbe == nil {
 		return f.gate.waitUp(ctx)
 	}
+	select {
+	case <-f.gate.Up():
+		return nil // the usual case: no timer
+	default:
+	}
 	var tick <-chan time.Time
 	for {
 		if len(f.queue) == 0 && f.noProbe() {

@@ -310,7 +310,7 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 		case err == nil:
 			s.hold(bk, ack.Sequence)
 			return New, nil
-		case errors.Is(err, jetstream.ErrNoStreamResponse) && !recreated:
+		case (errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err)) && !recreated:
 			if !s.recreate(ctx) {
 				return New, s.bucketError("claim", err)
 			}
@@ -416,8 +416,10 @@ func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 }
 
 // awaitProcessed awaits the acknowledgements of sendProcessed. If every
-// failure says no stream answered and the bucket turns out deleted, it is
-// created again and those keys written into it (once, if mayRecreate).
+// failure says no stream answered, or per-key TTLs are off, and the bucket
+// turns out deleted or made again without them, it is created again or
+// has them turned on, and those keys are written into it (once, if
+// mayRecreate).
 func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
 	if sendErr != nil {
 		return s.bucketError("record", sendErr)
@@ -428,7 +430,7 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err) {
 				failed = append(failed, bks[i])
 			}
 			errs = append(errs, err)
@@ -650,6 +652,18 @@ func isWrongLastSeq(err error) bool {
 	}
 	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// jsErrCodeMessageTTLDisabled is the server's answer to a write with a
+// per-message TTL on a stream that does not allow them (nats-server
+// JSMessageTTLDisabledErr); nats.go has no constant for it.
+const jsErrCodeMessageTTLDisabled = 10166
+
+// isTTLDisabled reports whether err says the bucket refuses per-key TTLs:
+// it was deleted and made again without them (`nats kv add`).
+func isTTLDisabled(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeMessageTTLDisabled
 }
 
 // sharedMetrics are a Shared store's collectors; registered only when a

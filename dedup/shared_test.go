@@ -293,6 +293,37 @@ func TestSharedBucketDeleted(t *testing.T) {
 	mustCheck(t, a, "after", Processed)
 }
 
+// TestSharedBucketMadeAgainWithoutTTL: a bucket deleted under running
+// couriers and made again without per-key TTLs (`nats kv add`) gets them
+// turned on at the next write, as OpenShared would, instead of refusing
+// every check and record (every message held) until courier restarts.
+func TestSharedBucketMadeAgainWithoutTTL(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	a := openShared(t, js, SharedOptions{})
+	b := openShared(t, js, SharedOptions{})
+	mustCheck(t, a, "before", New)
+	remake := func() {
+		t.Helper()
+		if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remake()
+	mustCheck(t, a, "after", New)
+	mustCheck(t, b, "after", Claimed)
+
+	remake()
+	if err := a.Record(ctx, "after"); err != nil { // a record turns them on too
+		t.Fatal(err)
+	}
+	mustCheck(t, b, "after", Processed)
+}
+
 // TestSharedBucketChecks: OpenShared turns per-key TTLs on in a bucket made
 // without them (by the earlier kv store), reading its keys as processed, and
 // refuses a bucket that would forget keys early.

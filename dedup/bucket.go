@@ -109,18 +109,26 @@ func (s *Shared) createBucket(ctx context.Context) error {
 	}
 }
 
-// recreate is called when the stream does not answer a write at all: if the
-// bucket is gone (deleted under courier) it is created again, loudly, since
-// the keys other replicas recorded are lost with it (each replica still
-// knows its own, locally). It reports whether the write is worth trying
-// again. Concurrent callers create it once.
+// recreate is called when the stream does not answer a write at all, or
+// refuses its per-key TTL: if the bucket is gone (deleted under courier) it
+// is created again, loudly, since the keys other replicas recorded are lost
+// with it (each replica still knows its own, locally); if it was made again
+// without per-key TTLs, they are turned on, as OpenShared does. It reports
+// whether the write is worth trying again. Concurrent callers create it
+// once.
 func (s *Shared) recreate(ctx context.Context) bool {
 	s.recreateMu.Lock()
 	defer s.recreateMu.Unlock()
-	_, err := s.js.Stream(ctx, s.stream)
+	st, err := s.js.Stream(ctx, s.stream)
 	switch {
-	case err == nil:
+	case err == nil && st.CachedInfo().Config.AllowMsgTTL:
 		return true // back already (created by another courier or call)
+	case err == nil:
+		if err := s.openBucket(ctx); err != nil {
+			s.log.Error("dedup bucket made again without per-key TTLs, which cannot be turned on", "bucket", s.bucket, "error", err)
+			return false
+		}
+		return true
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return false
 	}

@@ -55,9 +55,9 @@ type SharedOptions struct {
 	TTL time.Duration
 	// ClaimTTL is how long a claim lives if its holder neither records nor
 	// releases it (it died): about the consumer's AckWait, so that the
-	// redelivery of a message whose courier died goes ahead. It should
-	// exceed the longest attempt (HTTP timeout), or a second delivery of
-	// the same key elsewhere may go ahead while the first still runs.
+	// redelivery of a message whose courier died goes ahead. A live
+	// holder renews its claims every half ClaimTTL until it records or
+	// releases them, however long its delivery takes or is held.
 	// Whole seconds, at least 1s; zero means DefaultClaimTTL (30s).
 	ClaimTTL time.Duration
 	// Scope prefixes every key in the bucket (typically stream/consumer).
@@ -81,10 +81,13 @@ type SharedOptions struct {
 // A key's life in the bucket: Check of a key unknown locally creates it
 // (create-if-absent, with a per-key TTL of ClaimTTL) holding a claim, and
 // answers New; Record overwrites it with a processed record (TTL); Release
-// deletes the claim if it is still the caller's. A Check that finds a live
-// claim answers Claimed; one that finds a processed record answers
-// Processed and caches the key. A courier that dies holding a claim loses
-// nothing: the claim lapses after ClaimTTL.
+// deletes the claim if it is still the caller's. While its holder lives, a
+// claim is renewed every half ClaimTTL until Record or Release, however long
+// the delivery is held (an app outage, the breaker, a success record that
+// cannot be stored yet). A Check that finds a live claim answers Claimed;
+// one that finds a processed record answers Processed and caches the key. A
+// courier that dies holding a claim loses nothing: the claim lapses after
+// ClaimTTL.
 //
 // Every bucket write is one publish awaited by its caller; concurrent
 // callers' publishes share the connection (pipelined), and Record sends a
@@ -114,10 +117,17 @@ type Shared struct {
 	createHdr, processedHdr nats.Header
 
 	// claims maps the bucket key of each claim this store holds to its
-	// revision, for Release; entries older than claimTTL are dropped.
+	// revision, for Release and renewal; entries not renewed for claimTTL
+	// are dropped.
 	claimsMu   sync.Mutex
-	claims     map[string]heldClaim
+	claims     map[string]*heldClaim
 	claimsNext int // size at which the map is swept next
+
+	// The renewal loop, and what Close calls to stop it (a renewal under
+	// way included).
+	renewCtx  context.Context
+	stopRenew context.CancelFunc
+	renewing  sync.WaitGroup
 
 	recreateMu sync.Mutex
 
@@ -127,9 +137,14 @@ type Shared struct {
 	closed    bool
 }
 
+// heldClaim is a claim this store holds. mu orders a renewal against the
+// Release that ends the claim, so that no renewal follows the release
+// (which would leave the claim live until it lapses).
 type heldClaim struct {
-	rev uint64
-	at  time.Time
+	mu    sync.Mutex
+	rev   uint64
+	at    time.Time // made or last renewed
+	ended bool      // taken by Release: renew no more
 }
 
 // OpenShared opens the shared store on the bucket, creating the bucket when
@@ -163,7 +178,7 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 		ttl:      o.TTL,
 		claimTTL: cmp0(o.ClaimTTL, DefaultClaimTTL),
 		timeout:  cmp0(o.Timeout, DefaultSharedTimeout),
-		claims:   map[string]heldClaim{},
+		claims:   map[string]*heldClaim{},
 	}
 	s.claimsNext = 1024
 	ctx, cancel := s.bound(ctx)
@@ -178,6 +193,9 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
 	}
+	s.renewCtx, s.stopRenew = context.WithCancel(context.Background())
+	s.renewing.Add(1)
+	go s.renewClaims()
 	s.log.Debug("shared dedup store open", "bucket", s.bucket, "scope", o.Scope,
 		"ttl", s.ttl.String(), "claim_ttl", s.claimTTL.String())
 	return s, nil
@@ -292,7 +310,7 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 		case err == nil:
 			s.hold(bk, ack.Sequence)
 			return New, nil
-		case errors.Is(err, jetstream.ErrNoStreamResponse) && !recreated:
+		case (errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err)) && !recreated:
 			if !s.recreate(ctx) {
 				return New, s.bucketError("claim", err)
 			}
@@ -398,8 +416,10 @@ func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 }
 
 // awaitProcessed awaits the acknowledgements of sendProcessed. If every
-// failure says no stream answered and the bucket turns out deleted, it is
-// created again and those keys written into it (once, if mayRecreate).
+// failure says no stream answered, or per-key TTLs are off, and the bucket
+// turns out deleted or made again without them, it is created again or
+// has them turned on, and those keys are written into it (once, if
+// mayRecreate).
 func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
 	if sendErr != nil {
 		return s.bucketError("record", sendErr)
@@ -410,7 +430,7 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err) {
 				failed = append(failed, bks[i])
 			}
 			errs = append(errs, err)
@@ -438,7 +458,7 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	c, ok := s.take(bk)
+	rev, ok := s.take(bk)
 	if !ok {
 		return nil
 	}
@@ -448,7 +468,7 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 		m := nats.NewMsg(bk)
 		m.Header.Set(kvOperation, "DEL")
 		_, err := s.js.PublishMsg(ctx, m,
-			jetstream.WithExpectLastSequencePerSubject(c.rev), jetstream.WithMsgTTL(s.claimTTL))
+			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(s.claimTTL))
 		switch {
 		case err == nil, isWrongLastSeq(err), errors.Is(err, jetstream.ErrNoStreamResponse):
 			// Released; or no longer this store's; or the bucket is gone.
@@ -502,6 +522,8 @@ func (s *Shared) Close() error {
 		s.closedMu.Lock()
 		s.closed = true
 		s.closedMu.Unlock()
+		s.stopRenew()
+		s.renewing.Wait()
 		s.m.unregister()
 		s.closeErr = s.local.Close()
 	})
@@ -513,27 +535,97 @@ func (s *Shared) hold(bk string, rev uint64) {
 	now := time.Now()
 	s.claimsMu.Lock()
 	defer s.claimsMu.Unlock()
-	s.claims[bk] = heldClaim{rev: rev, at: now}
+	s.claims[bk] = &heldClaim{rev: rev, at: now}
 	if len(s.claims) < s.claimsNext {
 		return
 	}
 	// Claims neither recorded nor released (a caller that forgot) have
 	// lapsed in the bucket: forget them here too.
 	for k, c := range s.claims {
-		if now.Sub(c.at) > s.claimTTL {
+		if !c.mu.TryLock() {
+			continue // being renewed
+		}
+		at := c.at
+		c.mu.Unlock()
+		if now.Sub(at) > s.claimTTL {
 			delete(s.claims, k)
 		}
 	}
 	s.claimsNext = max(1024, 2*len(s.claims))
 }
 
-// take forgets and returns the claim held on bk, if it has not lapsed.
-func (s *Shared) take(bk string) (heldClaim, bool) {
+// take forgets the claim held on bk and returns its revision, if it has not
+// lapsed. A renewal under way is waited for, and none follows.
+func (s *Shared) take(bk string) (uint64, bool) {
 	s.claimsMu.Lock()
-	defer s.claimsMu.Unlock()
 	c, ok := s.claims[bk]
 	delete(s.claims, bk)
-	return c, ok && time.Since(c.at) < s.claimTTL
+	s.claimsMu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	return c.rev, time.Since(c.at) < s.claimTTL
+}
+
+// renewClaims renews, until Close, every claim held for half ClaimTTL, so
+// that a claim lapses when its holder is gone, not while its delivery is
+// held longer than ClaimTTL.
+func (s *Shared) renewClaims() {
+	defer s.renewing.Done()
+	t := time.NewTicker(max(s.claimTTL/4, 10*time.Millisecond))
+	defer t.Stop()
+	var due []*heldClaim
+	var keys []string
+	for {
+		select {
+		case <-s.renewCtx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		due, keys = due[:0], keys[:0]
+		s.claimsMu.Lock()
+		for bk, c := range s.claims {
+			c.mu.Lock()
+			if now.Sub(c.at) >= s.claimTTL/2 {
+				due, keys = append(due, c), append(keys, bk)
+			}
+			c.mu.Unlock()
+		}
+		s.claimsMu.Unlock()
+		for i, c := range due {
+			if s.renewCtx.Err() != nil {
+				return
+			}
+			s.renew(keys[i], c)
+		}
+		clear(due)
+	}
+}
+
+// renew writes claim c on bk again, expecting it to be the key's last
+// record, to live another ClaimTTL. A claim that is no longer the last
+// record (recorded, or lapsed and taken over) is left alone; it is dropped
+// when released or swept.
+func (s *Shared) renew(bk string, c *heldClaim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.renewCtx, min(s.timeout, s.claimTTL/2))
+	defer cancel()
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: s.claimHeader(c.rev), Data: claimValue})
+	if err != nil {
+		if !isWrongLastSeq(err) {
+			s.bucketError("renew", err)
+		}
+		return
+	}
+	c.rev, c.at = ack.Sequence, time.Now()
 }
 
 // drop forgets the claims held on bks.
@@ -560,6 +652,18 @@ func isWrongLastSeq(err error) bool {
 	}
 	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// jsErrCodeMessageTTLDisabled is the server's answer to a write with a
+// per-message TTL on a stream that does not allow them (nats-server
+// JSMessageTTLDisabledErr); nats.go has no constant for it.
+const jsErrCodeMessageTTLDisabled = 10166
+
+// isTTLDisabled reports whether err says the bucket refuses per-key TTLs:
+// it was deleted and made again without them (`nats kv add`).
+func isTTLDisabled(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeMessageTTLDisabled
 }
 
 // sharedMetrics are a Shared store's collectors; registered only when a

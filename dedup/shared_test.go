@@ -158,7 +158,8 @@ func concurrentClaims(t *testing.T, stores []*Shared) {
 }
 
 // TestSharedClaimLapses: a claim nobody records or releases (its courier
-// died) lapses after the claim TTL, and the key can be claimed again.
+// died: its store no longer renews the claim) lapses after the claim TTL,
+// and the key can be claimed again.
 func TestSharedClaimLapses(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
@@ -170,6 +171,9 @@ func claimLapses(t *testing.T, jsA, jsB jetstream.JetStream) {
 	a := openShared(t, jsA, SharedOptions{ClaimTTL: time.Second})
 	b := openShared(t, jsB, SharedOptions{ClaimTTL: time.Second})
 	mustCheck(t, a, "dies", New)
+	if err := a.Close(); err != nil { // the courier dies holding the claim
+		t.Fatal(err)
+	}
 	began := time.Now()
 	mustCheck(t, b, "dies", Claimed)
 	eventually(t, 10*time.Second, "the claim lapses", func() bool {
@@ -183,7 +187,27 @@ func claimLapses(t *testing.T, jsA, jsB jetstream.JetStream) {
 	if err := b.Record(context.Background(), "dies"); err != nil {
 		t.Fatal(err)
 	}
-	mustCheck(t, a, "dies", Processed)
+	mustCheck(t, openShared(t, jsA, SharedOptions{ClaimTTL: time.Second}), "dies", Processed)
+}
+
+// TestSharedClaimRenewedWhileHeld: a claim whose holder lives (its delivery
+// held by an app outage, longer than the claim TTL) does not lapse, so
+// another courier's delivery of the key waits; the holder's Release, after
+// renewals, still ends it.
+func TestSharedClaimRenewedWhileHeld(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	a := openShared(t, js, SharedOptions{ClaimTTL: time.Second})
+	b := openShared(t, js, SharedOptions{ClaimTTL: time.Second})
+	mustCheck(t, a, "held", New)
+	for range 6 { // three claim TTLs
+		time.Sleep(500 * time.Millisecond)
+		mustCheck(t, b, "held", Claimed)
+	}
+	if err := a.Release(context.Background(), "held"); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, b, "held", New)
 }
 
 // TestSharedKeysExpire: a processed key is forgotten after the TTL, in the
@@ -267,6 +291,37 @@ func TestSharedBucketDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCheck(t, a, "after", Processed)
+}
+
+// TestSharedBucketMadeAgainWithoutTTL: a bucket deleted under running
+// couriers and made again without per-key TTLs (`nats kv add`) gets them
+// turned on at the next write, as OpenShared would, instead of refusing
+// every check and record (every message held) until courier restarts.
+func TestSharedBucketMadeAgainWithoutTTL(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	a := openShared(t, js, SharedOptions{})
+	b := openShared(t, js, SharedOptions{})
+	mustCheck(t, a, "before", New)
+	remake := func() {
+		t.Helper()
+		if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remake()
+	mustCheck(t, a, "after", New)
+	mustCheck(t, b, "after", Claimed)
+
+	remake()
+	if err := a.Record(ctx, "after"); err != nil { // a record turns them on too
+		t.Fatal(err)
+	}
+	mustCheck(t, b, "after", Processed)
 }
 
 // TestSharedBucketChecks: OpenShared turns per-key TTLs on in a bucket made

@@ -1,0 +1,120 @@
+package proxy_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/proxy"
+)
+
+// Two replicas, one key (behaviour 13): the first replica takes the key's
+// claim and is then held by an app outage longer than the claim's TTL. The
+// second replica's delivery of the same key must still wait for the first's
+// outcome, not take the claim over while its holder is alive and about to
+// send: when the app comes back it is called once for the key.
+func TestSharedClaimKeptWhileHeld(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// The app's address, not listening yet: an outage.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	var calls atomic.Int32
+	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(proxy.HeaderIdempotencyKey) == "K" {
+			calls.Add(1)
+		}
+	})}
+	t.Cleanup(func() { _ = app.Close() })
+
+	const claimTTL = time.Second
+	replica := func(name, subject string) *proxy.Runner {
+		cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5,
+			AckWait: 5 * time.Second, FilterSubject: subject,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		local, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sh *dedup.Shared
+		natstest.Try(t, "OpenShared", func(ctx context.Context) error {
+			sh, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{TTL: time.Hour, ClaimTTL: claimTTL, Scope: "S/c"})
+			return err
+		})
+		r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), sh, proxy.Options{
+			AppURL: "http://" + addr, Stream: "S", Consumer: name, Registerer: prometheus.NewRegistry(),
+			MaxDeliver: 5, AckWait: 5 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); wg.Wait(); _ = sh.Close() })
+		return r
+	}
+	publish := func(subject string) {
+		m := nats.NewMsg(subject)
+		m.Header.Set(proxy.HeaderIdempotencyKey, "K")
+		m.Data = []byte("x")
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appDown := func(r *proxy.Runner) func() bool {
+		return func() bool {
+			err := r.Ready()
+			return err != nil && strings.Contains(err.Error(), "app")
+		}
+	}
+
+	a := replica("a", "s.a")
+	publish("s.a")
+	waitFor(t, "replica a to hold its message (app down)", appDown(a))
+	time.Sleep(2*claimTTL + 500*time.Millisecond) // the outage outlasts the claim's TTL
+
+	replica("b", "s.b")
+	publish("s.b")
+	time.Sleep(time.Second) // b checks the key, and holds (app down) or waits (claimed)
+
+	l, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = app.Serve(l) }()
+	waitFor(t, "the app called for the key", func() bool { return calls.Load() >= 1 })
+	time.Sleep(3 * time.Second) // the prober's backoff at most, and b's check again
+	if got := calls.Load(); got != 1 {
+		t.Errorf("the app was called %d times for one key from two replicas, want 1", got)
+	}
+}

@@ -39,10 +39,17 @@ func retrySetup(ctx context.Context, log *slog.Logger, step string, f func(conte
 }
 
 func transientSetupError(err error) bool {
+	var apiErr *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed) ||
+		// A cluster without a meta leader (quorum lost, nodes restarting)
+		// answers "JetStream system temporarily unavailable": time fixes it.
+		errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeClusterNotAvailable
 }
+
+// errCodeClusterNotAvailable is the server's JSClusterNotAvailErr.
+const errCodeClusterNotAvailable jetstream.ErrorCode = 10008
 
 // setUp checks the stream, makes sure dead letters are kept, and creates or
 // updates the durable consumer.

@@ -69,11 +69,14 @@ var hopByHop = map[string]bool{
 	"Upgrade": true, "Content-Length": true, "Date": true,
 }
 
-// MsgID is the record's Nats-Msg-Id: one per consumer and key, so that a
-// record published twice (a crash between the publish and the ack, the app
-// called again) is stored once within the stream's duplicate window.
+// MsgID is the record's Nats-Msg-Id: one per consumer (its stream and
+// name, as dedup keys are scoped) and key, so that a record published twice
+// (a crash between the publish and the ack, the app called again) is stored
+// once within the stream's duplicate window, while the records of
+// like-named durables on two streams sharing a success subject are not
+// taken for each other.
 func MsgID(r Record) string {
-	sum := sha256.Sum256([]byte(r.Consumer + "\x00" + r.Key))
+	sum := sha256.Sum256([]byte(r.Stream + "\x00" + r.Consumer + "\x00" + r.Key))
 	return "courier-success:" + hex.EncodeToString(sum[:16])
 }
 

@@ -34,6 +34,11 @@ func TestMessage(t *testing.T) {
 	if MsgID(other) == MsgID(r) {
 		t.Error("two consumers' records of one key share an id")
 	}
+	otherStream := r
+	otherStream.Stream = "PAYMENTS"
+	if MsgID(otherStream) == MsgID(r) {
+		t.Error("like-named consumers of two streams share an id for one key")
+	}
 	// An answer too large to publish: stored without its body, saying so.
 	r.BodyCut, r.BodySize = true, 5<<20
 	m = Message("ok.orders", r)

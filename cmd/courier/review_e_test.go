@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A courier that starts while its JetStream cluster has lost quorum (two of
@@ -33,4 +36,39 @@ func TestStartWhileClusterHasNoQuorumRetries(t *testing.T) {
 	if err := c.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
+}
+
+// Two durables named alike (COURIER_CONSUMER's default, "courier") on two
+// streams are two consumers, whose keys are scoped apart (the dedup store's
+// scope is stream/consumer). Sharing one success subject, each 2xx'd
+// message must have its success record, even when both messages carry the
+// same idempotency key (one business intent flowing through both streams).
+func TestSuccessRecordsOfTwoStreamsSameKeyBothKept(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	a := newApp(t, nil)
+	c1 := start(t, h.env(a.URL, "COURIER_SUCCESS_SUBJECT=ok.results"))
+	c2 := start(t, h.env(a.URL, "COURIER_SUCCESS_SUBJECT=ok.results", "COURIER_STREAM=PAYMENTS", "COURIER_DEDUP_DIR="+t.TempDir()))
+	h.publish("orders.new", "order 42", map[string]string{"Idempotency-Key": "intent-42"})
+	h.publish("payments.new", "payment 42", map[string]string{"Idempotency-Key": "intent-42"})
+	waitFor(t, 15*time.Second, "both messages delivered and acked", func() bool {
+		return a.count() >= 2 && h.settled("courier") && func() bool {
+			info := h.consumerInfoOn("PAYMENTS", "courier")
+			return info != nil && info.NumPending == 0 && info.NumAckPending == 0
+		}()
+	})
+	recs := h.deadLetters("ok.results") // every message stored on the subject
+	var streams []string
+	for _, r := range recs {
+		streams = append(streams, r.Header.Get("Courier-Stream"))
+	}
+	if len(recs) != 2 {
+		t.Errorf("%d success records (streams %v), want 2: one message's record was dropped as a duplicate of the other's", len(recs), streams)
+	}
+	_ = c1.stop()
+	_ = c2.stop()
 }

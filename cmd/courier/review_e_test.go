@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natstest"
 )
 
 // A courier that starts while its JetStream cluster has lost quorum (two of
@@ -71,4 +75,39 @@ func TestSuccessRecordsOfTwoStreamsSameKeyBothKept(t *testing.T) {
 	}
 	_ = c1.stop()
 	_ = c2.stop()
+}
+
+// Credentials the server stops accepting while courier runs (a password
+// changed, a user revoked or expired) make nats.go close the connection for
+// good after the same authorization error twice. courier must not go on as
+// a process whose /healthz passes and that never connects again: retrying
+// cannot fix a closed connection, so it stops with one clear line, status 1.
+func TestCredentialsRefusedWhileRunningExit1(t *testing.T) {
+	var opts *server.Options
+	h := newSecureHarness(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Username, o.Password = "u", "p1"
+		opts = o
+	}}, nats.UserInfo("u", "p1"))
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, "NATS_USER=u", "NATS_PASSWORD=p1"))
+	waitReady(t, c)
+	h.publish("orders.a", "a", nil)
+	waitFor(t, 10*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
+
+	changed := *opts
+	changed.Password = "p2"
+	if err := h.srv.ReloadOptions(&changed); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	err, done := c.exited(20 * time.Second)
+	if !done {
+		code, body := get(t, "http://"+adminAddr(t, c)+"/healthz")
+		rcode, rbody := get(t, "http://"+adminAddr(t, c)+"/readyz")
+		t.Fatalf("courier still running 20s after its credentials were refused for good: /healthz %d %q, /readyz %d %q", code, body, rcode, rbody)
+	}
+	var line strings.Builder
+	if code := exitCode(err, &line); code != 1 {
+		t.Errorf("exit status %d (%v), want 1", code, err)
+	}
+	t.Logf("exit line: %s", line.String())
 }

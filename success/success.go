@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -84,7 +85,11 @@ func MsgID(r Record) string {
 func Message(subj string, r Record) *nats.Msg {
 	m := nats.NewMsg(subj)
 	for name, vs := range r.Header {
-		if hopByHop[http.CanonicalHeaderKey(name)] {
+		// NATS acts on its own Nats-* headers at publish (an expectation
+		// refuses the record for ever, a rollup purges the stream, a TTL
+		// expires it): an app's answer must not pose as them, as on a
+		// reply.
+		if hopByHop[http.CanonicalHeaderKey(name)] || len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
 			continue
 		}
 		for _, v := range vs {

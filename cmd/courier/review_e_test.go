@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,25 @@ func TestCredentialsRefusedWhileRunningExit1(t *testing.T) {
 		t.Errorf("exit status %d (%v), want 1", code, err)
 	}
 	t.Logf("exit line: %s", line.String())
+}
+
+// The app's response headers become the success record's, but NATS acts on
+// its own Nats-* headers at publish: an app answer carrying one (an
+// expectation, a rollup, a TTL) must not make the record unpublishable, or
+// hold the message for ever, or act on the success stream.
+func TestSuccessRecordIgnoresAppsNatsHeaders(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Nats-Expected-Stream", "SOMEWHERE_ELSE")
+		w.Header().Set("X-Order", "42")
+		w.WriteHeader(http.StatusOK)
+	})
+	c := start(t, h.env(a.URL, "COURIER_SUCCESS_SUBJECT=ok.results"))
+	h.publish("orders.new", "order 42", nil)
+	waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
+	recs := h.deadLetters("ok.results")
+	if len(recs) != 1 || recs[0].Header.Get("X-Order") != "42" {
+		t.Fatalf("%d records, want 1 with the app's X-Order", len(recs))
+	}
+	_ = c.stop()
 }

@@ -133,3 +133,29 @@ func TestSuccessRecordIgnoresAppsNatsHeaders(t *testing.T) {
 	}
 	_ = c.stop()
 }
+
+// A reply subject the consumed stream captures (COURIER_SUBJECTS unset, the
+// default) is the hazard config refuses for a filter subject: the stream
+// stores each request and its acknowledgement answers the caller before the
+// app does, and the delivery loop posts the request to the app a second
+// time. Start-up must refuse it with one clear line, as it refuses a
+// dead-letter subject the stream captures.
+func TestReplySubjectCapturedByConsumedStreamRefused(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) { _, _ = w.Write([]byte("the app's answer")) })
+	c := start(t, h.env(a.URL, "COURIER_REPLY_SUBJECTS=orders.get"))
+	if err, done := c.exited(10 * time.Second); done {
+		var line strings.Builder
+		if code := exitCode(err, &line); code != 1 || !strings.Contains(line.String(), "orders.get") {
+			t.Errorf("exit %d: %s", code, line.String())
+		}
+		return
+	}
+	waitReady(t, c)
+	resp, err := h.nc.Request("orders.get", []byte("q"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the app called twice", func() bool { return a.count() >= 2 })
+	t.Errorf("courier started; the caller's reply was %q, and the app was called %d times for one request", resp.Data, a.count())
+}

@@ -159,3 +159,41 @@ func TestReplySubjectCapturedByConsumedStreamRefused(t *testing.T) {
 	waitFor(t, 5*time.Second, "the app called twice", func() bool { return a.count() >= 2 })
 	t.Errorf("courier started; the caller's reply was %q, and the app was called %d times for one request", resp.Data, a.count())
 }
+
+// COURIER_SHUTDOWN_GRACE=0 means in-flight requests get no grace: the
+// reply service too must cancel a request still at the app at once and
+// answer it 503, not wait the 25s default grace of its own.
+func TestReplyNoGraceStopsPromptly(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		case <-time.After(15 * time.Second):
+		}
+	})
+	c := start(t, h.env("", "COURIER_STREAM=", "COURIER_REPLY_SUBJECTS=svc.slow", "COURIER_REPLY_URL="+a.URL,
+		"COURIER_SHUTDOWN_GRACE=0", "COURIER_HTTP_TIMEOUT=30s"))
+	waitReady(t, c)
+	type result struct {
+		m   *nats.Msg
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		m, err := h.nc.Request("svc.slow", []byte("q"), 20*time.Second)
+		got <- result{m, err}
+	}()
+	waitFor(t, 5*time.Second, "the request at the app", func() bool { return a.count() >= 1 })
+	began := time.Now()
+	_ = c.stop()
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("stop took %s with COURIER_SHUTDOWN_GRACE=0", took.Round(time.Millisecond))
+	}
+	r := <-got
+	if r.err != nil || r.m.Header.Get("Nats-Service-Error-Code") != "503" {
+		t.Errorf("reply %v, error %v; want a 503 error reply", r.m, r.err)
+	}
+}

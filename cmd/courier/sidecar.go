@@ -416,9 +416,13 @@ func (s *sidecar) deliver(ctx context.Context) error {
 // handler the service relies on.
 func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	v, _, _ := buildInfo()
+	grace := s.cfg.ShutdownGrace
+	if grace == 0 {
+		grace = -1 // none, as for the delivery loop (reply's zero is its default)
+	}
 	rs, err := reply.New(s.nc, reply.Options{
 		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
-		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: s.cfg.ShutdownGrace,
+		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: grace,
 		Logger: s.log, Registerer: s.reg,
 	})
 	if err != nil {

@@ -55,7 +55,9 @@ type Options struct {
 	// sidecar passes COURIER_HTTP_TIMEOUT. Default 30s.
 	Timeout time.Duration
 	// ShutdownGrace is how long Stop lets requests in flight finish; those
-	// still running then are cancelled and answered 503. Default 25s.
+	// still running then are cancelled and answered 503. Negative means
+	// none: they are cancelled at once (the sidecar passes that for
+	// COURIER_SHUTDOWN_GRACE=0). Default 25s.
 	ShutdownGrace time.Duration
 	// Client sends the requests. It must follow no redirect and resend
 	// nothing of its own. Default proxy.NewClient sized to MaxConcurrent:
@@ -101,7 +103,10 @@ func (o *Options) defaults() error {
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
 	}
-	if o.ShutdownGrace <= 0 {
+	switch {
+	case o.ShutdownGrace < 0:
+		o.ShutdownGrace = 0
+	case o.ShutdownGrace == 0:
 		o.ShutdownGrace = 25 * time.Second
 	}
 	if o.Client == nil {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -69,11 +70,14 @@ var hopByHop = map[string]bool{
 	"Upgrade": true, "Content-Length": true, "Date": true,
 }
 
-// MsgID is the record's Nats-Msg-Id: one per consumer and key, so that a
-// record published twice (a crash between the publish and the ack, the app
-// called again) is stored once within the stream's duplicate window.
+// MsgID is the record's Nats-Msg-Id: one per consumer (its stream and
+// name, as dedup keys are scoped) and key, so that a record published twice
+// (a crash between the publish and the ack, the app called again) is stored
+// once within the stream's duplicate window, while the records of
+// like-named durables on two streams sharing a success subject are not
+// taken for each other.
 func MsgID(r Record) string {
-	sum := sha256.Sum256([]byte(r.Consumer + "\x00" + r.Key))
+	sum := sha256.Sum256([]byte(r.Stream + "\x00" + r.Consumer + "\x00" + r.Key))
 	return "courier-success:" + hex.EncodeToString(sum[:16])
 }
 
@@ -81,7 +85,11 @@ func MsgID(r Record) string {
 func Message(subj string, r Record) *nats.Msg {
 	m := nats.NewMsg(subj)
 	for name, vs := range r.Header {
-		if hopByHop[http.CanonicalHeaderKey(name)] {
+		// NATS acts on its own Nats-* headers at publish (an expectation
+		// refuses the record for ever, a rollup purges the stream, a TTL
+		// expires it): an app's answer must not pose as them, as on a
+		// reply.
+		if hopByHop[http.CanonicalHeaderKey(name)] || len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
 			continue
 		}
 		for _, v := range vs {

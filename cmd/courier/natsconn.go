@@ -118,6 +118,23 @@ func fatalConnectError(err error) error {
 	return nil
 }
 
+// errConnClosed: the NATS client gave the connection up for good, which it
+// does (reconnecting without limit otherwise) once the server has refused
+// the credentials twice in a row.
+var errConnClosed = errors.New("the NATS connection closed for good")
+
+// connClosedError explains a connection closed for good, from the client's
+// last error.
+func connClosedError(last error) error {
+	if fatal := fatalConnectError(last); fatal != nil {
+		return fmt.Errorf("%w: %w", errConnClosed, fatal)
+	}
+	if last != nil {
+		return fmt.Errorf("%w (%w): restart courier", errConnClosed, last)
+	}
+	return fmt.Errorf("%w: restart courier", errConnClosed)
+}
+
 // drain flushes pending acks and NAKs and closes the connection, waiting at
 // most drainTimeout.
 func drain(nc *nats.Conn) error {

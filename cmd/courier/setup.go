@@ -39,10 +39,17 @@ func retrySetup(ctx context.Context, log *slog.Logger, step string, f func(conte
 }
 
 func transientSetupError(err error) bool {
+	var apiErr *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed) ||
+		// A cluster without a meta leader (quorum lost, nodes restarting)
+		// answers "JetStream system temporarily unavailable": time fixes it.
+		errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeClusterNotAvailable
 }
+
+// errCodeClusterNotAvailable is the server's JSClusterNotAvailErr.
+const errCodeClusterNotAvailable jetstream.ErrorCode = 10008
 
 // setUp checks the stream, makes sure dead letters are kept, and creates or
 // updates the durable consumer.
@@ -58,6 +65,9 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *
 		return nil, nil, fmt.Errorf("JetStream is not enabled on the NATS server (or for this account): enable it, courier needs it")
 	case err != nil:
 		return nil, nil, fmt.Errorf("looking up stream %q: %w", cfg.Stream, err)
+	}
+	if err := checkReplySubjects(cfg, stream); err != nil {
+		return nil, nil, err
 	}
 	if err := ensureDLQ(ctx, js, cfg, stream, log); err != nil {
 		return nil, nil, err
@@ -149,6 +159,22 @@ func keepOperatorSettings(want *jetstream.ConsumerConfig, have jetstream.Consume
 	if len(have.Metadata) > 0 {
 		want.Metadata = have.Metadata
 	}
+}
+
+// checkReplySubjects refuses a reply subject the consumed stream captures
+// (config, which does not know the stream, refuses one a filter subject
+// overlaps): the stream would store each request, its acknowledgement could
+// answer the caller before the app does, and unless a filter leaves it out
+// the delivery loop would post the request to the app a second time.
+func checkReplySubjects(cfg config.Config, stream jetstream.Stream) error {
+	for _, r := range cfg.ReplySubjects {
+		for _, s := range stream.CachedInfo().Config.Subjects {
+			if subject.Overlap(r, s) {
+				return fmt.Errorf("reply subject %q overlaps subject %q of stream %q, which courier consumes: the stream would store each request, its acknowledgement could answer the caller, and the app could get the request twice; set COURIER_REPLY_SUBJECTS to subjects outside the stream", r, s, cfg.Stream)
+			}
+		}
+	}
+	return nil
 }
 
 // ensureSuccess makes sure a stream keeps the success records, when

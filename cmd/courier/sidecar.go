@@ -66,14 +66,31 @@ type sidecar struct {
 
 	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
 
+	// connLost stops run when the NATS connection closes for good.
+	connLost context.CancelCauseFunc
+
 	// What undoes each step; nil until the step ran.
 	stopReplies, stopGiveup, closeStore, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
 // once the delivery loop has stopped fetching and settled every message it
-// held (acked, or NAK'd for redelivery); close does the rest.
-func (s *sidecar) run(ctx context.Context) (err error) {
+// held (acked, or NAK'd for redelivery); close does the rest. A NATS
+// connection the client gives up for good (connClosed) stops courier as the
+// stop signal does, and is then run's error.
+func (s *sidecar) run(parent context.Context) error {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	s.connLost = cancel
+	err := s.runSteps(ctx)
+	if cause := context.Cause(ctx); parent.Err() == nil && errors.Is(cause, errConnClosed) {
+		return cause
+	}
+	return err
+}
+
+// runSteps is run's sequence of start-up steps, then the delivery loop.
+func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	// The admin server first, so that probes answer (not ready) while
 	// courier waits for NATS.
 	if s.stopAdmin, err = s.startAdmin(); err != nil {
@@ -288,6 +305,15 @@ func (s *sidecar) connect(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	s.nc, s.js = nc, js
+	// nats.go closes the connection for good when the server refuses the
+	// credentials twice in a row (changed, revoked or expired while
+	// courier runs): nothing would reconnect it, so courier stops and says
+	// why, rather than live on unready with /healthz passing. drain
+	// replaces this handler: its own close is no failure.
+	nc.SetClosedHandler(func(c *nats.Conn) { s.connLost(connClosedError(c.LastError())) })
+	if nc.IsClosed() {
+		s.connLost(connClosedError(nc.LastError()))
+	}
 	return func() {
 		if err := drain(nc); err != nil {
 			s.log.Warn("draining NATS connection", "error", err)
@@ -390,9 +416,13 @@ func (s *sidecar) deliver(ctx context.Context) error {
 // handler the service relies on.
 func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	v, _, _ := buildInfo()
+	grace := s.cfg.ShutdownGrace
+	if grace == 0 {
+		grace = -1 // none, as for the delivery loop (reply's zero is its default)
+	}
 	rs, err := reply.New(s.nc, reply.Options{
 		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
-		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: s.cfg.ShutdownGrace,
+		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: grace,
 		Logger: s.log, Registerer: s.reg,
 	})
 	if err != nil {

@@ -175,6 +175,7 @@ type Catcher struct {
 	mu      sync.Mutex
 	cons    jetstream.Consumer // set by Setup
 	capture string             // advisory stream's name, set by Setup
+	durable string             // advisory consumer's name, set by Setup
 	running bool
 }
 
@@ -232,14 +233,43 @@ func (c *Catcher) Setup(ctx context.Context) error {
 			c.log.Warn("advisory stream may drop max-deliveries advisories", "advisory_stream", info.Config.Name, "warning", w)
 		}
 	}
-	cons, err := ensureConsumer(ctx, c.js, info.Config.Name, consumerConfig(name, c.consumer, c.o.AckWait))
+	durable, err := c.durableName(ctx, info.Config.Name)
+	if err != nil {
+		return err
+	}
+	cons, err := ensureConsumer(ctx, c.js, info.Config.Name, consumerConfig(durable, name, c.consumer, c.o.AckWait))
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	c.cons, c.capture = cons, info.Config.Name
+	c.cons, c.capture, c.durable = cons, info.Config.Name, durable
 	c.mu.Unlock()
 	return nil
+}
+
+// durableName returns the name of the advisory consumer in the stream named
+// capture: ConsumerName in the stream courier creates; in another,
+// SharedConsumerName, unless a consumer named ConsumerName there already
+// filters this consumer's advisories (set up before the names differed),
+// which is kept so that it does not replay what it has handled.
+func (c *Catcher) durableName(ctx context.Context, capture string) (string, error) {
+	stream := c.info.Config.Name
+	legacy := ConsumerName(c.consumer)
+	if capture == StreamName(stream, c.consumer) {
+		return legacy, nil
+	}
+	cons, err := c.js.Consumer(ctx, capture, legacy)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return "", fmt.Errorf("giveup: look up consumer %q on stream %q: %w", legacy, capture, err)
+	default:
+		cfg := cons.CachedInfo().Config
+		if cfg.FilterSubject == AdvisorySubject(stream, c.consumer) && len(cfg.FilterSubjects) == 0 {
+			return legacy, nil
+		}
+	}
+	return SharedConsumerName(stream, c.consumer), nil
 }
 
 // Run consumes advisories until ctx ends; Setup must have succeeded. Each
@@ -250,7 +280,7 @@ func (c *Catcher) Setup(ctx context.Context) error {
 // consumer is logged and retried, re-creating the consumer if needed.
 func (c *Catcher) Run(ctx context.Context) error {
 	c.mu.Lock()
-	cons, capture, running := c.cons, c.capture, c.running
+	cons, capture, durable, running := c.cons, c.capture, c.durable, c.running
 	if cons != nil {
 		c.running = true
 	}
@@ -261,7 +291,7 @@ func (c *Catcher) Run(ctx context.Context) error {
 	if running {
 		return errors.New("giveup: Run called twice")
 	}
-	c.log.Info("catching max-deliveries advisories", "advisory_stream", capture, "advisory_consumer", ConsumerName(c.consumer))
+	c.log.Info("catching max-deliveries advisories", "advisory_stream", capture, "advisory_consumer", durable)
 
 	// Losing the server or the consumer ends consume with an error: wait,
 	// create the consumer again (it may have been deleted) and go on. A
@@ -271,7 +301,7 @@ func (c *Catcher) Run(ctx context.Context) error {
 	op := func(ctx context.Context) error {
 		if failed {
 			sctx, cancel := context.WithTimeout(ctx, c.o.StepTimeout)
-			again, err := ensureConsumer(sctx, c.js, capture, consumerConfig(c.info.Config.Name, c.consumer, c.o.AckWait))
+			again, err := ensureConsumer(sctx, c.js, capture, consumerConfig(durable, c.info.Config.Name, c.consumer, c.o.AckWait))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("cannot re-create the advisory consumer: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -62,10 +63,32 @@ func StreamName(stream, consumer string) string {
 }
 
 // ConsumerName returns the name of the durable consumer through which the
-// replicas of courier share the advisories of consumer.
+// replicas of courier share the advisories of consumer, in the stream
+// EnsureStream creates for them (StreamName), which holds no other
+// consumer's advisories.
 func ConsumerName(consumer string) string {
 	return consumerPrefix + consumer
 }
+
+// SharedConsumerName returns the name of that durable consumer in a stream
+// courier did not create, which may capture the advisories of every stream
+// (an audit stream of $JS.EVENT.ADVISORY.>): there, two couriers with the
+// same consumer name on two streams (the default name, "courier") would
+// share one durable, each rewriting its filter. The name holds both names
+// and a hash of them, so that it stays distinct.
+func SharedConsumerName(stream, consumer string) string {
+	h := fnv.New32a()
+	h.Write([]byte(stream + "\x00" + consumer))
+	name := fmt.Sprintf("%s%s-%s-%08x", consumerPrefix, consumer, stream, h.Sum32())
+	if len(name) > maxConsumerNameLen {
+		name = fmt.Sprintf("%s%08x", consumerPrefix, h.Sum32())
+	}
+	return name
+}
+
+// maxConsumerNameLen bounds SharedConsumerName's names, well within the
+// server's limit.
+const maxConsumerNameLen = 200
 
 // StreamConfig returns the configuration of the stream EnsureStream creates
 // for the advisories of consumer on stream: named StreamName, capturing only
@@ -165,9 +188,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, stream, consumer 
 // every replica of courier: explicit acks, no delivery limit (an advisory
 // whose dead letter cannot be stored comes back until it can), no inactivity
 // threshold (the server would delete it while courier is down).
-func consumerConfig(stream, consumer string, ackWait time.Duration) jetstream.ConsumerConfig {
+func consumerConfig(durable, stream, consumer string, ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       ConsumerName(consumer),
+		Durable:       durable,
 		Description:   "courier: dead-letters what consumer " + consumer + " of stream " + stream + " gave up on",
 		FilterSubject: AdvisorySubject(stream, consumer),
 		AckPolicy:     jetstream.AckExplicitPolicy,

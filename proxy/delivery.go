@@ -275,6 +275,7 @@ func (r *Runner) attempt(d *delivery) {
 				if r.rehold(d) {
 					if f, expired := r.expired(d); expired {
 						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)
+						span.setOutcome("dead_lettered")
 						r.deadLetter(d, f)
 						return
 					}
@@ -294,6 +295,7 @@ func (r *Runner) attempt(d *delivery) {
 				if r.rehold(d) {
 					if f, expired := r.expired(d); expired {
 						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the breaker was open", r.o.MaxAge)
+						span.setOutcome("dead_lettered")
 						r.deadLetter(d, f)
 						return
 					}

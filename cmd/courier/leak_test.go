@@ -206,3 +206,36 @@ func freePort(t *testing.T) (host string, port int) {
 	a := ln.Addr().(*net.TCPAddr)
 	return a.IP.String(), a.Port
 }
+
+// TestSecretsNotInReplyLogs: a password in COURIER_REPLY_URL (or the
+// COURIER_APP_URL it defaults to) stays out of the logs of a courier that
+// answers requests, beside a stream or alone; it says once where it sends
+// them.
+func TestSecretsNotInReplyLogs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  func(url string) []string
+	}{
+		{"WithStream", func(url string) []string { return []string{"COURIER_APP_URL=" + url} }},
+		{"RequestsOnly", func(url string) []string {
+			return []string{"COURIER_STREAM=", "COURIER_APP_URL=", "COURIER_REPLY_URL=" + url}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			a := newApp(t, nil)
+			url := strings.Replace(a.URL, "http://", "http://app:"+leakAppPass+"@", 1) + "/quote"
+			c := start(t, h.env(a.URL, append(tc.env(url), "COURIER_REPLY_SUBJECTS=quote.get")...))
+			waitFor(t, 10*time.Second, "the reply service started", func() bool {
+				return len(logLines(c, "answering requests")) > 0
+			})
+			if err := c.stop(); err != nil {
+				t.Fatalf("courier stopped with %v", err)
+			}
+			if n := len(logLines(c, "answering requests")); n != 1 {
+				t.Errorf("%d \"answering requests\" lines, want 1:\n%s", n, c.logs.String())
+			}
+			assertNoSecrets(t, c.logs.String(), []string{leakAppPass})
+		})
+	}
+}

@@ -124,7 +124,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	}
 	if !s.cfg.ConsumesStream() {
 		s.health.running(s.nc, replyLoop{s.replies})
-		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.ReplyURL)
+		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
 		<-ctx.Done()
 		return nil
 	}
@@ -434,7 +434,7 @@ func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	}
 	s.replies = rs
 	stopOnSignal := context.AfterFunc(ctx, rs.Stop)
-	s.log.Info("answering requests", "subjects", s.cfg.ReplySubjects, "url", s.cfg.ReplyURL, "queue_group", s.cfg.Consumer)
+	// rs.Start has logged "answering requests", the URL redacted.
 	return func() { stopOnSignal(); rs.Stop() }, nil
 }
 

@@ -216,7 +216,10 @@ func (r *Runner) attempt(d *delivery) {
 		answer, took, err := r.post(d.timer, h, d.m.Data())
 		lastErr = err
 		if errors.Is(err, errNotSent) {
-			r.release(d.m, "shutdown grace period over while waiting for the rate limit")
+			// Never sent: on its last allowed delivery a NAK would let
+			// JetStream give up on it unseen, so giveBack dead-letters it.
+			span.setOutcome("released")
+			r.giveBack(d, "shutdown grace period over while waiting for the rate limit")
 			return
 		}
 		if err != nil && r.ph.requests.Err() != nil {

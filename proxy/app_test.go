@@ -56,6 +56,7 @@ func TestRetryAfter(t *testing.T) {
 		{"-3", 0, false},
 		{"abc", 0, false},
 		{"99999999999", time.Minute, true},
+		{"99999999999999999999999", time.Minute, true}, // past int64: still capped, not ignored
 		{now.Add(30 * time.Second).Format(http.TimeFormat), 30 * time.Second, true},
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
 		{now.Add(time.Hour).Format(http.TimeFormat), time.Minute, true},

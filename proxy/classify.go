@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -144,7 +145,11 @@ func RetryAfter(v string, now time.Time, max time.Duration) (d time.Duration, ok
 	if v == "" {
 		return 0, false
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && v[0] != '-' {
+		secs, err = math.MaxInt64, nil // longer than any cap
+	}
+	if err == nil {
 		if secs < 0 {
 			return 0, false
 		}

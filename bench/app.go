@@ -43,16 +43,21 @@ type tally struct {
 	lat      []atomic.Int64 // receive time minus publish time, ns
 	distinct atomic.Int64
 	requests atomic.Int64
-	strays   atomic.Int64 // requests that belong to no message of this tally
-	first    atomic.Int64 // Unix ns of the first distinct message
-	last     atomic.Int64 // Unix ns of the n-th distinct message
+	strays   atomic.Int64  // requests that belong to no message of this tally
+	first    atomic.Int64  // Unix ns of the first distinct message
+	last     atomic.Int64  // Unix ns of the n-th distinct message
+	started  chan struct{} // closed with the first distinct message
 	done     chan struct{}
 }
 
 func newTally(run uint64, n int) *tally {
 	return &tally{run: run, n: n, seen: make([]atomic.Bool, n), lat: make([]atomic.Int64, n),
-		done: make(chan struct{})}
+		started: make(chan struct{}), done: make(chan struct{})}
 }
+
+// First is closed once the first message of the tally has been received:
+// the process under test is up and delivering.
+func (t *tally) First() <-chan struct{} { return t.started }
 
 // Done is closed once every message of the tally has been received.
 func (t *tally) Done() <-chan struct{} { return t.done }
@@ -70,7 +75,9 @@ func (t *tally) receive(body []byte, now time.Time) {
 	}
 	sent := int64(binary.BigEndian.Uint64(body[offSent:]))
 	t.lat[id].Store(now.UnixNano() - sent)
-	t.first.CompareAndSwap(0, now.UnixNano())
+	if t.first.CompareAndSwap(0, now.UnixNano()) {
+		close(t.started)
+	}
 	// Exactly one request brings the count to n: that one closes done.
 	if t.distinct.Add(1) == int64(t.n) {
 		t.last.Store(now.UnixNano())

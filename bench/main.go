@@ -190,6 +190,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	rep := &report{o: o}
 	rep.machine = machine(ctx, b.courier)
+	if set := goEnv(b.baseEnv); len(set) > 0 {
+		rep.machine = append(rep.machine, "go env:   "+strings.Join(set, " ")+
+			" (for both processes; GOGC replaces courier's default of 50)")
+	}
 
 	// Idle memory: each variant started against an empty stream.
 	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOff, dedupOn}, o.skip) {
@@ -203,17 +207,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Drains, interleaved round by round, each round starting with the next
 	// variant, so that drift of the machine and any effect of what ran just
 	// before spread over every variant.
-	total := o.repeat * len(o.inflight) * 3
-	if slices.Contains(o.inflight, focusInflight) {
-		total += 3 * o.repeat
+	variants := func(inflight int) []variant {
+		vs := []variant{baseline, dedupOff, dedupOn}
+		if inflight == focusInflight {
+			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket)
+		}
+		return slices.DeleteFunc(vs, o.skip)
+	}
+	total := 0
+	for _, inflight := range o.inflight {
+		total += o.repeat * len(variants(inflight))
 	}
 	for round := range o.repeat {
 		for _, inflight := range o.inflight {
-			vs := []variant{baseline, dedupOff, dedupOn}
-			if inflight == focusInflight {
-				vs = append(vs, dedupOnInfo, dedupShared, dedupSocket)
-			}
-			if vs = slices.DeleteFunc(vs, o.skip); len(vs) == 0 {
+			vs := variants(inflight)
+			if len(vs) == 0 {
 				continue
 			}
 			k := round % len(vs)
@@ -266,11 +274,32 @@ func noteIf(err error) string {
 }
 
 // cleanEnv drops the variables courier and the forwarder read, so that the
-// caller's environment cannot change what is measured.
+// caller's environment cannot change what is measured: OTEL_* among them, as
+// an OTLP endpoint in the caller's environment would turn tracing on in
+// courier alone. Go's runtime variables (GOGC, GOMEMLIMIT, ...) are kept,
+// for both alike, and named in the report (goEnv).
 func cleanEnv(environ []string) []string {
 	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
-		return strings.HasPrefix(kv, "NATS_") || strings.HasPrefix(kv, "COURIER_")
+		return strings.HasPrefix(kv, "NATS_") || strings.HasPrefix(kv, "COURIER_") || strings.HasPrefix(kv, "OTEL_")
 	})
+}
+
+// goRuntimeVars are the variables of Go's runtime that change what is
+// measured. They reach both processes; GOGC also replaces courier's own
+// default (50), so a report made with one set is not of courier at its
+// defaults.
+var goRuntimeVars = []string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}
+
+// goEnv lists the Go runtime variables set in environ, as NAME=value.
+func goEnv(environ []string) []string {
+	var set []string
+	for _, kv := range environ {
+		if name, _, ok := strings.Cut(kv, "="); ok && slices.Contains(goRuntimeVars, name) {
+			set = append(set, kv)
+		}
+	}
+	slices.Sort(set)
+	return set
 }
 
 // build compiles courier and the forwarder into b.dir.
@@ -439,14 +468,17 @@ type drainResult struct {
 	steady   time.Duration // first → last message received
 	cpu      time.Duration // the process's CPU time, start-up included
 	hostCPU  time.Duration // the bench process's (nats-server and app) meanwhile
-	peak     memory        // the peak of each part, sampled every 50ms
-	hwm      int64         // VmHWM at the end: the kernel's peak of the whole
-	end      memory        // at the end, every message acked (keys held)
-	requests int64         // requests the app received
-	distinct int64         // messages among them
-	strays   int64         // requests carrying no message of this drain
-	logs     logCount
-	err      error // an anomaly: timeout, early exit, exit status
+	// cpuFirst and hostCPUFirst are cpu and hostCPU when the app received
+	// the first message; they are -1 when that was not read.
+	cpuFirst, hostCPUFirst time.Duration
+	peak                   memory // the peak of each part, sampled every 50ms
+	hwm                    int64  // VmHWM at the end: the kernel's peak of the whole
+	end                    memory // at the end, every message acked (keys held)
+	requests               int64  // requests the app received
+	distinct               int64  // messages among them
+	strays                 int64  // requests carrying no message of this drain
+	logs                   logCount
+	err                    error // an anomaly: timeout, early exit, exit status
 }
 
 // rate is messages per second from process start until all were acked.
@@ -484,6 +516,21 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	}
 	defer c.stop(stopGrace) // on every path; a no-op after finish
 	rss := sampleRSS(c, 50*time.Millisecond)
+	// The CPU used so far when the first message reaches the app, so that
+	// start-up, which courier spends more on (its store, its streams), can
+	// be told from the work per message.
+	atFirst := make(chan [2]time.Duration, 1)
+	quitFirst := make(chan struct{})
+	go func() {
+		defer close(atFirst)
+		select {
+		case <-t.First():
+			if cpu, err := c.cpu(); err == nil {
+				atFirst <- [2]time.Duration{cpu, selfCPU() - hostBefore}
+			}
+		case <-quitFirst:
+		}
+	}()
 	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
 	defer cancelRun()
 	select {
@@ -497,6 +544,11 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	r.elapsed = time.Since(c.started)
 	r.hostCPU = selfCPU() - hostBefore
 	r.cpu, _ = c.cpu()
+	close(quitFirst)
+	r.cpuFirst, r.hostCPUFirst = -1, -1
+	if v, ok := <-atFirst; ok {
+		r.cpuFirst, r.hostCPUFirst = v[0], v[1]
+	}
 	r.hwm, _ = c.hwm()
 	r.end, _ = c.memory()
 	r.peak = rss.stop()

@@ -46,8 +46,8 @@ func (r drainRow) median(f func(drainResult) float64) float64 { return median(r.
 func ratios(r, base drainRow, f func(drainResult) float64) []float64 {
 	var vs []float64
 	for i := range min(len(r.runs), len(base.runs)) {
-		if b := f(base.runs[i]); b != 0 {
-			vs = append(vs, f(r.runs[i])/b)
+		if a, b := f(r.runs[i]), f(base.runs[i]); b != 0 && !math.IsNaN(a) && !math.IsNaN(b) {
+			vs = append(vs, a/b)
 		}
 	}
 	return vs
@@ -67,6 +67,7 @@ func median(vs []float64) float64 {
 // spread formats the median of vs with their range: "m (lo–hi)", or just
 // the value when there is one.
 func spread(vs []float64, format string) string {
+	vs = slices.DeleteFunc(slices.Clone(vs), math.IsNaN) // not measured
 	switch len(vs) {
 	case 0:
 		return "-"
@@ -132,6 +133,24 @@ func hostPerMsg(d drainResult) float64 { return perMsg(d.hostCPU, d.distinct) }
 // shared, so a drain's rate follows it.
 func allPerMsg(d drainResult) float64 { return perMsg(d.cpu+d.hostCPU, d.distinct) }
 
+// steadyCPUPerMsg is cpuPerMsg without start-up: the CPU used from the
+// first message's arrival at the app to the end, over the messages after
+// it. NaN when the first reading is missing.
+func steadyCPUPerMsg(d drainResult) float64 {
+	if d.cpuFirst < 0 || d.distinct < 2 {
+		return math.NaN()
+	}
+	return perMsg(d.cpu-d.cpuFirst, d.distinct-1)
+}
+
+// steadyAllPerMsg is allPerMsg without start-up, as steadyCPUPerMsg.
+func steadyAllPerMsg(d drainResult) float64 {
+	if d.cpuFirst < 0 || d.hostCPUFirst < 0 || d.distinct < 2 {
+		return math.NaN()
+	}
+	return perMsg(d.cpu-d.cpuFirst+d.hostCPU-d.hostCPUFirst, d.distinct-1)
+}
+
 // print writes the report.
 func (rep *report) print(w io.Writer) {
 	o := rep.o
@@ -165,10 +184,11 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintln(w, "  msgs/s: from process start until every message is received and acked (NumAckPending 0)")
 	fmt.Fprintln(w, "  ×base: the ratio to the forwarder's drain of the same round; steady: first to last message received")
 	fmt.Fprintln(w, "  CPU/msg: the process's CPU time (start-up included) / messages; server+app: the bench process's meanwhile")
+	fmt.Fprintln(w, "  after start-up: the process's CPU from the first message's arrival at the app on, / the messages after it")
 	fmt.Fprintln(w, "  log lines: everything the process logged over the drain, start-up and shutdown included")
 	var t table
 	t.add("variant", "in flight", "msgs/s", "×base", "steady ×base", "CPU µs/msg", "CPU ×base",
-		"server+app µs/msg", "start-up ms", "log lines")
+		"after start-up µs/msg", "×base", "server+app µs/msg", "start-up ms", "log lines")
 	for _, r := range rows {
 		base, _ := find(rows, baseline, r.inflight)
 		t.add(r.v.String(), fmt.Sprint(r.inflight),
@@ -177,6 +197,8 @@ func (rep *report) print(w io.Writer) {
 			spread(ratios(r, base, drainResult.steadyRate), "%.2f"),
 			spread(r.values(cpuPerMsg), "%.1f"),
 			spread(ratios(r, base, cpuPerMsg), "%.2f"),
+			spread(r.values(steadyCPUPerMsg), "%.1f"),
+			spread(ratios(r, base, steadyCPUPerMsg), "%.2f"),
 			spread(r.values(hostPerMsg), "%.1f"),
 			fmt.Sprintf("%.0f", r.median(func(d drainResult) float64 { return float64(d.startup.Milliseconds()) })),
 			spread(r.values(func(d drainResult) float64 { return float64(d.logs.lines) }), "%.0f"))
@@ -221,9 +243,11 @@ func (rep *report) print(w io.Writer) {
 		if inflight == focusInflight {
 			want = 0.95
 		}
-		fmt.Fprintf(w, "  %2d in flight: msgs/s %s× (target >= %.2f), CPU per message %s× the forwarder's, %s× with the server's and app's\n",
+		fmt.Fprintf(w, "  %2d in flight: msgs/s %s× (target >= %.2f), CPU per message %s× the forwarder's, %s× with the server's and app's;\n",
 			inflight, spread(ratios(on, base, drainResult.rate), "%.2f"), want, spread(ratios(on, base, cpuPerMsg), "%.2f"),
 			spread(ratios(on, base, allPerMsg), "%.2f"))
+		fmt.Fprintf(w, "                after start-up %s×, %s× with the server's and app's\n",
+			spread(ratios(on, base, steadyCPUPerMsg), "%.2f"), spread(ratios(on, base, steadyAllPerMsg), "%.2f"))
 	}
 	var peaks []float64
 	for _, r := range rows {

@@ -51,6 +51,7 @@ func TestManifests(t *testing.T) {
 
 	sidecars := 0
 	configs := map[string]config.Config{} // courier's, by Deployment name
+	var targets []scrapeTarget            // courier's admin port, by pod template
 	for _, o := range objs {
 		switch o.kind() {
 		case "Deployment", "StatefulSet", "DaemonSet":
@@ -87,6 +88,7 @@ func TestManifests(t *testing.T) {
 			if o.kind() == "Deployment" {
 				configs[o.name()] = cfg
 			}
+			targets = append(targets, k.scrapeTarget(o, cfg))
 		})
 	}
 	if sidecars == 0 {
@@ -94,6 +96,81 @@ func TestManifests(t *testing.T) {
 	}
 	for _, so := range byKind["ScaledObject"] {
 		t.Run("ScaledObject/"+so.name(), func(t *testing.T) { checkScaledObject(t, so, configs) })
+	}
+	for _, pm := range byKind["PodMonitor"] {
+		t.Run("PodMonitor/"+pm.name(), func(t *testing.T) { checkPodMonitor(t, pm, targets) })
+	}
+}
+
+// scrapeTarget is what a scrape of courier's metrics must find in one pod
+// template: its labels, the named ports of courier's container, and the
+// admin port (COURIER_ADMIN_ADDR) that serves /metrics.
+type scrapeTarget struct {
+	workload  string
+	labels    map[string]any
+	ports     map[string]int // courier's container ports, by name
+	adminPort int
+}
+
+func (k *podEnv) scrapeTarget(o object, cfg config.Config) scrapeTarget {
+	st := scrapeTarget{workload: o.kind() + "/" + o.name(), ports: map[string]int{}}
+	st.labels, _ = dig(o.doc, "spec", "template", "metadata", "labels").(map[string]any)
+	for i, p := range asList(k.t, k.c["ports"], "ports") {
+		p := asMap(k.t, p, fmt.Sprintf("ports[%d]", i))
+		if name := str(p["name"]); name != "" {
+			st.ports[name] = num(p["containerPort"])
+		}
+	}
+	if _, port, err := net.SplitHostPort(cfg.AdminAddr); err == nil {
+		st.adminPort, _ = strconv.Atoi(port)
+	}
+	// The prometheus.io annotations, for a Prometheus that scrapes by them.
+	ann, _ := dig(o.doc, "spec", "template", "metadata", "annotations").(map[string]any)
+	if v, ok := ann["prometheus.io/port"]; ok && str(v) != strconv.Itoa(st.adminPort) {
+		k.t.Errorf("annotation prometheus.io/port %v is not COURIER_ADMIN_ADDR's port %d", v, st.adminPort)
+	}
+	if v, ok := ann["prometheus.io/path"]; ok && str(v) != "/metrics" {
+		k.t.Errorf("annotation prometheus.io/path %v: courier serves /metrics", v)
+	}
+	return st
+}
+
+// checkPodMonitor: a PodMonitor selects the pods of a workload with courier
+// and scrapes /metrics on the named port that is courier's admin port (a
+// port name the container lacks yields no target, silently).
+func checkPodMonitor(t *testing.T, pm object, targets []scrapeTarget) {
+	sel, _ := dig(pm.doc, "spec", "selector", "matchLabels").(map[string]any)
+	if len(sel) == 0 {
+		t.Fatal("spec.selector.matchLabels is empty")
+	}
+	var selected []scrapeTarget
+	for _, st := range targets {
+		match := true
+		for k, v := range sel {
+			match = match && st.labels[k] == v
+		}
+		if match {
+			selected = append(selected, st)
+		}
+	}
+	if len(selected) == 0 {
+		t.Fatalf("selector %v matches no pod template with courier", sel)
+	}
+	eps := asList(t, dig(pm.doc, "spec", "podMetricsEndpoints"), "spec.podMetricsEndpoints")
+	if len(eps) == 0 {
+		t.Fatal("no podMetricsEndpoints")
+	}
+	for i, ep := range eps {
+		ep := asMap(t, ep, fmt.Sprintf("podMetricsEndpoints[%d]", i))
+		if p := str(ep["path"]); p != "" && p != "/metrics" {
+			t.Errorf("podMetricsEndpoints[%d].path %q: courier serves /metrics", i, p)
+		}
+		name := str(ep["port"])
+		for _, st := range selected {
+			if n, ok := st.ports[name]; !ok || n != st.adminPort {
+				t.Errorf("podMetricsEndpoints[%d].port %q: %s's courier has no port of that name on COURIER_ADMIN_ADDR's %d", i, name, st.workload, st.adminPort)
+			}
+		}
 	}
 }
 

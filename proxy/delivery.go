@@ -58,13 +58,13 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	}
 	d := r.newDelivery(m, meta, ln, wait)
 	d.probe, d.arrived = probe, q.at
-	if probe {
-		defer func() {
-			if d.probe && !d.answered {
-				r.breaker.retryProbe()
-			}
-		}()
-	}
+	// Not only a delivery that starts as the probe: one held again (rehold)
+	// may become it.
+	defer func() {
+		if d.probe && !d.answered {
+			r.breaker.retryProbe()
+		}
+	}()
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
 		return
@@ -412,6 +412,7 @@ func (r *Runner) rehold(d *delivery) bool {
 	if r.ph.fetched.Err() != nil {
 		return false
 	}
-	d.probe = probe
+	// A new token: no answer has reached the breaker for it yet.
+	d.probe, d.answered = probe, false
 	return true
 }

@@ -216,8 +216,8 @@ func (f *fetcher) pull(ctx context.Context) error {
 
 // waitToFetch waits until the gate opens, or until the breaker alone holds
 // deliveries and courier has no message to probe the app with: none queued,
-// none held by a worker that may send it as a probe (one on its last
-// allowed delivery may not). Each failed probe gives its message back, and
+// none held by a worker waiting to send it (any held message may be the
+// probe). Each failed probe gives its message back, and
 // nothing is fetched while the gate is closed, so a storm that outlasts the
 // queue would otherwise leave the breaker without a probe, open for good.
 // The messages such a pull brings are held, as any queued while the gate is

@@ -275,15 +275,10 @@ func (r *Runner) attempt(d *delivery) {
 					// comes after its wait.
 					r.breaker.retryProbe()
 				}
-				if r.rehold(d) {
-					if f, expired := r.expired(d); expired {
-						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the app was unavailable", r.o.MaxAge)
-						span.setOutcome("dead_lettered")
-						r.deadLetter(d, f)
-						return
-					}
+				if r.holdAgain(d, span, "the app was unavailable") {
 					continue
 				}
+				return
 			}
 			span.setOutcome("released")
 			r.giveBack(d, "shutting down during an app outage")
@@ -295,17 +290,9 @@ func (r *Runner) attempt(d *delivery) {
 				// held again, it may be the next probe.
 				d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
 					statusAttr(err), "error", err.Error())
-				if r.rehold(d) {
-					if f, expired := r.expired(d); expired {
-						f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while the breaker was open", r.o.MaxAge)
-						span.setOutcome("dead_lettered")
-						r.deadLetter(d, f)
-						return
-					}
+				if r.holdAgain(d, span, "the breaker was open") {
 					continue
 				}
-				span.setOutcome("released")
-				r.giveBack(d, "shutting down while the breaker is open")
 				return
 			}
 			if d.last(r.o.MaxDeliver) {
@@ -398,6 +385,26 @@ func (r *Runner) unclaim(d *delivery) {
 		// The claim lapses by itself after about the ack wait.
 		d.log.Warn("cannot release the key's claim; it lapses by itself", "error", err)
 	}
+}
+
+// holdAgain holds d after an attempt that spent nothing (rehold) and
+// reports whether to send it again. Otherwise d is settled: dead-lettered if
+// it outlived COURIER_MAX_AGE meanwhile, given back if courier stopped;
+// while says what held it, for the dead letter and the log.
+func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
+	if !r.rehold(d) {
+		span.setOutcome("released")
+		r.giveBack(d, "shutting down while "+while)
+		return false
+	}
+	f, expired := r.expired(d)
+	if !expired {
+		return true
+	}
+	f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while %s", r.o.MaxAge, while)
+	span.setOutcome("dead_lettered")
+	r.deadLetter(d, f)
+	return false
 }
 
 // rehold holds d after an attempt that spent nothing (the app unreachable,

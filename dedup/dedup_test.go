@@ -406,7 +406,7 @@ func TestCloseFlushesPending(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, 5*time.Second, "records flowing", func() bool {
+	eventually(t, 15*time.Second, "records flowing", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(recorded) >= 500
@@ -462,13 +462,13 @@ func TestCloseStopsGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRecord(t, s, "k")
-	eventually(t, 5*time.Second, "GC ran", func() bool {
+	eventually(t, 15*time.Second, "GC ran", func() bool {
 		return gather(t, reg)["courier_dedup_gc_runs_total"] >= 2
 	})
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "goroutines stopped", func() bool {
+	eventually(t, 15*time.Second, "goroutines stopped", func() bool {
 		return runtime.NumGoroutine() <= before
 	})
 }

@@ -32,7 +32,7 @@ func TestDiskLow(t *testing.T) {
 	}
 
 	free.Store(10 << 20)
-	eventually(t, 5*time.Second, "Healthy reports the low disk", func() bool {
+	eventually(t, 15*time.Second, "Healthy reports the low disk", func() bool {
 		return errors.Is(s.Healthy(), ErrDiskLow)
 	})
 	t.Logf("Healthy: %v", s.Healthy())
@@ -50,7 +50,7 @@ func TestDiskLow(t *testing.T) {
 	}
 
 	free.Store(1 << 30)
-	eventually(t, 5*time.Second, "Healthy again", func() bool { return s.Healthy() == nil })
+	eventually(t, 15*time.Second, "Healthy again", func() bool { return s.Healthy() == nil })
 	mustSeen(t, s, "during", false)
 	if v, err := s.Check(ctx, "during"); err != nil || v != New {
 		t.Errorf("Check after recovery: %v %v, want new", v, err)
@@ -85,7 +85,7 @@ func TestDirRemovedUnderStore(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "Healthy reports the removed directory", func() bool {
+	eventually(t, 15*time.Second, "Healthy reports the removed directory", func() bool {
 		return errors.Is(s.Healthy(), ErrDiskLow)
 	})
 	t.Logf("Healthy: %v", s.Healthy())

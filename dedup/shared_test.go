@@ -46,6 +46,20 @@ func openShared(t testing.TB, js jetstream.JetStream, o SharedOptions) *Shared {
 	return s
 }
 
+// consumedStream creates, beside the bucket, the stream a courier consumes,
+// as in every real deployment, for the tests that delete the bucket.
+// Deleting an account's last stream makes nats-server remove the account's
+// empty streams directory in a goroutine of its own, which can race a create
+// that follows at once: the create fails with "error creating store for
+// stream" (10049; the server logs "mkdir .../streams: no such file or
+// directory"). With another stream in the account the directory stays.
+func consumedStream(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func mustCheck(t *testing.T, s interface {
 	Check(context.Context, string) (Verdict, error)
 }, key string, want Verdict) {
@@ -266,6 +280,7 @@ func TestSharedRecordMany(t *testing.T) {
 func TestSharedBucketDeleted(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
+	consumedStream(t, js)
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
 	a := openShared(t, js, SharedOptions{Registerer: reg})
@@ -300,6 +315,7 @@ func TestSharedBucketDeleted(t *testing.T) {
 func TestSharedBucketMadeAgainWithoutTTL(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
+	consumedStream(t, js)
 	ctx := context.Background()
 	a := openShared(t, js, SharedOptions{})
 	b := openShared(t, js, SharedOptions{})

@@ -308,7 +308,7 @@ func TestGiveUpCatcherDeadLetters(t *testing.T) {
 			e.exhaust()
 
 			waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-			waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+			waitFor(t, 15*time.Second, "the advisory acked", e.settled)
 			dl := e.deadLetters()[0]
 			checkLetter(t, e, dl, seq, `{"id":7}`, hdr)
 			if got := e.originalExists(seq); got == tt.removed {
@@ -378,7 +378,7 @@ func TestGiveUpCatcherAdvisoryFiredWhileDown(t *testing.T) {
 	c.run(t)
 	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	checkLetter(t, e, e.deadLetters()[0], seq, "late", nil)
-	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
 }
 
 func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
@@ -400,7 +400,7 @@ func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
 		}
 		return total == 3
 	})
-	waitFor(t, 5*time.Second, "the advisories acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisories acked", e.settled)
 	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
@@ -420,7 +420,7 @@ func TestGiveUpCatcherNothingToDeadLetter(t *testing.T) {
 	seq := e.publish("orders.created", "newer", nil)
 	e.sendAdvisory(advisoryJSON(seq, 2, time.Now().Add(-time.Hour)))
 	waitFor(t, 10*time.Second, "two advisories gone", func() bool { return c.handled(giveup.ResultGone) == 2 })
-	waitFor(t, 5*time.Second, "the advisories acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisories acked", e.settled)
 	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
@@ -438,7 +438,7 @@ func TestGiveUpCatcherMalformed(t *testing.T) {
 		e.sendAdvisory(data)
 	}
 	waitFor(t, 10*time.Second, "four advisories terminated", func() bool { return c.handled(giveup.ResultMalformed) == 4 })
-	waitFor(t, 5*time.Second, "the advisories settled", e.settled)
+	waitFor(t, 15*time.Second, "the advisories settled", e.settled)
 	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
@@ -457,7 +457,7 @@ func TestGiveUpCatcherTooLargeKeepsOriginal(t *testing.T) {
 	e.exhaust()
 
 	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
 	dl := e.deadLetters()[0]
 	if len(dl.Data) != 0 || dl.Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge || dl.Header.Get(dlq.HeaderSequence) != strconv.FormatUint(seq, 10) {
 		t.Errorf("dead letter: %d bytes of body, %s=%q, %s=%q; want a reference to sequence %d", len(dl.Data),
@@ -493,7 +493,7 @@ func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
 	seq := e.publish("orders.created", "kept", nil)
 	e.exhaust()
 	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
 	if n := c.handled(giveup.ResultRetry); n != 3 {
 		t.Errorf("retry = %d, want 3", n)
 	}
@@ -632,7 +632,7 @@ func TestGiveUpCatcherRecreatesConsumer(t *testing.T) {
 	e := newEnv(t, jetstream.LimitsPolicy)
 	e.newCatcher(nil).run(t)
 	advisories := giveup.StreamName("ORDERS", consumer)
-	poll.Until(t, 5*time.Second, "the catch pulling", func() bool { return e.advisoryConsumer().NumWaiting > 0 })
+	poll.Until(t, 15*time.Second, "the catch pulling", func() bool { return e.advisoryConsumer().NumWaiting > 0 })
 	if err := e.js.DeleteConsumer(ctx(t, 5*time.Second), advisories, giveup.ConsumerName(consumer)); err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func TestGiveUpCatcherDuplicateOfReferenceKeepsOriginal(t *testing.T) {
 	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
 		return c.handled(giveup.ResultDuplicate)+c.handled(giveup.ResultDeadLettered) > 0
 	})
-	waitFor(t, 5*time.Second, "the advisory acked", e.settled)
+	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
 
 	dls := e.deadLetters()
 	if len(dls) != 1 || dls[0].Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge {

@@ -189,7 +189,7 @@ func hang(_ http.ResponseWriter, r *http.Request) {
 // just after its reply is sent, so a caller can see the reply first.
 func waitCount(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
 	t.Helper()
-	poll.Until(t, 5*time.Second, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool {
+	poll.Until(t, 15*time.Second, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool {
 		return count(t, reg, name, labels...) == want
 	})
 }

@@ -250,7 +250,7 @@ func TestConcurrencyIsBounded(t *testing.T) {
 			errs <- err
 		}()
 	}
-	poll.Until(t, 5*time.Second, "two requests at the app", func() bool { return now.Load() == 2 })
+	poll.Until(t, 15*time.Second, "two requests at the app", func() bool { return now.Load() == 2 })
 	if g := count(t, svc.reg, "courier_reply_inflight_requests"); g != 2 {
 		t.Errorf("in-flight gauge = %v, want 2", g)
 	}
@@ -368,7 +368,7 @@ func TestMicroControlSubjectsSeeTheService(t *testing.T) {
 	}
 	// micro counts a request when its handler returns, which can be just
 	// after the reply: poll.
-	poll.Until(t, 5*time.Second, "STATS counting the request", func() bool {
+	poll.Until(t, 15*time.Second, "STATS counting the request", func() bool {
 		var st micro.Stats
 		control(micro.StatsVerb, &st)
 		if len(st.Endpoints) != 1 || st.Endpoints[0].NumRequests != 1 {
@@ -414,7 +414,7 @@ func TestStopDrainsInFlightRequests(t *testing.T) {
 	go func() { svc.Stop(); close(stopped) }()
 
 	// Unsubscribed: nothing answers new requests any more.
-	poll.Until(t, 5*time.Second, "no responders", func() bool {
+	poll.Until(t, 15*time.Second, "no responders", func() bool {
 		_, err := h.tryRequest(nil, []byte("q"))
 		return errors.Is(err, nats.ErrNoResponders)
 	})
@@ -524,7 +524,7 @@ func TestReadyAndStartAfterStop(t *testing.T) {
 		t.Error("second Start = nil")
 	}
 	nc.Close() // micro stops a service whose connection closes
-	poll.Until(t, 5*time.Second, "not ready once the connection closed", func() bool { return svc.Ready() != nil })
+	poll.Until(t, 15*time.Second, "not ready once the connection closed", func() bool { return svc.Ready() != nil })
 	svc.Stop()
 }
 

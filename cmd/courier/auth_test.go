@@ -55,7 +55,7 @@ func TestAuthMethods(t *testing.T) {
 				c := start(t, h.env(a.URL, tc.good...))
 				h.publish("orders.auth", "hello "+tc.name, nil)
 				waitFor(t, 15*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
-				waitFor(t, 5*time.Second, "the message acked", func() bool { return h.settled("courier") })
+				waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
 				if err := c.stop(); err != nil {
 					t.Fatalf("courier stopped with %v\nlogs:\n%s", err, c.logs.String())
 				}

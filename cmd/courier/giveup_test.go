@@ -237,7 +237,7 @@ func TestGiveUpWhileCourierRuns(t *testing.T) {
 				t.Errorf("the app received %d requests, want none", n)
 			}
 			if tt.removed {
-				waitFor(t, 5*time.Second, "the original removed", func() bool { return !h.original(seq) })
+				waitFor(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
 			} else if !h.original(seq) {
 				t.Errorf("original removed from a %s stream", tt.name)
 			}
@@ -267,7 +267,7 @@ func TestGiveUpTwoCouriersOneDeadLetter(t *testing.T) {
 	}
 	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
 	waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
-	waitFor(t, 5*time.Second, "the original removed", func() bool { return !h.original(seq) })
+	waitFor(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
 	checkMaxDeliveries(t, h, seq)
 
 	var total float64

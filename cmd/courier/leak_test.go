@@ -143,7 +143,7 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 			createStream(t, h)
 			h.publish("orders.leak", "hello", nil)
 			waitFor(t, 15*time.Second, "the message delivered after a retry", func() bool { return a.count() >= 2 })
-			waitFor(t, 5*time.Second, "the message acked", func() bool { return h.settled("courier") })
+			waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
 
 			admin := adminAddr(t, c)
 			var served strings.Builder

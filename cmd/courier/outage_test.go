@@ -258,7 +258,7 @@ func TestOutageAppStartsAfterCourier(t *testing.T) {
 		t.Errorf("%d dead letters, want none", len(dls))
 	}
 	checkOutageLoggedOnce(t, c)
-	waitFor(t, 5*time.Second, "/readyz to pass", func() bool {
+	waitFor(t, 15*time.Second, "/readyz to pass", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	})
@@ -295,7 +295,7 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "courier to notice the app is gone", func() bool { return len(logLines(c, logAppGone)) == 1 })
 	outageStart := time.Now()
-	waitFor(t, 5*time.Second, "courier to hold what it fetched", func() bool {
+	waitFor(t, 15*time.Second, "courier to hold what it fetched", func() bool {
 		info := h.consumerInfo("courier")
 		return info != nil && info.NumAckPending > 0 && metric(t, admin, "courier_held_messages") == float64(info.NumAckPending)
 	})
@@ -390,7 +390,7 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 		return a.count() == len(first) && h.settled("courier")
 	})
 	checkEachOnceFirstAttempt(t, a.requests(), first)
-	waitFor(t, 5*time.Second, "/readyz to pass", func() bool {
+	waitFor(t, 15*time.Second, "/readyz to pass", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	})

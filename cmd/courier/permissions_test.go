@@ -43,7 +43,7 @@ func TestDocumentedPermissions(t *testing.T) {
 
 	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
 	waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
-	waitFor(t, 5*time.Second, "its success record stored", func() bool { return h.streamMsgsOf("COURIER_SUCCESS_DONE_ORDERS") == 1 })
+	waitFor(t, 15*time.Second, "its success record stored", func() bool { return h.streamMsgsOf("COURIER_SUCCESS_DONE_ORDERS") == 1 })
 	if _, err := h.nc.Request("quote.get", []byte("q"), 5*time.Second); err != nil {
 		t.Errorf("request on quote.get: %v", err)
 	}

@@ -98,9 +98,14 @@ func TestExpiredMessageNeverReachesApp(t *testing.T) {
 	a := newApp(t, nil)
 	h.publish("orders.old", "stale", nil)
 	// Age is measured on the wall clock from the stream timestamp.
-	time.Sleep(1200 * time.Millisecond)
+	time.Sleep(2200 * time.Millisecond)
+	c := start(t, h.env(a.URL, "COURIER_MAX_AGE=2s"))
+	// The fresh one is published once courier consumes: a start slowed by
+	// a loaded machine must not age it past MaxAge as well.
+	waitFor(t, 15*time.Second, "courier consuming", func() bool {
+		return strings.Contains(c.logs.String(), `"msg":"consuming"`)
+	})
 	h.publish("orders.new", "fresh", nil)
-	start(t, h.env(a.URL, "COURIER_MAX_AGE=1s"))
 	waitFor(t, 10*time.Second, "both settled", func() bool { return h.settled("courier") && a.count() == 1 })
 	if a.requests()[0].Body != "fresh" {
 		t.Errorf("app got %q", a.requests()[0].Body)

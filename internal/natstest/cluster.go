@@ -40,8 +40,11 @@ type Cluster struct {
 //
 // The cluster ports are chosen before the servers start (a JetStream cluster
 // needs configured routes on every node, its own included), so another
-// process could take one in between; the client ports are random and read
-// back once bound, then kept for restarts.
+// process, or another test's server listening on a random port, can take
+// one in between: a node that cannot listen on its cluster port is never
+// ready. The cluster is then started again on other ports, up to three
+// times. The client ports are random and read back once bound, then kept
+// for restarts.
 func StartCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 	tb.Helper()
 	if n < 1 {
@@ -51,20 +54,40 @@ func StartCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 	if name == "" {
 		name = "courier-test"
 	}
-	ports := freePorts(tb, n)
+	c := &Cluster{tb: tb, opts: make([]*server.Options, n), nodes: make([]*server.Server, n)}
+	tb.Cleanup(c.shutdownAll)
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		err := c.start(name, freePorts(tb, n), o.Configure)
+		if err == nil {
+			break
+		}
+		c.shutdownAll()
+		if attempt == attempts {
+			tb.Fatalf("natstest: cluster not started in %d attempts: %v", attempts, err)
+		}
+		tb.Logf("natstest: %v; starting the cluster again on other ports", err)
+	}
+	c.WaitReady()
+	return c
+}
+
+// start starts every node of c on the cluster ports given, together (a node
+// waits for its routes before it is ready), and returns the first node's
+// failure.
+func (c *Cluster) start(name string, ports []int, configure func(int, *server.Options)) error {
+	n := len(ports)
 	routes := make([]*url.URL, n)
 	for i, p := range ports {
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)}
 	}
-	c := &Cluster{tb: tb, opts: make([]*server.Options, n), nodes: make([]*server.Server, n)}
-	tb.Cleanup(c.shutdownAll)
 	for i := range n {
 		opts := &server.Options{
 			ServerName:         fmt.Sprintf("n%d", i),
 			Host:               "127.0.0.1",
 			Port:               server.RANDOM_PORT,
 			JetStream:          true,
-			StoreDir:           tb.TempDir(),
+			StoreDir:           c.tb.TempDir(),
 			JetStreamMaxMemory: 256 << 20,
 			JetStreamMaxStore:  1 << 30,
 			NoLog:              true,
@@ -72,27 +95,31 @@ func StartCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 			Cluster:            server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[i]},
 			Routes:             routes,
 		}
-		if o.Configure != nil {
-			o.Configure(i, opts)
+		if configure != nil {
+			configure(i, opts)
 		}
 		c.opts[i] = opts
 	}
-	// Started together: a node waits for its routes before it is ready.
+	nodes := make([]*server.Server, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { c.nodes[i], errs[i] = startNode(c.opts[i]) })
+		wg.Go(func() { nodes[i], errs[i] = startNode(c.opts[i]) })
 	}
 	wg.Wait()
+	c.mu.Lock()
+	copy(c.nodes, nodes)
+	c.mu.Unlock()
 	for i, err := range errs {
 		if err != nil {
-			tb.Fatalf("natstest: cluster node %d: %v", i, err)
+			return fmt.Errorf("cluster node %d (cluster port %d): %w", i, ports[i], err)
 		}
-		// Keep the bound client port for a restart.
-		c.opts[i].Port = c.nodes[i].Addr().(*net.TCPAddr).Port
 	}
-	c.WaitReady()
-	return c
+	for i, s := range nodes {
+		// Keep the bound client port for a restart.
+		c.opts[i].Port = s.Addr().(*net.TCPAddr).Port
+	}
+	return nil
 }
 
 // freePorts returns n loopback ports free a moment ago.
@@ -114,6 +141,9 @@ func freePorts(tb testing.TB, n int) []int {
 	return ports
 }
 
+// startNode starts a server on a copy of opts and waits until it is ready.
+// A server that cannot listen (on its cluster port, taken meanwhile) says so
+// only in its log, and is never ready: its fatal log line ends the wait.
 func startNode(opts *server.Options) (*server.Server, error) {
 	// The server keeps and may change the options it is given.
 	o := opts.Clone()
@@ -121,13 +151,47 @@ func startNode(opts *server.Options) (*server.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	fatal := &fatalLogger{}
+	s.SetLoggerV2(fatal, false, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(20 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("not ready")
+	deadline := time.Now().Add(20 * time.Second)
+	for !s.ReadyForConnections(50 * time.Millisecond) {
+		if err := fatal.err(); err != nil || time.Now().After(deadline) {
+			s.Shutdown()
+			if err == nil {
+				err = fmt.Errorf("not ready after 20s")
+			}
+			return nil, err
+		}
 	}
 	return s, nil
 }
+
+// fatalLogger keeps a server's first fatal log line and drops the rest.
+type fatalLogger struct {
+	mu    sync.Mutex
+	fatal error
+}
+
+func (l *fatalLogger) err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fatal
+}
+
+func (l *fatalLogger) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == nil {
+		l.fatal = fmt.Errorf(format, v...)
+	}
+}
+
+func (*fatalLogger) Noticef(string, ...any) {}
+func (*fatalLogger) Warnf(string, ...any)   {}
+func (*fatalLogger) Errorf(string, ...any)  {}
+func (*fatalLogger) Debugf(string, ...any)  {}
+func (*fatalLogger) Tracef(string, ...any)  {}
 
 // Node returns node i, nil while it is shut down.
 func (c *Cluster) Node(i int) *server.Server {

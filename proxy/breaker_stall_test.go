@@ -129,19 +129,8 @@ func TestProbeMeetingUnreachableAppDoesNotStallBreaker(t *testing.T) {
 // back, and is not dead-lettered.
 func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
 	e := setup(t)
-	a := newStormApp(t, e)
-	a.storming.Store(true)
-	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 1, AckWait: 5 * time.Second})
-	e.publishKeyed(t, "s.a", "k-a")
-	e.publishKeyed(t, "s.b", "k-b")
-	e.publishKeyed(t, "s.c", "k-c")
-	r, _ := e.runWith(t, nil, proxy.Options{
-		MaxDeliver: 1, MaxInflight: 1, BreakerFailures: 2, BreakerProbe: 100 * time.Millisecond,
-		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
+	a, r := openInStorm(t, e, 1, proxy.Options{
+		BreakerProbe: 100 * time.Millisecond, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
 	// Two failed probes with C, at least.
 	waitFor(t, "C probed twice", func() bool {
@@ -170,19 +159,8 @@ func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
 // when the app recovers.
 func TestStormLongerThanQueueDoesNotStall(t *testing.T) {
 	e := setup(t)
-	a := newStormApp(t, e)
-	a.storming.Store(true)
-	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 20, AckWait: 5 * time.Second})
-	e.publishKeyed(t, "s.a", "k-a")
-	e.publishKeyed(t, "s.b", "k-b")
-	e.publishKeyed(t, "s.c", "k-c")
-	r, _ := e.runWith(t, nil, proxy.Options{
-		MaxDeliver: 20, MaxInflight: 1, BreakerFailures: 2, BreakerProbe: 50 * time.Millisecond,
-		BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
+	a, _ := openInStorm(t, e, 20, proxy.Options{
+		BreakerProbe: 50 * time.Millisecond, BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 	})
 	time.Sleep(4 * time.Second) // the storm outlasts the queue
 	a.mu.Lock()
@@ -193,4 +171,24 @@ func TestStormLongerThanQueueDoesNotStall(t *testing.T) {
 	if got := e.deadLetters(t); got != 0 {
 		t.Errorf("%d dead letters from a storm", got)
 	}
+}
+
+// openInStorm starts a runner with options o on A, B and C against an app
+// answering 503 to everything, the consumer allowing maxDeliver deliveries,
+// and returns once A and B have opened the breaker.
+func openInStorm(t *testing.T, e *env, maxDeliver int, o proxy.Options) (*stormApp, *proxy.Runner) {
+	t.Helper()
+	a := newStormApp(t, e)
+	a.storming.Store(true)
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: maxDeliver, AckWait: 5 * time.Second})
+	e.publishKeyed(t, "s.a", "k-a")
+	e.publishKeyed(t, "s.b", "k-b")
+	e.publishKeyed(t, "s.c", "k-c")
+	o.MaxDeliver, o.MaxInflight, o.BreakerFailures = maxDeliver, 1, 2
+	r, _ := e.runWith(t, nil, o)
+	waitFor(t, "the breaker to open", func() bool {
+		err := r.Ready()
+		return err != nil && contains(err.Error(), "breaker open")
+	})
+	return a, r
 }

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -16,20 +14,9 @@ import (
 // open for good and nothing is delivered once the app recovers.
 func TestExpiredReheldProbeDoesNotStallBreaker(t *testing.T) {
 	e := setup(t)
-	a := newStormApp(t, e)
-	a.storming.Store(true)
-	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 1, AckWait: 5 * time.Second})
-	e.publishKeyed(t, "s.a", "k-a")
-	e.publishKeyed(t, "s.b", "k-b")
-	e.publishKeyed(t, "s.c", "k-c")
-	r, _ := e.runWith(t, nil, proxy.Options{
-		MaxDeliver: 1, MaxInflight: 1, BreakerFailures: 2, BreakerProbe: 100 * time.Millisecond,
-		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	a, _ := openInStorm(t, e, 1, proxy.Options{
+		BreakerProbe: 100 * time.Millisecond, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 		MaxAge: time.Second,
-	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
 	})
 	// C, probed again and again, outlives MaxAge: dead-lettered as expired.
 	waitFor(t, "A, B and C dead-lettered", func() bool { return e.deadLetters(t) == 3 })

@@ -20,11 +20,7 @@ import (
 func TestGiveUpCatcherSharedCaptureTwoStreamsSameConsumer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
-	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
-		Name: "AUDIT", Subjects: []string{"$JS.EVENT.ADVISORY.>"},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	auditStream(t, e)
 	// PAYMENTS, with a durable of the same name and its own DLQ.
 	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
 		Name: "PAYMENTS", Subjects: []string{"payments.>"}, AllowDirect: true,
@@ -72,11 +68,7 @@ func TestGiveUpCatcherSharedCaptureTwoStreamsSameConsumer(t *testing.T) {
 func TestGiveUpCatcherSharedCaptureKeepsOldConsumer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
-	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
-		Name: "AUDIT", Subjects: []string{"$JS.EVENT.ADVISORY.>"},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	auditStream(t, e)
 	if _, err := e.js.CreateOrUpdateConsumer(ctx(t, 5*time.Second), "AUDIT", jetstream.ConsumerConfig{
 		Durable: giveup.ConsumerName(consumer), FilterSubject: giveup.AdvisorySubject("ORDERS", consumer),
 		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
@@ -100,5 +92,16 @@ func TestGiveUpCatcherSharedCaptureKeepsOldConsumer(t *testing.T) {
 	}
 	if len(names) != 1 || names[0] != giveup.ConsumerName(consumer) {
 		t.Errorf("consumers of AUDIT = %v, want only %s", names, giveup.ConsumerName(consumer))
+	}
+}
+
+// auditStream creates AUDIT, an existing stream capturing every advisory
+// (as an operator's audit stream would), which the catch then uses.
+func auditStream(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
+		Name: "AUDIT", Subjects: []string{"$JS.EVENT.ADVISORY.>"},
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -129,11 +129,7 @@ func TestGiveUpEnsureStreamUsesExisting(t *testing.T) {
 func TestGiveUpCatcherSetupCaptureInExistingStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jetstream.LimitsPolicy)
-	if _, err := e.js.CreateStream(ctx(t, 5*time.Second), jetstream.StreamConfig{
-		Name: "AUDIT", Subjects: []string{"$JS.EVENT.ADVISORY.>"},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	auditStream(t, e)
 	reg := prometheus.NewRegistry()
 	c, err := giveup.New(e.js, e.src, consumer, e.pub, giveup.Options{Registerer: reg})
 	if err != nil {

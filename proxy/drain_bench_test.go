@@ -28,12 +28,7 @@ func BenchmarkDrain(b *testing.B) {
 			s := natstest.Start(b, natstest.Options{})
 			_, js := natstest.Connect(b, s)
 			ctx := context.Background()
-			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-				b.Fatal(err)
-			}
-			if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
-				b.Fatal(err)
-			}
+			streams(b, js)
 			cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
 				Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, MaxAckPending: 1000,
 			})

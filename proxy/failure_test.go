@@ -234,12 +234,7 @@ func TestMessageNearMaxPayloadIsDeadLettered(t *testing.T) {
 	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
-		t.Fatal(err)
-	}
+	streams(t, js)
 	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5})
 	if err != nil {
 		t.Fatal(err)

@@ -60,17 +60,25 @@ type env struct {
 	url      string
 }
 
+// streams creates S, the stream the tests consume (subjects s.>), and the
+// stream that keeps the dead letters of dlq.s.
+func streams(tb testing.TB, js jetstream.JetStream) {
+	tb.Helper()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		tb.Fatal(err)
+	}
+	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 func setup(t *testing.T) *env {
 	t.Helper()
 	s := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
-		t.Fatal(err)
-	}
+	streams(t, js)
 	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
 		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
 	})

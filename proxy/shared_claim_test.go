@@ -29,12 +29,7 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 1); err != nil {
-		t.Fatal(err)
-	}
+	streams(t, js)
 
 	// The app's address, not listening yet: an outage. Reserved on
 	// 127.0.0.2 where the system has it (Linux routes all of 127/8 to

@@ -61,7 +61,7 @@ func NewClient(o ClientOptions) *http.Client {
 		ForceAttemptHTTP2:     false,
 	}
 	return &http.Client{
-		Transport: t,
+		Transport: &h1Transport{dial: t.DialContext, maxIdle: o.MaxConns, idleTime: o.IdleTimeout, next: t},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},

@@ -38,9 +38,12 @@ func TestMonitoringUsesServedMetrics(t *testing.T) {
 		return err == nil
 	})
 	var body string
-	waitFor(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
+	// The delivery counted, not only settled: the consumer's counts can
+	// read settled before courier has consumed.
+	waitFor(t, 10*time.Second, "courier_dead_letters_stored and the delivery served", func() bool {
 		_, body = get(t, "http://"+admin+"/metrics")
-		return strings.Contains(body, "\ncourier_dead_letters_stored ")
+		return strings.Contains(body, "\ncourier_dead_letters_stored ") &&
+			strings.Contains(body, "\ncourier_messages_total{outcome=\"delivered\"} 1")
 	})
 
 	served := parseExposition(t, body)

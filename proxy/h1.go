@@ -1,0 +1,304 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"time"
+
+	"github.com/courierhq/courier/internal/appurl"
+)
+
+// h1Transport is the HTTP/1.1 transport of NewClient's clients for plain
+// http:// and unix:// apps: each request is written and its answer read on
+// the calling goroutine, over a keep-alive connection taken from an idle
+// pool. net/http's Transport hands every request to two goroutines of its
+// connection (one writes, one reads) and back; for a sidecar that sends one
+// request at a time per worker to an app on the same host, those handoffs
+// cost more CPU than the request itself. The framing is net/http's own:
+// Request.Write writes the request and ReadResponse reads the answer.
+//
+// It behaves as NewClient's http.Transport did for what courier sends: no
+// proxy, no compression, no resends of its own, keep-alive connections kept
+// idle up to a limit and closed after IdleTimeout, the context ending a
+// request at any point, and the httptrace hooks that classify a failure
+// (GetConn, GotConn, WroteRequest). Other schemes (https) go to next.
+type h1Transport struct {
+	dial     appurl.DialFunc
+	maxIdle  int
+	idleTime time.Duration
+	next     http.RoundTripper // every request that is not plain HTTP
+
+	mu    sync.Mutex
+	idle  []*h1Conn // most recently used last
+	sweep *time.Timer
+}
+
+// h1Conn is one connection to the app and its buffers.
+type h1Conn struct {
+	t         *h1Transport
+	addr      string
+	c         net.Conn
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+}
+
+// aLongTimeAgo is a deadline in the past: setting it makes a blocked read or
+// write return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" || req.URL.User != nil {
+		return t.next.RoundTrip(req)
+	}
+	ctx := req.Context()
+	trace := httptrace.ContextClientTrace(ctx)
+	addr := canonicalAddr(req)
+	if trace != nil && trace.GetConn != nil {
+		trace.GetConn(addr)
+	}
+	if err := context.Cause(ctx); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	pc, reused, idle := t.take(addr)
+	if pc == nil {
+		c, err := t.dial(ctx, "tcp", addr)
+		if err != nil {
+			closeBody(req)
+			if ctx.Err() != nil {
+				return nil, context.Cause(ctx)
+			}
+			return nil, err
+		}
+		pc = &h1Conn{t: t, addr: addr, c: c,
+			br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+	}
+	if trace != nil && trace.GotConn != nil {
+		trace.GotConn(httptrace.GotConnInfo{Conn: pc.c, Reused: reused, WasIdle: reused, IdleTime: idle})
+	}
+	// The context ends the request at any point, its answer's body
+	// included: a blocked read or write returns at once.
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		pc.close()
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+
+	err := req.Write(pc.bw)
+	if err == nil {
+		err = pc.bw.Flush()
+	}
+	if trace != nil && trace.WroteRequest != nil {
+		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
+	}
+	wrote := err
+	if err != nil {
+		if ctx.Err() != nil {
+			return fail(err)
+		}
+		// The app may have answered before reading the whole request (a
+		// 413) and closed its end: its answer is the outcome, as with
+		// net/http's Transport, which waits as long for it.
+		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	}
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(pc.br, req)
+		if err != nil {
+			if wrote != nil {
+				err = wrote
+			} else if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
+			}
+			return fail(err)
+		}
+		// An interim answer (100 Continue, 103 Early Hints) precedes the
+		// answer; 101 Switching Protocols is final, on a connection no
+		// longer HTTP.
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+	}
+	reuse := wrote == nil && !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	if resp.Body == http.NoBody || resp.Body == nil {
+		pc.done(stop, reuse)
+		resp.Body = http.NoBody
+		return resp, nil
+	}
+	resp.Body = &h1Body{ctx: ctx, rc: resp.Body, pc: pc, stop: stop, reuse: reuse}
+	return resp, nil
+}
+
+// canonicalAddr is the host and port a request goes to, port 80 by default.
+func canonicalAddr(req *http.Request) string {
+	if port := req.URL.Port(); port != "" {
+		return req.URL.Host
+	}
+	return net.JoinHostPort(req.URL.Hostname(), "80")
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// take returns an idle connection to addr that the app has not closed, how
+// long it was idle, or nil.
+func (t *h1Transport) take(addr string) (*h1Conn, bool, time.Duration) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		var pc *h1Conn
+		for i := len(t.idle) - 1; i >= 0; i-- {
+			if t.idle[i].addr == addr {
+				pc = t.idle[i]
+				t.idle = append(t.idle[:i], t.idle[i+1:]...)
+				break
+			}
+		}
+		t.mu.Unlock()
+		if pc == nil {
+			return nil, false, 0
+		}
+		idle := now.Sub(pc.idleSince)
+		if idle < t.idleTime && pc.br.Buffered() == 0 && connAlive(pc.c) {
+			return pc, true, idle
+		}
+		// Closed by the app while idle (its keep-alive timeout, a
+		// restart), or idle too long: never written to.
+		pc.c.Close()
+	}
+}
+
+// done ends a request on pc: its context no longer watched, and pc back in
+// the idle pool if its answer was read whole and the connection may be
+// reused.
+func (pc *h1Conn) done(stop func() bool, reuse bool) {
+	if !stop() {
+		reuse = false // the context ended: the deadline is in the past
+	}
+	if !reuse {
+		pc.close()
+		return
+	}
+	_ = pc.c.SetDeadline(time.Time{})
+	pc.t.put(pc)
+}
+
+func (pc *h1Conn) close() { _ = pc.c.Close() }
+
+func (t *h1Transport) put(pc *h1Conn) {
+	pc.idleSince = time.Now()
+	t.mu.Lock()
+	if len(t.idle) >= t.maxIdle {
+		t.mu.Unlock()
+		pc.close()
+		return
+	}
+	t.idle = append(t.idle, pc)
+	if t.sweep == nil {
+		t.sweep = time.AfterFunc(t.idleTime, t.closeStale)
+	}
+	t.mu.Unlock()
+}
+
+// closeStale closes the connections idle for IdleTimeout, and comes back
+// while any is left.
+func (t *h1Transport) closeStale() {
+	now := time.Now()
+	t.mu.Lock()
+	keep := t.idle[:0]
+	var stale []*h1Conn
+	oldest := now
+	for _, pc := range t.idle {
+		if now.Sub(pc.idleSince) >= t.idleTime {
+			stale = append(stale, pc)
+			continue
+		}
+		keep = append(keep, pc)
+		if pc.idleSince.Before(oldest) {
+			oldest = pc.idleSince
+		}
+	}
+	clear(t.idle[len(keep):])
+	t.idle = keep
+	t.sweep = nil
+	if len(keep) > 0 {
+		t.sweep = time.AfterFunc(t.idleTime-now.Sub(oldest), t.closeStale)
+	}
+	t.mu.Unlock()
+	for _, pc := range stale {
+		pc.close()
+	}
+}
+
+// CloseIdleConnections closes the idle connections, as
+// http.Transport.CloseIdleConnections does (http.Client calls it).
+func (t *h1Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	if t.sweep != nil {
+		t.sweep.Stop()
+		t.sweep = nil
+	}
+	t.mu.Unlock()
+	for _, pc := range idle {
+		pc.close()
+	}
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// h1Body is an answer's body: once read to its end, its connection goes
+// back to the pool; closed before, the connection is closed.
+type h1Body struct {
+	ctx   context.Context
+	rc    io.ReadCloser
+	pc    *h1Conn
+	stop  func() bool
+	reuse bool
+	ended bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.ended {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.end(true)
+	} else if err != nil {
+		b.end(false)
+		if b.ctx.Err() != nil {
+			err = context.Cause(b.ctx) // the context ended the read
+		}
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	if !b.ended {
+		b.end(false)
+	}
+	return nil
+}
+
+func (b *h1Body) end(whole bool) {
+	b.ended = true
+	b.pc.done(b.stop, b.reuse && whole)
+}

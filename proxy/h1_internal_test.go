@@ -1,0 +1,334 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// connCounter counts the connections an httptest server accepted and the
+// ones closed since.
+type connCounter struct{ opened, closed atomic.Int32 }
+
+func (c *connCounter) hook(_ net.Conn, s http.ConnState) {
+	switch s {
+	case http.StateNew:
+		c.opened.Add(1)
+	case http.StateClosed, http.StateHijacked:
+		c.closed.Add(1)
+	}
+}
+
+func newCountedApp(t *testing.T, h http.HandlerFunc) (*httptest.Server, *connCounter) {
+	t.Helper()
+	var cc connCounter
+	app := httptest.NewUnstartedServer(h)
+	app.Config.ConnState = cc.hook
+	app.Start()
+	t.Cleanup(app.Close)
+	return app, &cc
+}
+
+func h1Post(t *testing.T, c *http.Client, url string, body string) (int, string, error) {
+	t.Helper()
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{"Idempotency-Key": {"k"}}, []byte(body))
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// Requests one after another share one keep-alive connection, and the app
+// receives each whole, headers and body.
+func TestH1KeepsConnectionsAlive(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" "+r.Header.Get("Idempotency-Key")+" "+string(b))
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok "+string(b))
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	if _, ok := c.Transport.(*h1Transport); !ok {
+		t.Fatalf("NewClient's transport is %T, want *h1Transport", c.Transport)
+	}
+	for i, body := range []string{"a", "bb", "ccc", ""} {
+		status, answer, err := h1Post(t, c, app.URL+"/in", body)
+		if err != nil || status != 200 || answer != "ok "+body {
+			t.Fatalf("request %d: %d %q %v", i, status, answer, err)
+		}
+	}
+	if n := cc.opened.Load(); n != 1 {
+		t.Errorf("%d connections for 4 requests in turn, want 1", n)
+	}
+	want := []string{"POST /in k a", "POST /in k bb", "POST /in k ccc", "POST /in k "}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("the app received %q, want %q", got, want)
+	}
+}
+
+// An idle connection the app has closed (its keep-alive timeout, a restart)
+// is not used: the next request goes out on a new connection and succeeds.
+func TestH1SkipsConnectionsTheAppClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				// One answer, keep-alive announced, then the app closes.
+				defer conn.Close()
+				req, err := http.ReadRequest(bufio.NewReader(conn))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}()
+		}
+	}()
+	c := NewClient(ClientOptions{MaxConns: 2})
+	url := "http://" + ln.Addr().String() + "/"
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(50 * time.Millisecond) // the app's close has arrived
+		}
+		status, answer, err := h1Post(t, c, url, "x")
+		if err != nil || status != 200 || answer != "ok" {
+			t.Fatalf("request %d after the app closed the last connection: %d %q %v", i, status, answer, err)
+		}
+	}
+	if n := accepted.Load(); n != 3 {
+		t.Errorf("%d connections accepted, want 3 (one per request)", n)
+	}
+}
+
+// An answer with Connection: close, or one from an HTTP/1.0 app without
+// keep-alive, leaves its connection closed; an answer not read to its end
+// closes its connection too.
+func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("close") != "" {
+			w.Header().Set("Connection", "close")
+		}
+		_, _ = io.WriteString(w, strings.Repeat("x", 100))
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	if _, _, err := h1Post(t, c, app.URL+"/?close=1", "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
+
+	ep, err := parseEndpoint(app.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{}, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 10)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // 90 bytes unread
+	waitUntil(t, "the connection of an answer not read whole closed", func() bool { return cc.closed.Load() == 2 })
+	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if n := cc.opened.Load(); n != 3 {
+		t.Errorf("%d connections, want 3", n)
+	}
+}
+
+// Interim answers (103 Early Hints) are skipped; a chunked answer is read
+// whole, and its connection reused.
+func TestH1InterimAndChunkedAnswers(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</a.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusAccepted)
+		for i := range 3 {
+			_, _ = io.WriteString(w, strings.Repeat(string(rune('a'+i)), 10))
+			w.(http.Flusher).Flush() // chunked: no Content-Length
+		}
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	for range 2 {
+		status, answer, err := h1Post(t, c, app.URL+"/", "x")
+		if err != nil || status != http.StatusAccepted || answer != strings.Repeat("a", 10)+strings.Repeat("b", 10)+strings.Repeat("c", 10) {
+			t.Fatalf("got %d %q %v, want 202 and the three chunks", status, answer, err)
+		}
+	}
+	if n := cc.opened.Load(); n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+// The context ends a request at any point: while the app has not answered,
+// and while its answer's body is being read. The connection is closed, and
+// the error is the context's cause.
+func TestH1ContextEndsRequest(t *testing.T) {
+	release := make(chan struct{})
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		// Read whole, so that the server watches the connection and ends
+		// r.Context() when courier closes it.
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Query().Get("body") != "" {
+			w.Header().Set("Content-Length", "100")
+			_, _ = io.WriteString(w, "part")
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) }) // before app.Close, which waits for the handlers
+	c := NewClient(ClientOptions{MaxConns: 2})
+
+	ep, err := parseEndpoint(app.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
+	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	var ae *AppError
+	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
+		t.Fatalf("request ended by its context: %v, want a timeout", err)
+	}
+
+	ep, err = parseEndpoint(app.URL + "/?body=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel2 := context.WithCancel(context.Background())
+	resp, err, _ := exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, cancel2)
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("reading a body whose context ended: %v, want context.Canceled", err)
+	}
+	waitUntil(t, "both connections closed", func() bool { return cc.closed.Load() == 2 })
+}
+
+// An app that answers before reading the whole request (413) and closes its
+// end: its answer is the outcome, not a failed write.
+func TestH1EarlyAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		_, _ = io.WriteString(conn, "HTTP/1.1 413 Request Entity Too Large\r\nConnection: close\r\nContent-Length: 8\r\n\r\ntoo big!")
+		// Close with most of the body unread: a reset for the writer.
+	}()
+	c := NewClient(ClientOptions{MaxConns: 2})
+	status, answer, err := h1Post(t, c, "http://"+ln.Addr().String()+"/", strings.Repeat("x", 32<<20))
+	if err != nil || status != http.StatusRequestEntityTooLarge || answer != "too big!" {
+		t.Fatalf("got %d %q %v, want the app's 413", status, answer, err)
+	}
+}
+
+// Idle connections are closed after the idle timeout, and by
+// CloseIdleConnections.
+func TestH1ClosesIdleConnections(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
+	c := NewClient(ClientOptions{MaxConns: 2, IdleTimeout: 200 * time.Millisecond})
+	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the idle connection closed after the idle timeout", func() bool { return cc.closed.Load() == 1 })
+
+	c = NewClient(ClientOptions{MaxConns: 2})
+	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseIdleConnections()
+	waitUntil(t, "the idle connection closed by CloseIdleConnections", func() bool { return cc.closed.Load() == 2 })
+}
+
+// Concurrent requests each get a connection of their own; the pool keeps
+// at most MaxConns idle.
+func TestH1ConcurrentRequests(t *testing.T) {
+	var inApp, most atomic.Int32
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		n := inApp.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		inApp.Add(-1)
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	})
+	c := NewClient(ClientOptions{MaxConns: 4})
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for j := range 20 {
+				body := strings.Repeat(string(rune('a'+i)), j+1)
+				status, answer, err := h1Post(t, c, app.URL+"/", body)
+				if err != nil || status != 200 || answer != body {
+					t.Errorf("worker %d request %d: %d %q %v", i, j, status, answer, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tr := c.Transport.(*h1Transport)
+	tr.mu.Lock()
+	idle := len(tr.idle)
+	tr.mu.Unlock()
+	if idle > 4 {
+		t.Errorf("%d idle connections kept, want at most MaxConns (4)", idle)
+	}
+	if most.Load() < 2 {
+		t.Errorf("at most %d requests at the app at once: the requests did not run concurrently", most.Load())
+	}
+	waitUntil(t, "at most MaxConns (4) connections left open", func() bool {
+		return cc.opened.Load()-cc.closed.Load() <= 4
+	})
+}

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package proxy
+
+import "net"
+
+// connAlive cannot look at an idle connection here without reading from it:
+// the request on it tells.
+func connAlive(net.Conn) bool { return true }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,8 +22,9 @@ import (
 // pool. net/http's Transport hands every request to two goroutines of its
 // connection (one writes, one reads) and back; for a sidecar that sends one
 // request at a time per worker to an app on the same host, those handoffs
-// cost more CPU than the request itself. The framing is net/http's own:
-// Request.Write writes the request and ReadResponse reads the answer.
+// cost more CPU than the request itself. The answer is read by net/http's
+// ReadResponse; the request is written as Request.Write writes it
+// (writeRequest), without its general machinery.
 //
 // It behaves as NewClient's http.Transport did for what courier sends: no
 // proxy, no compression, no resends of its own, keep-alive connections kept
@@ -59,6 +61,11 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	ctx := req.Context()
+	if err := checkHeader(req.Header); err != nil {
+		// Refused before a connection is sought, as net/http refuses it.
+		closeBody(req)
+		return nil, err
+	}
 	trace := httptrace.ContextClientTrace(ctx)
 	addr := canonicalAddr(req)
 	if trace != nil && trace.GetConn != nil {
@@ -96,7 +103,7 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	err := req.Write(pc.bw)
+	err := writeRequest(pc.bw, req)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
@@ -301,4 +308,89 @@ func (b *h1Body) Close() error {
 func (b *h1Body) end(whole bool) {
 	b.ended = true
 	b.pc.done(b.stop, b.reuse && whole)
+}
+
+// checkHeader refuses a header net/http would refuse to send: a name that is
+// not a token, a value with a control character (a line break would split
+// the request).
+func checkHeader(h http.Header) error {
+	for k, vs := range h {
+		if !validFieldName(k) {
+			return fmt.Errorf("net/http: invalid header field name %q", k)
+		}
+		for _, v := range vs {
+			if !validFieldValue(v) {
+				return fmt.Errorf("net/http: invalid header field value for %q", k)
+			}
+		}
+	}
+	return nil
+}
+
+// writeRequest writes req to w as (*http.Request).Write writes a request with
+// a known length: the request line, Host, User-Agent (Go's unless the header
+// has one), Connection: close if req.Close, Content-Length, the header (except
+// the fields Request.Write writes from req's own fields), and the body. The
+// header has passed checkHeader.
+func writeRequest(w *bufio.Writer, req *http.Request) error {
+	if req.ContentLength < 0 {
+		return req.Write(w) // a body of unknown length: chunked
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	w.WriteString(method)
+	w.WriteByte(' ')
+	w.WriteString(req.URL.RequestURI())
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	w.WriteString(host)
+	w.WriteString("\r\n")
+	ua := "Go-http-client/1.1"
+	if vs, ok := req.Header["User-Agent"]; ok {
+		ua = ""
+		if len(vs) > 0 {
+			ua = vs[0]
+		}
+	}
+	if ua != "" {
+		w.WriteString("User-Agent: ")
+		w.WriteString(ua)
+		w.WriteString("\r\n")
+	}
+	if req.Close {
+		w.WriteString("Connection: close\r\n")
+	}
+	if req.ContentLength > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
+		var n [20]byte
+		w.WriteString("Content-Length: ")
+		w.Write(strconv.AppendInt(n[:0], req.ContentLength, 10))
+		w.WriteString("\r\n")
+	}
+	for k, vs := range req.Header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue
+		}
+		for _, v := range vs {
+			w.WriteString(k)
+			w.WriteString(": ")
+			w.WriteString(v)
+			w.WriteString("\r\n")
+		}
+	}
+	w.WriteString("\r\n")
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	n, err := io.Copy(w, req.Body)
+	closeBody(req)
+	if err == nil && n != req.ContentLength {
+		err = fmt.Errorf("net/http: ContentLength=%d with Body length %d", req.ContentLength, n)
+	}
+	return err
 }

@@ -332,3 +332,68 @@ func TestH1ConcurrentRequests(t *testing.T) {
 		return cc.opened.Load()-cc.closed.Load() <= 4
 	})
 }
+
+// writeRequest writes what Request.Write writes: read back by the server's
+// parser, the two give the same method, target, host, header and body.
+func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
+	for _, tc := range []struct {
+		name, url string
+		header    http.Header
+		body      string
+		close     bool
+	}{
+		{"body and headers", "http://127.0.0.1:8080/in?x=1&y=%2F", http.Header{
+			"idempotency-key": {"k"}, "X-Multi": {"a", "b"}, "Content-Type": {"application/json"}}, `{"a":1}`, false},
+		{"empty body", "http://app/", http.Header{"Idempotency-Key": {"k"}}, "", false},
+		{"own user agent, connection close", "http://app:81/p", http.Header{"User-Agent": {"mine"}}, "x", true},
+		{"no user agent", "http://app/", http.Header{"User-Agent": {""}}, "x", false},
+		{"unix socket host", "unix:///run/app.sock/in", http.Header{}, "x", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep, err := parseEndpoint(tc.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			read := func(write func(*bufio.Writer, *http.Request) error) (*http.Request, string) {
+				req := newRequest(context.Background(), ep, tc.header.Clone(), []byte(tc.body))
+				req.Close = tc.close
+				var buf strings.Builder
+				w := bufio.NewWriter(&buf)
+				if err := write(w, req); err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				got, err := http.ReadRequest(bufio.NewReader(strings.NewReader(buf.String())))
+				if err != nil {
+					t.Fatalf("%v in %q", err, buf.String())
+				}
+				b, err := io.ReadAll(got.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got, string(b)
+			}
+			ours, ourBody := read(writeRequest)
+			theirs, theirBody := read(func(w *bufio.Writer, r *http.Request) error { return r.Write(w) })
+			if ours.Method != theirs.Method || ours.RequestURI != theirs.RequestURI || ours.Host != theirs.Host ||
+				ours.ContentLength != theirs.ContentLength || ours.Close != theirs.Close || ourBody != theirBody {
+				t.Errorf("writeRequest: %s %s host %q length %d close %v body %q; Request.Write: %s %s host %q length %d close %v body %q",
+					ours.Method, ours.RequestURI, ours.Host, ours.ContentLength, ours.Close, ourBody,
+					theirs.Method, theirs.RequestURI, theirs.Host, theirs.ContentLength, theirs.Close, theirBody)
+			}
+			if len(ours.Header) != len(theirs.Header) {
+				t.Errorf("header %v, Request.Write's %v", ours.Header, theirs.Header)
+			}
+			for k, vs := range theirs.Header {
+				if strings.Join(ours.Header[k], "|") != strings.Join(vs, "|") {
+					t.Errorf("%s: %q, Request.Write's %q", k, ours.Header[k], vs)
+				}
+			}
+			if ourBody != tc.body {
+				t.Errorf("body %q, want %q", ourBody, tc.body)
+			}
+		})
+	}
+}

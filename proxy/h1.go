@@ -52,6 +52,10 @@ type h1Conn struct {
 	idleSince time.Time
 }
 
+// maxInterim bounds the interim answers (1xx) read before an answer, as
+// net/http's Transport bounds them.
+const maxInterim = 5
+
 // aLongTimeAgo is a deadline in the past: setting it makes a blocked read or
 // write return at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -121,7 +125,10 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	}
 	var resp *http.Response
-	for {
+	for interim := 0; ; interim++ {
+		if interim > maxInterim {
+			return fail(fmt.Errorf("the app sent more than %d interim (1xx) answers", maxInterim))
+		}
 		resp, err = http.ReadResponse(pc.br, req)
 		if err != nil {
 			if wrote != nil {

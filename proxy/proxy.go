@@ -89,7 +89,9 @@ type Runner struct {
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
 	ph         *phases
-	quickCheck bool     // dd is a quickChecker
+	quickCheck bool // dd is a quickChecker
+	refs       *referenceSet
+	refStore   seer     // dd, when it can tell a key without claiming it; else nil
 	ep         endpoint // the app's URL, parsed once
 	epErr      error    // why it cannot be parsed: each request fails so
 
@@ -133,6 +135,10 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.ep, r.epErr = parseEndpoint(o.AppURL)
 	if qc, ok := dd.(quickChecker); ok {
 		r.quickCheck = qc.QuickCheck()
+	}
+	r.refs = newReferenceSet()
+	if sr, ok := dd.(seer); ok {
+		r.refStore = sr
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",

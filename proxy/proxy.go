@@ -11,7 +11,8 @@
 // closed), delivery.go (key, max age, dedup check, the request), request.go
 // and app.go (the headers and the HTTP exchange), classify.go (what the
 // answer means), results.go (the success record), recorder.go (the key of a
-// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back).
+// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back),
+// references.go (the originals of reference dead letters, not sent again).
 // gate.go and breaker.go decide whether courier may send; tracker.go keeps
 // held messages in progress; phases.go names the steps of shutdown;
 // trace.go makes each attempt a span.

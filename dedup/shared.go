@@ -480,8 +480,9 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 }
 
 // Seen reports whether key is recorded, locally or in the bucket, without
-// claiming it. It is here for callers of the Seen/Record interface of
-// before; Check is what makes concurrent deliveries on different couriers
+// claiming it: for a caller that only asks (the delivery loop's marks of
+// reference dead letters, and callers of the Seen/Record interface of
+// before). Check is what makes concurrent deliveries on different couriers
 // call the app once.
 func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
 	bk, err := s.bucketKey(key)

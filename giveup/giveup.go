@@ -72,6 +72,16 @@ type Options struct {
 	// Catcher stores (not for one already stored), so it can be counted
 	// with the others.
 	OnDeadLetter func()
+	// ReferenceStored, when set, reports whether the message at seq of the
+	// stream is the original of a reference dead letter the delivery loop
+	// stored and left in its stream (proxy.Runner.ReferenceStored). An
+	// advisory for such a message is settled as a duplicate: no second
+	// dead letter is stored (past the DLQ's duplicate window, the
+	// Nats-Msg-Id would no longer stop one) and the original stays where
+	// replay reads it. An error means it cannot tell: the advisory is
+	// handled again later. Nil: only the DLQ's duplicate window guards. It
+	// must be safe for concurrent use.
+	ReferenceStored func(ctx context.Context, seq uint64) (bool, error)
 }
 
 // defaults fills the zero values of o with the defaults. A negative value,
@@ -137,7 +147,7 @@ const (
 	ResultDeadLettered = "dead_lettered"
 	// ResultDuplicate: the dead letter was stored already (by another
 	// replica, the delivery loop, or an earlier try), and the DLQ stream
-	// said so.
+	// said so, or Options.ReferenceStored did.
 	ResultDuplicate = "duplicate"
 	// ResultGone: the message was no longer in the stream (deleted,
 	// expired, or the stream created again since): nothing to dead-letter.
@@ -444,6 +454,24 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 			"stored", orig.Time, "advisory_time", a.Time)
 		c.settle(work, m, ResultGone, log)
 		return
+	}
+
+	if c.o.ReferenceStored != nil {
+		sctx, cancel = context.WithTimeout(work, c.o.StepTimeout)
+		ref, err := c.o.ReferenceStored(sctx, a.StreamSeq)
+		cancel()
+		switch {
+		case err != nil:
+			log.Error("cannot tell whether the delivery loop stored a reference dead letter of the message JetStream gave up on; advisory handled again later",
+				"error", err)
+			c.retry(m, tries, log)
+			return
+		case ref:
+			log.Info("JetStream gave up on the original of a reference dead letter stored before: no second dead letter; the original is left in its stream, where replay reads it",
+				"subject", orig.Subject)
+			c.settle(work, m, ResultDuplicate, log)
+			return
+		}
 	}
 
 	letter := dlq.Letter{

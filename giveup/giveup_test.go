@@ -92,17 +92,22 @@ type catcher struct {
 	stop func()
 }
 
-// newCatcher creates and sets up a Catcher; it does not run it.
-func (e *env) newCatcher(dl giveup.DeadLetterer) *catcher {
+// newCatcher creates and sets up a Catcher (adjust changes its options);
+// it does not run it.
+func (e *env) newCatcher(dl giveup.DeadLetterer, adjust ...func(*giveup.Options)) *catcher {
 	e.t.Helper()
 	if dl == nil {
 		dl = e.pub
 	}
 	reg := prometheus.NewRegistry()
-	c, err := giveup.New(e.js, e.src, consumer, dl, giveup.Options{
+	o := giveup.Options{
 		RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, AckWait: 2 * time.Second,
 		Registerer: reg,
-	})
+	}
+	for _, f := range adjust {
+		f(&o)
+	}
+	c, err := giveup.New(e.js, e.src, consumer, dl, o)
 	if err != nil {
 		e.t.Fatalf("New: %v", err)
 	}

@@ -65,6 +65,9 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 			r.breaker.retryProbe()
 		}
 	}()
+	if r.referenced(d) {
+		return
+	}
 	if f, expired := r.expired(d); expired {
 		r.deadLetter(d, f)
 		return

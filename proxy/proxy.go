@@ -11,7 +11,8 @@
 // closed), delivery.go (key, max age, dedup check, the request), request.go
 // and app.go (the headers and the HTTP exchange), classify.go (what the
 // answer means), results.go (the success record), recorder.go (the key of a
-// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back).
+// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back),
+// references.go (the originals of reference dead letters, not sent again).
 // gate.go and breaker.go decide whether courier may send; tracker.go keeps
 // held messages in progress; phases.go names the steps of shutdown;
 // trace.go makes each attempt a span.
@@ -89,7 +90,9 @@ type Runner struct {
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
 	ph         *phases
-	quickCheck bool     // dd is a quickChecker
+	quickCheck bool // dd is a quickChecker
+	refs       *referenceSet
+	refStore   seer     // dd, when it can tell a key without claiming it; else nil
 	ep         endpoint // the app's URL, parsed once
 	epErr      error    // why it cannot be parsed: each request fails so
 
@@ -133,6 +136,10 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.ep, r.epErr = parseEndpoint(o.AppURL)
 	if qc, ok := dd.(quickChecker); ok {
 		r.quickCheck = qc.QuickCheck()
+	}
+	r.refs = newReferenceSet()
+	if sr, ok := dd.(seer); ok {
+		r.refStore = sr
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",

@@ -169,8 +169,15 @@ func (r *Runner) deadLetter(d *delivery, f failure) {
 }
 
 // deadLetterOnce tries once to store the message's dead letter and terminate
-// the message.
+// the message. The original of a reference dead letter stored before is
+// given back again instead: its one dead letter is stored.
 func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) bool {
+	if !r.o.TermKeepsMessage && d.attempt > 1 {
+		if ok, _ := r.ReferenceStored(ctx, d.meta.Sequence.Stream); ok {
+			r.giveBackReferenced(d)
+			return true
+		}
+	}
 	l := dlq.Letter{
 		Subject: d.m.Subject(), Data: d.m.Data(), Header: d.m.Headers(),
 		Stream: d.meta.Stream, StreamCreated: r.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
@@ -196,10 +203,12 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 	if errors.Is(err, dlq.ErrBodyOmitted) && !r.o.TermKeepsMessage {
 		// The dead letter refers to the original, too large to copy: a
 		// Term would remove it from a work-queue or interest stream. It is
-		// given back with a long delay until JetStream's budget is spent,
-		// after which JetStream keeps it in the stream.
-		d.log.Warn("dead letter stored without the body (too large to copy); the original stays in its stream, not terminated",
+		// marked (references.go) and given back with a long delay until
+		// JetStream's budget is spent, after which JetStream keeps it in
+		// the stream; its redeliveries are given back unsent.
+		d.log.Warn("dead letter stored without the body (too large to copy); the original stays in its stream, not terminated, and is not sent to the app again",
 			"reason", f.reason)
+		r.markReference(ctx, d)
 		if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
 			r.log.Warn("cannot NAK the original of a reference dead letter", "subject", l.Subject, "error", err)
 		}

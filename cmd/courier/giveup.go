@@ -18,11 +18,15 @@ import (
 // consumer's max-deliveries advisories and a durable consumer on it, retried
 // like the rest of start-up) and runs it until the returned stop is called.
 // stream is the handle the delivery loop uses, so both derive the same
-// dead-letter ids. stop ends the catch, lets the advisory in hand finish, and
+// dead-letter ids. referenceStored tells the originals of reference dead
+// letters the delivery loop stored (proxy.Runner.ReferenceStored), which get
+// no second one. stop ends the catch, lets the advisory in hand finish, and
 // waits; it may be called more than once.
-func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer, onDeadLetter func()) (stop func(), err error) {
+func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer,
+	onDeadLetter func(), referenceStored func(context.Context, uint64) (bool, error)) (stop func(), err error) {
 	c, err := giveup.New(js, stream, cfg.Consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
 		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg, OnDeadLetter: onDeadLetter,
+		ReferenceStored: referenceStored,
 	})
 	if err != nil {
 		return nil, err

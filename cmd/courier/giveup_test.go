@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -281,5 +282,41 @@ func TestGiveUpTwoCouriersOneDeadLetter(t *testing.T) {
 	}
 	if n := a.count(); n != 0 {
 		t.Errorf("the app received %d requests, want none", n)
+	}
+}
+
+// A message the app rejects, too large to copy into its dead letter, on a
+// work-queue stream: its reference dead letter is stored and the original
+// kept. Its redelivery is not sent to the app, and when JetStream gives up
+// on it the catch, asking the delivery loop, stores no second dead letter
+// (the DLQ's duplicate window, here shorter than the wait, would not stop
+// one) and leaves the original in place for replay.
+func TestGiveUpReferenceDeadLetterNotStoredTwice(t *testing.T) {
+	h := newHarness(t, func(c *jetstream.StreamConfig) { c.Retention = jetstream.WorkQueuePolicy })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEAD", Subjects: []string{dlqSubject},
+		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	a := newApp(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusBadRequest) })
+	start(t, giveUpEnv(h, a.URL))
+
+	// The largest body the server accepts, less a little: any envelope
+	// pushes its dead letter over max_payload.
+	seq := h.publish("orders.created", strings.Repeat("x", int(h.nc.MaxPayload())-64), nil)
+	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
+		info := h.advisoryConsumer()
+		return info != nil && info.Delivered.Consumer >= 1 && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	dls := h.deadLetters(dlqSubject)
+	if len(dls) != 1 || dls[0].Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge {
+		t.Errorf("%d dead letters, want the one reference dead letter", len(dls))
+	}
+	if n := a.count(); n != 1 {
+		t.Errorf("the app received %d requests, want 1", n)
+	}
+	if !h.original(seq) {
+		t.Error("the original of the reference dead letter was removed from its work-queue stream")
 	}
 }

@@ -142,15 +142,21 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if err = s.setUp(ctx); err != nil {
 		return err
 	}
+	// The delivery loop, made (not run) before the catch, which asks it
+	// which originals of reference dead letters it left in the stream.
+	runner, err := s.newRunner()
+	if err != nil {
+		return err
+	}
 	// The max-deliveries catch: dead-letters what JetStream gave up on
 	// outside courier's sight, from its captured advisories.
 	s.health.at("setting up the max-deliveries catch")
 	if s.stopGiveup, err = startGiveup(ctx, s.js, s.cfg, s.stream, s.log, s.reg, func() {
 		s.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
-	}); err != nil {
+	}, runner.ReferenceStored); err != nil {
 		return err
 	}
-	return s.deliver(ctx)
+	return s.deliver(ctx, runner)
 }
 
 // close undoes start-up, whatever step it reached, in the order behaviour 9
@@ -341,11 +347,10 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	return nil
 }
 
-// deliver runs the delivery loop until ctx ends, and returns once it has
-// stopped fetching and settled what it held.
-func (s *sidecar) deliver(ctx context.Context) error {
+// newRunner makes the delivery loop; it does no I/O.
+func (s *sidecar) newRunner() (*proxy.Runner, error) {
 	cfg := s.cfg
-	runner, err := proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
+	return proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
@@ -379,9 +384,12 @@ func (s *sidecar) deliver(ctx context.Context) error {
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),
 	})
-	if err != nil {
-		return err
-	}
+}
+
+// deliver runs the delivery loop until ctx ends, and returns once it has
+// stopped fetching and settled what it held.
+func (s *sidecar) deliver(ctx context.Context, runner *proxy.Runner) error {
+	cfg := s.cfg
 	var l loop = runner
 	if s.replies != nil {
 		l = both{runner, replyLoop{s.replies}}
@@ -398,7 +406,7 @@ func (s *sidecar) deliver(ctx context.Context) error {
 		s.log.Info("stop signal received: no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery",
 			"cause", context.Cause(ctx).Error(), "grace", cfg.ShutdownGrace.String())
 	})
-	err = runner.Run(ctx)
+	err := runner.Run(ctx)
 	if !stopWatch() {
 		<-signalled
 	}

@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/courierhq/courier/dlq"
+)
+
+// References: the originals of reference dead letters.
+//
+// A dead letter too large to carry its original's body is stored as a
+// reference (dlq.ErrBodyOmitted). On a work-queue or interest stream a Term
+// would remove the body it refers to, so the original is not terminated but
+// given back with BackoffMax until JetStream's budget is spent, after which
+// JetStream keeps it. Its redeliveries must not reach the app (a 2xx would
+// ack it away from under its dead letter, a rejection past the DLQ's
+// duplicate window would store a second one), nor be dead-lettered again,
+// here or by the max-deliveries catch. So the runner marks such an
+// original: always in a bounded set in memory, and with dedup on in the
+// dedup store too, under a key no idempotency key can be, where it
+// survives a restart and, in the shared store, is seen by every replica.
+// The mark is asked only on redeliveries: a first delivery pays nothing.
+
+// maxReferences bounds the marks kept in memory; the oldest is forgotten
+// first. Each original needs its mark only until JetStream's budget is
+// spent (MaxDeliver times BackoffMax), and reference dead letters are rare.
+const maxReferences = 4096
+
+// referenceKeyPrefix starts the dedup store key of a mark. It ends in a line
+// feed, which no idempotency key holds: a NATS header value cannot carry
+// one, and a derived key is made of a stream name and numbers.
+const referenceKeyPrefix = "courier-reference-dead-letter\n"
+
+// seer is a Deduper that also tells whether a key is recorded without
+// claiming it (dedup.Store and dedup.Shared, whose Check claims). The marks
+// of reference dead letters are kept in a store only if it is one. Seen
+// must be safe for concurrent use.
+type seer interface {
+	Seen(ctx context.Context, key string) (bool, error)
+}
+
+// referenceSet is the bounded set of marked stream sequences in memory.
+// Safe for concurrent use.
+type referenceSet struct {
+	mu   sync.Mutex
+	seqs map[uint64]struct{}
+	ring []uint64 // the marks in the order made, to forget the oldest
+	next int      // where the next mark goes in ring once it is full
+}
+
+func newReferenceSet() *referenceSet {
+	return &referenceSet{seqs: make(map[uint64]struct{})}
+}
+
+func (s *referenceSet) add(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.seqs[seq]; ok {
+		return
+	}
+	s.seqs[seq] = struct{}{}
+	if len(s.ring) < maxReferences {
+		s.ring = append(s.ring, seq)
+		return
+	}
+	delete(s.seqs, s.ring[s.next])
+	s.ring[s.next] = seq
+	s.next = (s.next + 1) % maxReferences
+}
+
+func (s *referenceSet) has(seq uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.seqs[seq]
+	return ok
+}
+
+// referenceKey is the dedup store key of the mark of the message at seq.
+// The stream's creation time is in it, as in a derived key: a stream made
+// again starts its sequences over.
+func (r *Runner) referenceKey(seq uint64) string {
+	return referenceKeyPrefix + dlq.DerivedKey(r.o.Stream, r.o.StreamCreated, seq)
+}
+
+// markReference marks d's original as one whose reference dead letter is
+// stored. A mark the store cannot record is kept in memory only, and logged.
+func (r *Runner) markReference(ctx context.Context, d *delivery) {
+	seq := d.meta.Sequence.Stream
+	r.refs.add(seq)
+	if r.refStore == nil {
+		return
+	}
+	if err := r.dd.Record(ctx, r.referenceKey(seq)); err != nil {
+		d.log.Warn("cannot record in the dedup store that the message's reference dead letter is stored; only this process remembers it",
+			"error", err)
+	}
+}
+
+// ReferenceStored reports whether the message at seq of the runner's stream
+// is the original of a reference dead letter this runner (or, through the
+// dedup store, an earlier run of courier or, with the shared store, any
+// replica) stored and left in its stream: it must not be delivered or
+// dead-lettered again. With dedup off only this process's marks are known.
+// An error means the dedup store could not answer. Safe for concurrent use,
+// also after Run has returned, as long as the dedup store is open: the
+// max-deliveries catch asks it (giveup.Options.ReferenceStored).
+func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) {
+	if r.refs.has(seq) {
+		return true, nil
+	}
+	if r.refStore == nil {
+		return false, nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	ok, err := r.refStore.Seen(ctx, r.referenceKey(seq))
+	if ok {
+		r.refs.add(seq)
+	}
+	return ok, err
+}
+
+// referenced settles a redelivery of the original of a stored reference
+// dead letter, and reports whether it did: given back with BackoffMax, as
+// when its dead letter was stored, without calling the app, until JetStream's
+// budget is spent. A store that cannot answer lets the delivery go on (the
+// dedup check that follows holds it while the store is down).
+func (r *Runner) referenced(d *delivery) bool {
+	if d.attempt <= 1 || r.o.TermKeepsMessage {
+		return false
+	}
+	ok, err := r.ReferenceStored(d.wait, d.meta.Sequence.Stream)
+	if err != nil {
+		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
+		return false
+	}
+	if !ok {
+		return false
+	}
+	r.giveBackReferenced(d)
+	return true
+}
+
+// giveBackReferenced NAKs the original of a stored reference dead letter
+// with BackoffMax; it was counted and logged when its dead letter was stored.
+func (r *Runner) giveBackReferenced(d *delivery) {
+	r.track.remove(d.m)
+	if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
+		r.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
+	}
+	d.log.Debug("original of a stored reference dead letter given back without calling the app")
+}

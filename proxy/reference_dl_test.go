@@ -120,6 +120,7 @@ func testReferenceNotSentAgain(t *testing.T, first, second func(*testing.T, jets
 		r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), dd, proxy.Options{
 			AppURL: app.URL, Stream: "S", Consumer: "c", MaxDeliver: maxDeliver, AckWait: 5 * time.Second,
 			BackoffInitial: 50 * time.Millisecond, BackoffMax: backoffMax, Registerer: reg,
+			MaxPayload: 8192, // the server's, as the sidecar passes it
 		})
 		if err != nil {
 			t.Fatal(err)

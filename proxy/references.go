@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/courierhq/courier/dlq"
 )
 
@@ -131,7 +133,7 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 // budget is spent. A store that cannot answer lets the delivery go on (the
 // dedup check that follows holds it while the store is down).
 func (r *Runner) referenced(d *delivery) bool {
-	if d.attempt <= 1 || r.o.TermKeepsMessage {
+	if d.attempt <= 1 || r.o.TermKeepsMessage || !mayBeReference(d.m, r.o.MaxPayload) {
 		return false
 	}
 	ok, err := r.ReferenceStored(d.wait, d.meta.Sequence.Stream)
@@ -154,4 +156,27 @@ func (r *Runner) giveBackReferenced(d *delivery) {
 		r.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
 	}
 	d.log.Debug("original of a stored reference dead letter given back without calling the app")
+}
+
+// referenceMargin bounds what a dead letter adds to its original: the
+// envelope's headers, with the error cut short as dlq.Publisher cuts it
+// before it leaves the body out.
+const referenceMargin = 64 << 10
+
+// mayBeReference reports whether m is large enough that its dead letter may
+// have been stored without its body: within referenceMargin of the largest
+// message the server accepts. The mark is asked only for those, so that a
+// retried message of ordinary size costs no read of the store (a round trip
+// with the shared store).
+func mayBeReference(m interface {
+	Data() []byte
+	Headers() nats.Header
+}, maxPayload int64) bool {
+	size := int64(len(m.Data()))
+	for k, vs := range m.Headers() {
+		for _, v := range vs {
+			size += int64(len(k) + len(v) + 4) // "k: v\r\n"
+		}
+	}
+	return size+referenceMargin >= maxPayload
 }

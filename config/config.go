@@ -117,6 +117,8 @@ type Config struct {
 	OTLPHeaders       string `env:"OTEL_EXPORTER_OTLP_HEADERS"`
 	OTLPTracesHeaders string `env:"OTEL_EXPORTER_OTLP_TRACES_HEADERS"`
 	OTLPInsecure      bool   `env:"OTEL_EXPORTER_OTLP_INSECURE" envDefault:"false"`
+	// OTLPTracesInsecure is OTLPInsecure for spans; nil when unset.
+	OTLPTracesInsecure *bool `env:"OTEL_EXPORTER_OTLP_TRACES_INSECURE"`
 	// OTELServiceName is as given; TracesServiceName applies the default.
 	OTELServiceName        string `env:"OTEL_SERVICE_NAME"`
 	OTELResourceAttributes string `env:"OTEL_RESOURCE_ATTRIBUTES"`

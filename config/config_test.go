@@ -95,7 +95,8 @@ func specOrder() []string {
 		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
 		"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+		"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
 		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED",
 	}
 }
@@ -278,6 +279,7 @@ func TestLoadValues(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_HEADERS":         "a=1",
 		"OTEL_EXPORTER_OTLP_TRACES_HEADERS":  "api-key=s%20cret",
 		"OTEL_EXPORTER_OTLP_INSECURE":        "TRUE",
+		"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "False",
 		"OTEL_SERVICE_NAME":                  "billing-courier",
 		"OTEL_RESOURCE_ATTRIBUTES":           "deployment.environment=prod",
 		"OTEL_TRACES_SAMPLER":                "ParentBased_TraceIDRatio",
@@ -333,6 +335,7 @@ func TestLoadValues(t *testing.T) {
 		OTLPHeaders:            "a=1",
 		OTLPTracesHeaders:      "api-key=s%20cret",
 		OTLPInsecure:           true,
+		OTLPTracesInsecure:     new(bool),
 		OTELServiceName:        "billing-courier",
 		OTELResourceAttributes: "deployment.environment=prod",
 		OTELTracesSampler:      "parentbased_traceidratio",

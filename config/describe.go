@@ -96,6 +96,12 @@ func specs() []spec {
 		{"OTEL_EXPORTER_OTLP_HEADERS", "headers sent to the collector: name=value, comma separated, values percent-encoded", "unset", true, func(c Config) string { return c.OTLPHeaders }},
 		{"OTEL_EXPORTER_OTLP_TRACES_HEADERS", "headers sent with spans; replaces OTEL_EXPORTER_OTLP_HEADERS", "unset", true, func(c Config) string { return c.OTLPTracesHeaders }},
 		{"OTEL_EXPORTER_OTLP_INSECURE", "true: plaintext to a gRPC endpoint given as host:port (a URL's scheme decides otherwise)", "false", false, func(c Config) string { return strconv.FormatBool(c.OTLPInsecure) }},
+		{"OTEL_EXPORTER_OTLP_TRACES_INSECURE", "the same, for spans; wins over OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE", false, func(c Config) string {
+			if c.OTLPTracesInsecure == nil {
+				return ""
+			}
+			return strconv.FormatBool(*c.OTLPTracesInsecure)
+		}},
 		{"OTEL_SERVICE_NAME", "service.name of courier's spans", DefaultServiceName + " (or service.name in OTEL_RESOURCE_ATTRIBUTES)", false, func(c Config) string { return c.TracesServiceName() }},
 		{"OTEL_RESOURCE_ATTRIBUTES", "more attributes of courier's spans: key=value, comma separated, values percent-encoded", "unset", false, func(c Config) string { return c.OTELResourceAttributes }},
 		{"OTEL_TRACES_SAMPLER", "which traces are recorded: " + strings.Join(samplers, ", "), "parentbased_always_on", false, func(c Config) string { return c.OTELTracesSampler }},

@@ -50,6 +50,16 @@ func (c Config) TracesProtocol() string {
 	return c.OTLPProtocol
 }
 
+// TracesInsecure reports whether spans go in plaintext to a gRPC endpoint
+// given as host:port: OTEL_EXPORTER_OTLP_TRACES_INSECURE if set, else
+// OTEL_EXPORTER_OTLP_INSECURE.
+func (c Config) TracesInsecure() bool {
+	if c.OTLPTracesInsecure != nil {
+		return *c.OTLPTracesInsecure
+	}
+	return c.OTLPInsecure
+}
+
 // TracesEndpoint returns where spans are exported, or "" when tracing is
 // off (TracingEnabled). OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it
 // is. OTEL_EXPORTER_OTLP_ENDPOINT is a base URL for OTLP/HTTP, to which

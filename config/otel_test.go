@@ -226,3 +226,31 @@ func TestTracingWarnings(t *testing.T) {
 		t.Errorf("warnings: %v", ws)
 	}
 }
+
+// TestTracesInsecure: OTEL_EXPORTER_OTLP_TRACES_INSECURE wins over
+// OTEL_EXPORTER_OTLP_INSECURE either way; unset, the generic one holds. It is
+// read, not warned about as ignored.
+func TestTracesInsecure(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		environ map[string]string
+		want    bool
+	}{
+		{"neither", map[string]string{}, false},
+		{"generic", map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "true"}, true},
+		{"traces only", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}, true},
+		{"traces off wins", map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "false"}, false},
+		{"traces on wins", map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "false", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}, true},
+		{"traces empty is unset", map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": ""}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := mustLoad(t, with(tt.environ))
+			if got := cfg.TracesInsecure(); got != tt.want {
+				t.Errorf("TracesInsecure() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if got := ignoredOTLPVars(map[string]string{"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}); len(got) != 0 {
+		t.Errorf("ignoredOTLPVars = %v, want none: courier reads it", got)
+	}
+}

@@ -216,7 +216,7 @@ func (s *sidecar) startTracing(ctx context.Context) (func(), error) {
 	p, err := tracing.New(ctx, tracing.Config{
 		Endpoint:           cfg.TracesEndpoint(),
 		Protocol:           cfg.TracesProtocol(),
-		Insecure:           cfg.OTLPInsecure,
+		Insecure:           cfg.TracesInsecure(),
 		Headers:            cfg.TracesHeaders(),
 		ServiceName:        cfg.TracesServiceName(),
 		ServiceVersion:     v,

@@ -61,3 +61,48 @@ func TestTracingEndToEnd(t *testing.T) {
 		t.Errorf("attributes %v", attrs)
 	}
 }
+
+// Spans go over OTLP/gRPC in plaintext to a collector given as host:port
+// when OTEL_EXPORTER_OTLP_TRACES_INSECURE says so, even against
+// OTEL_EXPORTER_OTLP_INSECURE=false; without it the exporter speaks TLS and
+// the plaintext collector gets nothing.
+func TestTracingGRPCInsecure(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		insecure string
+		want     bool
+	}{
+		{"traces insecure wins", "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true", true},
+		{"TLS by default", "OTEL_EXPORTER_OTLP_TRACES_INSECURE=", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			addr, exports := oteltest.GRPCReceiver(t)
+			called := make(chan struct{}, 4)
+			app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called <- struct{}{} }))
+			t.Cleanup(app.Close)
+			c := start(t, h.env(app.URL, "OTEL_EXPORTER_OTLP_ENDPOINT="+addr, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+				"OTEL_EXPORTER_OTLP_INSECURE=false", tc.insecure))
+			h.publish("orders.created", "x", nil)
+			select {
+			case <-called:
+			case <-time.After(10 * time.Second):
+				t.Fatal("app not called")
+			}
+			_ = c.stop() // flushes the spans (an export over TLS fails, and is logged)
+			select {
+			case e := <-exports:
+				if !tc.want {
+					t.Fatalf("a plaintext collector got %d spans from an exporter that should speak TLS", len(oteltest.Spans(e)))
+				}
+				if len(oteltest.Spans(e)) == 0 {
+					t.Fatal("an export without spans")
+				}
+			case <-time.After(5 * time.Second):
+				if tc.want {
+					t.Fatal("no span exported over plaintext gRPC")
+				}
+			}
+		})
+	}
+}

@@ -153,6 +153,9 @@ func postDirect(ctx context.Context, c *http.Client, rt http.RoundTripper, ep en
 type endpoint struct {
 	url  *url.URL
 	tmpl *http.Request
+	// uri and addr are the request target and the host:port dialled (an
+	// address standing for the socket of a unix:// URL).
+	uri, addr string
 }
 
 // A unix:// URL names an app on a Unix socket (internal/appurl): its
@@ -169,7 +172,7 @@ func parseEndpoint(raw string) (endpoint, error) {
 	}
 	req.Host = t.Host
 	req.Header = nil
-	return endpoint{url: req.URL, tmpl: req}, nil
+	return endpoint{url: req.URL, tmpl: req, uri: req.URL.RequestURI(), addr: canonicalAddr(req.URL)}, nil
 }
 
 // newRequest is http.NewRequestWithContext(ctx, POST, ep, bytes.NewReader(body))
@@ -233,24 +236,32 @@ func roundTrip(c *http.Client, rt http.RoundTripper, req *http.Request) (*http.R
 		}
 		return nil, &url.Error{Op: "Post", URL: req.URL.String(), Err: err}
 	}
-	// Client.Do parses the Location of a redirect it could follow before
-	// asking CheckRedirect (NewClient's refuses every one), and fails on
-	// one it cannot parse. A 307 or 308 it could follow only without a
-	// body, having no GetBody to send it again.
+	if err := badLocation(req.URL, req.ContentLength, resp); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return resp, nil
+}
+
+// badLocation is the error Client.Do returns for resp, an answer to a
+// request to u with a body of length bytes: Client.Do parses the Location
+// of a redirect it could follow before asking CheckRedirect (NewClient's
+// refuses every one), and fails on one it cannot parse. A 307 or 308 it
+// could follow only without a body, having no GetBody to send it again.
+func badLocation(u *url.URL, length int64, resp *http.Response) error {
 	switch resp.StatusCode {
 	case 301, 302, 303, 307, 308:
-		if resp.StatusCode >= 307 && req.ContentLength != 0 {
-			break
+		if resp.StatusCode >= 307 && length != 0 {
+			return nil
 		}
 		if loc := resp.Header.Get("Location"); loc != "" {
-			if _, perr := req.URL.Parse(loc); perr != nil {
-				resp.Body.Close()
-				return nil, &url.Error{Op: "Post", URL: req.URL.String(),
+			if _, perr := u.Parse(loc); perr != nil {
+				return &url.Error{Op: "Post", URL: u.String(),
 					Err: fmt.Errorf("failed to parse Location header %q: %v", loc, perr)}
 			}
 		}
 	}
-	return resp, nil
+	return nil
 }
 
 // exchange sends one request and returns the app's response, or an
@@ -259,6 +270,9 @@ func roundTrip(c *http.Client, rt http.RoundTripper, req *http.Request) (*http.R
 // (resend: it never left courier whole, on a reused keep-alive connection
 // found closed while writing).
 func exchange(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte) (resp *http.Response, err error, resend bool) {
+	if h1, ok := rt.(*h1Transport); ok && ep.url.Scheme == "http" && ep.url.User == nil {
+		return h1.exchange(ctx, ep, h, body)
+	}
 	t := newConnTrace()
 	req := newRequest(httptrace.WithClientTrace(ctx, &t.hooks), ep, h, body)
 	if req.Body == http.NoBody {
@@ -273,29 +287,36 @@ func exchange(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endp
 	if err != nil {
 		// The trace callbacks ran on this goroutine's request before Do
 		// returned, so reading them here is ordered after their writes.
-		switch {
-		case !t.askedConn:
-			// Refused before any connection was sought (a header the
-			// transport will not send): about this request, not the app.
-			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !t.gotConn && t.handshaking.Load():
-			// The app accepted the connection but the TLS handshake failed
-			// (a certificate courier does not trust): a fault of the set-up
-			// that holding messages would not cure, and the probe's plain
-			// connection would call the app back at once.
-			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		case !t.gotConn:
-			return nil, &AppError{Kind: KindUnreachable, Err: err}, false
-		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err) ||
-			errors.Is(context.Cause(ctx), context.DeadlineExceeded):
-			return nil, &AppError{Kind: KindTimeout, Err: err}, false
-		case t.reused && (!t.wrote || t.wroteErr != nil):
-			return nil, &AppError{Kind: KindTransport, Err: err}, true
-		default:
-			return nil, &AppError{Kind: KindTransport, Err: err}, false
-		}
+		err, resend := exchangeError(ctx, err, t)
+		return nil, err, resend
 	}
 	return resp, nil, false
+}
+
+// exchangeError is the *AppError of a request that got no answer, from what
+// it learned of its connection (t), and whether it may be sent again.
+func exchangeError(ctx context.Context, err error, t *connTrace) (error, bool) {
+	switch {
+	case !t.askedConn:
+		// Refused before any connection was sought (a header the
+		// transport will not send): about this request, not the app.
+		return &AppError{Kind: KindTransport, Err: err}, false
+	case !t.gotConn && t.handshaking.Load():
+		// The app accepted the connection but the TLS handshake failed
+		// (a certificate courier does not trust): a fault of the set-up
+		// that holding messages would not cure, and the probe's plain
+		// connection would call the app back at once.
+		return &AppError{Kind: KindTransport, Err: err}, false
+	case !t.gotConn:
+		return &AppError{Kind: KindUnreachable, Err: err}, false
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err) ||
+		errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return &AppError{Kind: KindTimeout, Err: err}, false
+	case t.reused && (!t.wrote || t.wroteErr != nil):
+		return &AppError{Kind: KindTransport, Err: err}, true
+	default:
+		return &AppError{Kind: KindTransport, Err: err}, false
+	}
 }
 
 func post(ctx context.Context, c *http.Client, rt http.RoundTripper, ep endpoint, h http.Header, body []byte, limit int64) (a *Answer, err error, resend bool) {

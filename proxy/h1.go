@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -60,38 +61,109 @@ const maxInterim = 5
 // write return at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
+// h1Request is what send writes: a request's parts, its body in memory
+// (body) or to be read (bodyR, for RoundTrip's callers).
+type h1Request struct {
+	method, uri, host, addr string
+	header                  http.Header
+	close                   bool
+	length                  int64
+	body                    []byte
+	bodyR                   io.ReadCloser
+	// req is the request as ReadResponse sees it (it reads the method)
+	// and the answer names it: the caller's, or the endpoint's template.
+	req *http.Request
+}
+
 func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || req.URL.User != nil {
 		return t.next.RoundTrip(req)
 	}
-	ctx := req.Context()
-	if err := checkHeader(req.Header); err != nil {
+	r := h1RequestOf(req)
+	if req.ContentLength < 0 || (req.ContentLength == 0 && r.bodyR != nil) {
+		// A body of unknown length, sent chunked: not something courier
+		// sends; net/http's transport has the machinery.
+		return t.next.RoundTrip(req)
+	}
+	var st connTrace
+	return t.send(req.Context(), &r, httptrace.ContextClientTrace(req.Context()), &st)
+}
+
+// h1RequestOf is req's parts, as send writes them.
+func h1RequestOf(req *http.Request) h1Request {
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	r := h1Request{method: req.Method, uri: req.URL.RequestURI(), host: host, addr: canonicalAddr(req.URL),
+		header: req.Header, close: req.Close, length: req.ContentLength, req: req}
+	if req.Body != nil && req.Body != http.NoBody {
+		r.bodyR = req.Body
+	}
+	if r.method == "" {
+		r.method = http.MethodGet
+	}
+	return r
+}
+
+// exchange is the runner's request to an http:// or unix:// app: POST body
+// with header h to ep, without an http.Request of its own nor httptrace
+// hooks (what they would learn, send records in a connTrace). It answers
+// as the package's exchange does.
+func (t *h1Transport) exchange(ctx context.Context, ep endpoint, h http.Header, body []byte) (*http.Response, error, bool) {
+	r := h1Request{method: http.MethodPost, uri: ep.uri, host: ep.tmpl.Host, addr: ep.addr,
+		header: h, length: int64(len(body)), body: body, req: ep.tmpl}
+	var st connTrace
+	resp, err := t.send(ctx, &r, nil, &st)
+	if err != nil {
+		// As Client.Do reports it.
+		err, resend := exchangeError(ctx, &url.Error{Op: "Post", URL: ep.url.String(), Err: err}, &st)
+		return nil, err, resend
+	}
+	if err := badLocation(ep.url, r.length, resp); err != nil {
+		resp.Body.Close()
+		err, resend := exchangeError(ctx, err, &st)
+		return nil, err, resend
+	}
+	return resp, nil, false
+}
+
+// send writes r on an idle connection or a new one, and reads its answer.
+// It records in st what it learned of the connection, and calls trace's
+// hooks (if any) as net/http's Transport would.
+func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (*http.Response, error) {
+	closeBody := func() {
+		if r.bodyR != nil {
+			_ = r.bodyR.Close()
+		}
+	}
+	if err := checkHeader(r.header); err != nil {
 		// Refused before a connection is sought, as net/http refuses it.
-		closeBody(req)
+		closeBody()
 		return nil, err
 	}
-	trace := httptrace.ContextClientTrace(ctx)
-	addr := canonicalAddr(req)
+	st.askedConn = true
 	if trace != nil && trace.GetConn != nil {
-		trace.GetConn(addr)
+		trace.GetConn(r.addr)
 	}
 	if err := context.Cause(ctx); err != nil {
-		closeBody(req)
+		closeBody()
 		return nil, err
 	}
-	pc, reused, idle := t.take(addr)
+	pc, reused, idle := t.take(r.addr)
 	if pc == nil {
-		c, err := t.dial(ctx, "tcp", addr)
+		c, err := t.dial(ctx, "tcp", r.addr)
 		if err != nil {
-			closeBody(req)
+			closeBody()
 			if ctx.Err() != nil {
 				return nil, context.Cause(ctx)
 			}
 			return nil, err
 		}
-		pc = &h1Conn{t: t, addr: addr, c: c,
+		pc = &h1Conn{t: t, addr: r.addr, c: c,
 			br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}
 	}
+	st.gotConn, st.reused = true, reused
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: pc.c, Reused: reused, WasIdle: reused, IdleTime: idle})
 	}
@@ -107,10 +179,11 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	err := writeRequest(pc.bw, req)
+	err := writeRequest(pc.bw, r)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
+	st.wrote, st.wroteErr = true, err
 	if trace != nil && trace.WroteRequest != nil {
 		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
 	}
@@ -129,7 +202,7 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if interim > maxInterim {
 			return fail(fmt.Errorf("the app sent more than %d interim (1xx) answers", maxInterim))
 		}
-		resp, err = http.ReadResponse(pc.br, req)
+		resp, err = http.ReadResponse(pc.br, r.req)
 		if err != nil {
 			if wrote != nil {
 				err = wrote
@@ -145,7 +218,7 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			break
 		}
 	}
-	reuse := wrote == nil && !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
 	if resp.Body == http.NoBody || resp.Body == nil {
 		pc.done(stop, reuse)
 		resp.Body = http.NoBody
@@ -155,18 +228,13 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// canonicalAddr is the host and port a request goes to, port 80 by default.
-func canonicalAddr(req *http.Request) string {
-	if port := req.URL.Port(); port != "" {
-		return req.URL.Host
+// canonicalAddr is the host and port a request to u goes to, port 80 by
+// default.
+func canonicalAddr(u *url.URL) string {
+	if port := u.Port(); port != "" {
+		return u.Host
 	}
-	return net.JoinHostPort(req.URL.Hostname(), "80")
-}
-
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		_ = req.Body.Close()
-	}
+	return net.JoinHostPort(u.Hostname(), "80")
 }
 
 // take returns an idle connection to addr that the app has not closed, how
@@ -334,31 +402,20 @@ func checkHeader(h http.Header) error {
 	return nil
 }
 
-// writeRequest writes req to w as (*http.Request).Write writes a request with
+// writeRequest writes r to w as (*http.Request).Write writes a request with
 // a known length: the request line, Host, User-Agent (Go's unless the header
-// has one), Connection: close if req.Close, Content-Length, the header (except
-// the fields Request.Write writes from req's own fields), and the body. The
-// header has passed checkHeader.
-func writeRequest(w *bufio.Writer, req *http.Request) error {
-	if req.ContentLength < 0 {
-		return req.Write(w) // a body of unknown length: chunked
-	}
-	host := req.Host
-	if host == "" {
-		host = req.URL.Host
-	}
-	method := req.Method
-	if method == "" {
-		method = http.MethodGet
-	}
-	w.WriteString(method)
+// has one), Connection: close if r.close, Content-Length, the header (except
+// the fields Request.Write writes from a request's own fields), and the
+// body. The header has passed checkHeader.
+func writeRequest(w *bufio.Writer, r *h1Request) error {
+	w.WriteString(r.method)
 	w.WriteByte(' ')
-	w.WriteString(req.URL.RequestURI())
+	w.WriteString(r.uri)
 	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(host)
+	w.WriteString(r.host)
 	w.WriteString("\r\n")
 	ua := "Go-http-client/1.1"
-	if vs, ok := req.Header["User-Agent"]; ok {
+	if vs, ok := r.header["User-Agent"]; ok {
 		ua = ""
 		if len(vs) > 0 {
 			ua = vs[0]
@@ -369,16 +426,16 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 		w.WriteString(ua)
 		w.WriteString("\r\n")
 	}
-	if req.Close {
+	if r.close {
 		w.WriteString("Connection: close\r\n")
 	}
-	if req.ContentLength > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
+	if r.length > 0 || r.method == http.MethodPost || r.method == http.MethodPut || r.method == http.MethodPatch {
 		var n [20]byte
 		w.WriteString("Content-Length: ")
-		w.Write(strconv.AppendInt(n[:0], req.ContentLength, 10))
+		w.Write(strconv.AppendInt(n[:0], r.length, 10))
 		w.WriteString("\r\n")
 	}
-	for k, vs := range req.Header {
+	for k, vs := range r.header {
 		switch k {
 		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
 			continue
@@ -391,13 +448,14 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 		}
 	}
 	w.WriteString("\r\n")
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil
+	if r.bodyR == nil {
+		_, err := w.Write(r.body)
+		return err
 	}
-	n, err := io.Copy(w, req.Body)
-	closeBody(req)
-	if err == nil && n != req.ContentLength {
-		err = fmt.Errorf("net/http: ContentLength=%d with Body length %d", req.ContentLength, n)
+	n, err := io.Copy(w, r.bodyR)
+	_ = r.bodyR.Close()
+	if err == nil && n != r.length {
+		err = fmt.Errorf("net/http: ContentLength=%d with Body length %d", r.length, n)
 	}
 	return err
 }

@@ -167,13 +167,18 @@ func validFieldName(s string) bool {
 	return true
 }
 
-func isTokenChar(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
+func isTokenChar(c byte) bool { return tokenChars[c] }
+
+// tokenChars are the bytes of an HTTP token: letters, digits and
+// !#$%&'*+-.^_`|~ (checked for every header field of every request).
+var tokenChars = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		b := byte(c)
+		t[c] = b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
 	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
+	return t
+}()
 
 // validFieldValue reports whether s can be sent as an HTTP field value: no
 // control characters but horizontal tab (RFC 9110 section 5.5).

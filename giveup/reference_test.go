@@ -43,30 +43,7 @@ func TestGiveUpCatcherDuplicateOfReferenceKeepsOriginal(t *testing.T) {
 	_, js := natstest.Connect(t, srv)
 	e := newEnvOn(t, srv, js, jetstream.WorkQueuePolicy)
 
-	longest := time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC) // the longest RFC 3339 form
-	base := dlq.Letter{
-		Subject: "orders.created", Stream: "ORDERS", StreamCreated: e.src.CachedInfo().Created,
-		Sequence: 1, Consumer: consumer, Published: longest, FailedAt: longest,
-	}
-	catcherLetter := base
-	catcherLetter.Reason, catcherLetter.Attempts = dlq.ReasonMaxDeliveries, 2
-	catcherLetter.Error = "JetStream gave up after 2 deliveries without an ack (ack wait expired each time)"
-	body := strings.Repeat("x", maxPayload-envelopeSize(dlq.Envelope(catcherLetter))-20)
-
-	seq := e.publish("orders.created", body, nil)
-	orig, err := e.src.GetMsg(ctx(t, 5*time.Second), seq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The delivery loop's dead letter of the last attempt: a 400 with a
-	// long error; it does not fit with the body.
-	loop := base
-	loop.Sequence, loop.Published, loop.Data = seq, orig.Time, orig.Data
-	loop.Reason, loop.Status, loop.Attempts = dlq.ReasonRejected, 400, 2
-	loop.Error = strings.Repeat("e", 1000)
-	if err := e.pub.DeadLetter(ctx(t, 5*time.Second), loop); !dlq.Stored(err) || !strings.Contains(err.Error(), dlq.ErrBodyOmitted.Error()) {
-		t.Fatalf("delivery loop's dead letter = %v, want stored as a reference", err)
-	}
+	seq := storeLoopReference(t, e, maxPayload, 2)
 
 	c := e.newCatcher(nil).run(t)
 	e.exhaust()
@@ -106,30 +83,7 @@ func TestGiveUpCatcherMarkedReferenceNoSecondLetter(t *testing.T) {
 	}
 	e := newEnvOn(t, srv, js, jetstream.WorkQueuePolicy)
 
-	// The body fits with the catcher's envelope, not with the delivery
-	// loop's (as in TestGiveUpCatcherDuplicateOfReferenceKeepsOriginal).
-	longest := time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC)
-	base := dlq.Letter{
-		Subject: "orders.created", Stream: "ORDERS", StreamCreated: e.src.CachedInfo().Created,
-		Sequence: 1, Consumer: consumer, Published: longest, FailedAt: longest,
-	}
-	catcherLetter := base
-	catcherLetter.Reason, catcherLetter.Attempts = dlq.ReasonMaxDeliveries, 2
-	catcherLetter.Error = "JetStream gave up after 2 deliveries without an ack (ack wait expired each time)"
-	body := strings.Repeat("x", 8192-envelopeSize(dlq.Envelope(catcherLetter))-20)
-
-	seq := e.publish("orders.created", body, nil)
-	orig, err := e.src.GetMsg(ctx(t, 5*time.Second), seq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	loop := base
-	loop.Sequence, loop.Published, loop.Data = seq, orig.Time, orig.Data
-	loop.Reason, loop.Status, loop.Attempts = dlq.ReasonRejected, 400, 1
-	loop.Error = strings.Repeat("e", 1000)
-	if err := e.pub.DeadLetter(ctx(t, 5*time.Second), loop); !errors.Is(err, dlq.ErrBodyOmitted) {
-		t.Fatalf("delivery loop's dead letter = %v, want stored as a reference", err)
-	}
+	seq := storeLoopReference(t, e, 8192, 1)
 
 	var asked, stored atomic.Int32
 	c := e.newCatcher(nil, func(o *giveup.Options) {
@@ -162,4 +116,35 @@ func TestGiveUpCatcherMarkedReferenceNoSecondLetter(t *testing.T) {
 	if !e.originalExists(seq) {
 		t.Error("original removed from its work-queue stream, though its only dead letter does not carry its body")
 	}
+}
+
+// storeLoopReference publishes a message whose body fits in a dead letter
+// with the catcher's envelope but not with the delivery loop's (a 400 with
+// a long error, after attempts), and stores the delivery loop's dead letter
+// of it: a reference, without the body. It returns the message's sequence.
+func storeLoopReference(t *testing.T, e *env, maxPayload, attempts int) uint64 {
+	t.Helper()
+	longest := time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC) // the longest RFC 3339 form
+	base := dlq.Letter{
+		Subject: "orders.created", Stream: "ORDERS", StreamCreated: e.src.CachedInfo().Created,
+		Sequence: 1, Consumer: consumer, Published: longest, FailedAt: longest,
+	}
+	catcherLetter := base
+	catcherLetter.Reason, catcherLetter.Attempts = dlq.ReasonMaxDeliveries, 2
+	catcherLetter.Error = "JetStream gave up after 2 deliveries without an ack (ack wait expired each time)"
+	body := strings.Repeat("x", maxPayload-envelopeSize(dlq.Envelope(catcherLetter))-20)
+
+	seq := e.publish("orders.created", body, nil)
+	orig, err := e.src.GetMsg(ctx(t, 5*time.Second), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop := base
+	loop.Sequence, loop.Published, loop.Data = seq, orig.Time, orig.Data
+	loop.Reason, loop.Status, loop.Attempts = dlq.ReasonRejected, 400, attempts
+	loop.Error = strings.Repeat("e", 1000)
+	if err := e.pub.DeadLetter(ctx(t, 5*time.Second), loop); !errors.Is(err, dlq.ErrBodyOmitted) {
+		t.Fatalf("delivery loop's dead letter = %v, want stored as a reference", err)
+	}
+	return seq
 }

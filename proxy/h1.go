@@ -142,13 +142,15 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 		closeBody()
 		return nil, err
 	}
+	if err := context.Cause(ctx); err != nil {
+		// Ended before a connection was sought, as net/http's Transport
+		// checks it: this says nothing of the app.
+		closeBody()
+		return nil, err
+	}
 	st.askedConn = true
 	if trace != nil && trace.GetConn != nil {
 		trace.GetConn(r.addr)
-	}
-	if err := context.Cause(ctx); err != nil {
-		closeBody()
-		return nil, err
 	}
 	pc, reused, idle := t.take(r.addr)
 	if pc == nil {

@@ -400,3 +400,36 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 		})
 	}
 }
+
+// A request whose context ended before it was sent fails as it did with
+// net/http's Transport: not as an unreachable app (which would hold
+// messages and call the app unavailable), and without a connection.
+func TestH1ContextEndedBeforeSending(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
+	ep, err := parseEndpoint(app.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(ClientOptions{MaxConns: 2})
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(cause)
+		for _, tc := range []struct {
+			name string
+			rt   http.RoundTripper // nil: Client.Do, through RoundTrip
+		}{
+			{"exchange", c.Transport},
+			{"RoundTrip", nil},
+			{"net/http's Transport", c.Transport.(*h1Transport).next},
+		} {
+			_, err, resend := exchange(ctx, c, tc.rt, ep, http.Header{}, []byte("x"))
+			var ae *AppError
+			if !errors.As(err, &ae) || ae.Kind != KindTransport || resend || !errors.Is(err, cause) {
+				t.Errorf("%s, context ended (%v): %v (resend %v), want a transport error of the context's cause", tc.name, cause, err, resend)
+			}
+		}
+	}
+	if n := cc.opened.Load(); n != 0 {
+		t.Errorf("%d connections for requests whose context had ended, want 0", n)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -48,14 +49,18 @@ type h1Conn struct {
 	t         *h1Transport
 	addr      string
 	c         net.Conn
-	br        *bufio.Reader
+	br        *bufio.Reader // reads c through Read
 	bw        *bufio.Writer
 	idleSince time.Time
+	// limit is what br may still read from c: maxHeaderBytes while an
+	// answer's header is read, no limit for its body.
+	limit int64
 }
 
-// maxInterim bounds the interim answers (1xx) read before an answer, as
-// net/http's Transport bounds them.
-const maxInterim = 5
+// maxHeaderBytes bounds an answer's header, its interim answers (1xx)
+// included, as net/http's Transport bounds them by default. It does not
+// count interim answers: an app may send 102 Processing while it works.
+const maxHeaderBytes = 10 << 20
 
 // aLongTimeAgo is a deadline in the past: setting it makes a blocked read or
 // write return at once.
@@ -142,13 +147,15 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 		closeBody()
 		return nil, err
 	}
+	if err := context.Cause(ctx); err != nil {
+		// Ended before a connection was sought, as net/http's Transport
+		// checks it: this says nothing of the app.
+		closeBody()
+		return nil, err
+	}
 	st.askedConn = true
 	if trace != nil && trace.GetConn != nil {
 		trace.GetConn(r.addr)
-	}
-	if err := context.Cause(ctx); err != nil {
-		closeBody()
-		return nil, err
 	}
 	pc, reused, idle := t.take(r.addr)
 	if pc == nil {
@@ -160,8 +167,8 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 			}
 			return nil, err
 		}
-		pc = &h1Conn{t: t, addr: r.addr, c: c,
-			br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+		pc = &h1Conn{t: t, addr: r.addr, c: c, bw: bufio.NewWriterSize(c, 4<<10)}
+		pc.br = bufio.NewReaderSize(pc, 4<<10)
 	}
 	st.gotConn, st.reused = true, reused
 	if trace != nil && trace.GotConn != nil {
@@ -198,14 +205,14 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	}
 	var resp *http.Response
-	for interim := 0; ; interim++ {
-		if interim > maxInterim {
-			return fail(fmt.Errorf("the app sent more than %d interim (1xx) answers", maxInterim))
-		}
+	pc.limit = maxHeaderBytes
+	for {
 		resp, err = http.ReadResponse(pc.br, r.req)
 		if err != nil {
 			if wrote != nil {
 				err = wrote
+			} else if pc.limit <= 0 {
+				err = fmt.Errorf("the app's answer headers exceeded %d bytes", maxHeaderBytes)
 			} else if errors.Is(err, io.EOF) {
 				err = fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
 			}
@@ -218,6 +225,7 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 			break
 		}
 	}
+	pc.limit = math.MaxInt64
 	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
 	if resp.Body == http.NoBody || resp.Body == nil {
 		pc.done(stop, reuse)
@@ -281,6 +289,19 @@ func (pc *h1Conn) done(stop func() bool, reuse bool) {
 }
 
 func (pc *h1Conn) close() { _ = pc.c.Close() }
+
+// Read reads from the connection for br, no more than limit.
+func (pc *h1Conn) Read(p []byte) (int, error) {
+	if pc.limit <= 0 {
+		return 0, errors.New("read limit exhausted")
+	}
+	if int64(len(p)) > pc.limit {
+		p = p[:pc.limit]
+	}
+	n, err := pc.c.Read(p)
+	pc.limit -= int64(n)
+	return n, err
+}
 
 func (t *h1Transport) put(pc *h1Conn) {
 	pc.idleSince = time.Now()

@@ -400,3 +400,127 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 		})
 	}
 }
+
+// A request whose context ended before it was sent fails as it did with
+// net/http's Transport: not as an unreachable app (which would hold
+// messages and call the app unavailable), and without a connection.
+func TestH1ContextEndedBeforeSending(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
+	ep, err := parseEndpoint(app.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(ClientOptions{MaxConns: 2})
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(cause)
+		for _, tc := range []struct {
+			name string
+			rt   http.RoundTripper // nil: Client.Do, through RoundTrip
+		}{
+			{"exchange", c.Transport},
+			{"RoundTrip", nil},
+			{"net/http's Transport", c.Transport.(*h1Transport).next},
+		} {
+			_, err, resend := exchange(ctx, c, tc.rt, ep, http.Header{}, []byte("x"))
+			var ae *AppError
+			if !errors.As(err, &ae) || ae.Kind != KindTransport || resend || !errors.Is(err, cause) {
+				t.Errorf("%s, context ended (%v): %v (resend %v), want a transport error of the context's cause", tc.name, cause, err, resend)
+			}
+		}
+	}
+	if n := cc.opened.Load(); n != 0 {
+		t.Errorf("%d connections for requests whose context had ended, want 0", n)
+	}
+}
+
+// rawApp serves each connection accepted on a TCP listener with serve, and
+// returns the listener's URL.
+func rawApp(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				serve(conn)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/"
+}
+
+// An app may send interim answers (102 Processing) while it works, as many
+// as it likes: net/http's Transport bounds their size, not their number.
+// The answer that follows is the outcome, on both transports.
+func TestH1ManyInterimAnswers(t *testing.T) {
+	url := rawApp(t, func(conn net.Conn) {
+		br := bufio.NewReader(conn)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			_, _ = io.WriteString(conn, strings.Repeat("HTTP/1.1 102 Processing\r\n\r\n", 20)+
+				"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range []http.RoundTripper{c.Transport, c.Transport.(*h1Transport).next} {
+		for i := range 2 {
+			resp, err, _ := exchange(context.Background(), c, rt, ep, http.Header{}, []byte("x"))
+			if err != nil {
+				t.Fatalf("%T, request %d: %v, want the 200 after 20 interim answers", rt, i, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(b) != "ok" || err != nil {
+				t.Fatalf("%T, request %d: %d %q %v, want 200 \"ok\"", rt, i, resp.StatusCode, b, err)
+			}
+		}
+	}
+}
+
+// An answer whose header does not end is cut off once it passes net/http's
+// limit: a transport error, not memory growing until the request times out.
+func TestH1BoundsAnswerHeaders(t *testing.T) {
+	url := rawApp(t, func(conn net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(conn))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nX-Endless: ")
+		line := strings.Repeat("a", 64<<10)
+		for range (maxHeaderBytes >> 16) + 16 {
+			if _, err := io.WriteString(conn, line); err != nil {
+				return
+			}
+		}
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	ep, err := parseEndpoint(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	var ae *AppError
+	if !errors.As(err, &ae) || ae.Kind != KindTransport || !strings.Contains(err.Error(), "exceeded") {
+		t.Fatalf("an endless answer header: %v, want a transport error saying it exceeded the limit", err)
+	}
+}

@@ -95,6 +95,7 @@ func TestH1SkipsConnectionsTheAppClosed(t *testing.T) {
 	}
 	t.Cleanup(func() { ln.Close() })
 	var accepted atomic.Int32
+	closed := make(chan struct{}, 3)
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -104,7 +105,7 @@ func TestH1SkipsConnectionsTheAppClosed(t *testing.T) {
 			accepted.Add(1)
 			go func() {
 				// One answer, keep-alive announced, then the app closes.
-				defer conn.Close()
+				defer func() { conn.Close(); closed <- struct{}{} }()
 				req, err := http.ReadRequest(bufio.NewReader(conn))
 				if err != nil {
 					return
@@ -118,7 +119,8 @@ func TestH1SkipsConnectionsTheAppClosed(t *testing.T) {
 	url := "http://" + ln.Addr().String() + "/"
 	for i := range 3 {
 		if i > 0 {
-			time.Sleep(50 * time.Millisecond) // the app's close has arrived
+			<-closed                          // the app has closed the last connection
+			time.Sleep(10 * time.Millisecond) // and its FIN has reached courier's end
 		}
 		status, answer, err := h1Post(t, c, url, "x")
 		if err != nil || status != 200 || answer != "ok" {

@@ -360,14 +360,10 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	return a, time.Since(began), err
 }
 
-// settleSuccess records the key of a 2xx'd delivery (with dedup on, handed
-// to the recorder) and acks it.
+// settleSuccess hands a 2xx'd delivery to the recorder, which records its
+// key (dedup on) and acks it with the others of its batch.
 func (r *Runner) settleSuccess(d *delivery, took time.Duration) {
-	if r.dd != nil {
-		r.recs <- recJob{d: d, took: took}
-		return
-	}
-	r.acked(d, took)
+	r.recs <- recJob{d: d, took: took}
 }
 
 // unclaim ends the delivery's flight and its claim in the store after an

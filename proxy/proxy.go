@@ -97,8 +97,8 @@ type Runner struct {
 	epErr      error    // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
-	// recs hands delivered messages to the recorder (dedup on), which lets
-	// each batch gather for linger (recordLinger).
+	// recs hands delivered messages to the recorder, which lets each batch
+	// gather for linger (recordLinger).
 	recs      chan recJob
 	linger    time.Duration
 	recorders sync.WaitGroup
@@ -271,10 +271,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	for range r.o.MaxInflight {
 		go r.worker()
 	}
-	if r.dd != nil {
-		r.recorders.Add(1)
-		go r.recorder()
-	}
+	r.recorders.Add(1)
+	go r.recorder()
 
 	fatal := r.fetch.run(ctx)
 	if fatal != nil {

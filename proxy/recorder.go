@@ -24,8 +24,10 @@ const maxRecordBatch = 256
 // worker has moved on.
 const recordLinger = time.Millisecond
 
-// recorder records the keys of delivered messages, then acks them and ends
-// their flights, until recs is closed. It takes every delivery waiting
+// recorder records the keys of delivered messages (dedup on), then acks
+// them and ends their flights, until recs is closed. With dedup off it acks
+// them in batches all the same: acks sent together leave in fewer writes to
+// the connection, as nats.go flushes what is pending at once. It takes every delivery waiting
 // recordLinger after the first (up to maxRecordBatch) and records their keys
 // in one call, so the store commits the keys of concurrent workers and of
 // successive messages together (group commit) and the batches grow with the
@@ -50,15 +52,18 @@ func (r *Runner) recorder() {
 				break fill
 			}
 		}
-		keys = keys[:0]
-		for _, j := range batch {
-			keys = append(keys, j.d.skey)
+		var err error
+		if r.dd != nil {
+			keys = keys[:0]
+			for _, j := range batch {
+				keys = append(keys, j.d.skey)
+			}
+			// Not the requests phase: a 2xx that arrived as the grace
+			// period ended is recorded all the same.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
+			err = r.dd.Record(ctx, keys...)
+			cancel()
 		}
-		// Not the requests phase: a 2xx that arrived as the grace period
-		// ended is recorded all the same.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
-		err := r.dd.Record(ctx, keys...)
-		cancel()
 		if err != nil {
 			// The effect happened: calling the app again would surely
 			// duplicate it, so the messages are acked anyway.

@@ -46,10 +46,7 @@ func TestDuplicateProbeDoesNotStallBreaker(t *testing.T) {
 		MaxDeliver: 5, MaxInflight: 1, BreakerFailures: 2, BreakerProbe: 100 * time.Millisecond,
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
-	})
+	waitBreakerOpen(t, r)
 	time.Sleep(500 * time.Millisecond) // the duplicate probe goes
 	a.storming.Store(false)
 	waitFor(t, "k-d delivered after the app recovered", func() bool {
@@ -103,10 +100,7 @@ func TestProbeMeetingUnreachableAppDoesNotStallBreaker(t *testing.T) {
 		MaxDeliver: 5, MaxInflight: 1, BreakerFailures: 2, BreakerProbe: 300 * time.Millisecond,
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
-	})
+	waitBreakerOpen(t, r)
 	app.srv.Close() // the app goes away before the probe
 	waitFor(t, "the probe to find the app unavailable", func() bool {
 		err := r.Ready()
@@ -186,9 +180,6 @@ func openInStorm(t *testing.T, e *env, maxDeliver int, o proxy.Options) (*stormA
 	e.publishKeyed(t, "s.c", "k-c")
 	o.MaxDeliver, o.MaxInflight, o.BreakerFailures = maxDeliver, 1, 2
 	r, _ := e.runWith(t, nil, o)
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
-	})
+	waitBreakerOpen(t, r)
 	return a, r
 }

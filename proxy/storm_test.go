@@ -81,10 +81,7 @@ func TestStormDeadLettersNothing(t *testing.T) {
 		MaxDeliver: 3, MaxInflight: 4, BreakerFailures: 5, BreakerProbe: 100 * time.Millisecond,
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
-	waitFor(t, "the breaker to open", func() bool {
-		err := r.Ready()
-		return err != nil && contains(err.Error(), "breaker open")
-	})
+	waitBreakerOpen(t, r)
 	time.Sleep(time.Second) // the storm goes on
 	a.mu.Lock()
 	requestsInStorm := len(a.times)
@@ -293,4 +290,13 @@ func TestSummaryInsteadOfALinePerMessage(t *testing.T) {
 	if !strings.Contains(out, "summary at shutdown") {
 		t.Errorf("no summary at shutdown:\n%s", out)
 	}
+}
+
+// waitBreakerOpen waits until r reports its breaker open (/readyz).
+func waitBreakerOpen(t *testing.T, r *proxy.Runner) {
+	t.Helper()
+	waitFor(t, "the breaker to open", func() bool {
+		err := r.Ready()
+		return err != nil && contains(err.Error(), "breaker open")
+	})
 }

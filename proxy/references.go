@@ -133,10 +133,7 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 // budget is spent. A store that cannot answer lets the delivery go on (the
 // dedup check that follows holds it while the store is down).
 func (r *Runner) referenced(d *delivery) bool {
-	if d.attempt <= 1 || r.o.TermKeepsMessage || !mayBeReference(d.m, r.o.MaxPayload) {
-		return false
-	}
-	ok, err := r.ReferenceStored(d.wait, d.meta.Sequence.Stream)
+	ok, err := r.marked(d.wait, d)
 	if err != nil {
 		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
 		return false
@@ -146,6 +143,16 @@ func (r *Runner) referenced(d *delivery) bool {
 	}
 	r.giveBackReferenced(d)
 	return true
+}
+
+// marked reports whether d may be the original of a stored reference dead
+// letter (a redelivery, on a stream where a Term removes it, large enough)
+// and is marked as one. Only those ask the store.
+func (r *Runner) marked(ctx context.Context, d *delivery) (bool, error) {
+	if d.attempt <= 1 || r.o.TermKeepsMessage || !mayBeReference(d.m, r.o.MaxPayload) {
+		return false, nil
+	}
+	return r.ReferenceStored(ctx, d.meta.Sequence.Stream)
 }
 
 // giveBackReferenced NAKs the original of a stored reference dead letter

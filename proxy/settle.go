@@ -172,11 +172,9 @@ func (r *Runner) deadLetter(d *delivery, f failure) {
 // the message. The original of a reference dead letter stored before is
 // given back again instead: its one dead letter is stored.
 func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) bool {
-	if !r.o.TermKeepsMessage && d.attempt > 1 {
-		if ok, _ := r.ReferenceStored(ctx, d.meta.Sequence.Stream); ok {
-			r.giveBackReferenced(d)
-			return true
-		}
+	if ok, _ := r.marked(ctx, d); ok {
+		r.giveBackReferenced(d)
+		return true
 	}
 	l := dlq.Letter{
 		Subject: d.m.Subject(), Data: d.m.Data(), Header: d.m.Headers(),

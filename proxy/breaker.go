@@ -54,7 +54,7 @@ type breaker struct {
 // probeTicket is one held message's place among the probe candidates.
 type probeTicket struct {
 	fresh bool
-	ahead   chan struct{} // receives the go-ahead; capacity 1
+	ahead chan struct{} // receives the go-ahead; capacity 1
 }
 
 func newBreaker(threshold int, first, most time.Duration, g *gate) *breaker {

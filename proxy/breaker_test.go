@@ -12,7 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
@@ -24,12 +28,13 @@ type flakyKeysApp struct {
 	mu       sync.Mutex
 	fails    map[string]int // failures still to give, per key
 	ok       map[string]int // 2xx per key
+	seen     map[string]int // requests per key
 	requests int
 }
 
 func newFlakyKeysApp(t *testing.T, e *env) *flakyKeysApp {
 	t.Helper()
-	a := &flakyKeysApp{fails: map[string]int{}, ok: map[string]int{}}
+	a := &flakyKeysApp{fails: map[string]int{}, ok: map[string]int{}, seen: map[string]int{}}
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
@@ -41,6 +46,7 @@ func (a *flakyKeysApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.requests++
+	a.seen[key]++
 	if a.storming.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
@@ -182,5 +188,163 @@ func TestProbeWaitingOnItsKeyDoesNotStopProbing(t *testing.T) {
 	}
 	if got := e.deadLetters(t); got != 2 {
 		t.Errorf("%d dead letters, want 2 (A and B, exhausted before the breaker opened)", got)
+	}
+}
+
+// Across replicas, on a 3-node cluster: replica B's breaker is open, and
+// its probe goes to a message whose key replica A holds the claim of (A's
+// request for it is still running). Waiting on that claim, the probe must
+// hand its go-ahead on: B's other held message probes, and once B's app
+// recovers B is delivering again while A still holds the key. The key
+// reaches the app once.
+func TestProbeWaitingOnAnotherReplicasClaimDoesNotStopProbing(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	ctx := context.Background()
+	jss := make([]jetstream.JetStream, 2)
+	for i := range jss {
+		_, jss[i] = natstest.ConnectURL(t, c.NodeURL(i)+","+c.URL())
+	}
+	natstest.Try(t, "create the stream", func(ctx context.Context) error {
+		_, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+		return err
+	})
+	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
+		_, _, err := dlq.EnsureStream(ctx, jss[0], "dlq.s", 3)
+		return err
+	})
+
+	// One app for both replicas: it hangs on "K" until release is closed
+	// (A's request), and answers 503 to every other request while storming
+	// (B's breaker).
+	// A's hanging request ends before the replicas are stopped (deferred
+	// calls run before cleanups), however the test ends.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock()
+	a := &flakyKeysApp{fails: map[string]int{}, ok: map[string]int{}, seen: map[string]int{}}
+	var kCalls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(proxy.HeaderIdempotencyKey) == "K" {
+			kCalls.Add(1)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		a.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	a.storming.Store(true)
+
+	replica := func(i int, name, subject string, o proxy.Options, storeReg prometheus.Registerer) *proxy.Runner {
+		js := jss[i]
+		var cons jetstream.Consumer
+		natstest.Try(t, "create consumer "+name, func(ctx context.Context) error {
+			var err error
+			cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+				Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5,
+				AckWait: 10 * time.Second, FilterSubject: subject,
+			})
+			return err
+		})
+		local, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sh *dedup.Shared
+		natstest.Try(t, "OpenShared", func(ctx context.Context) error {
+			sh, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{
+				TTL: time.Hour, ClaimTTL: 2 * time.Second, Scope: "S/c", Replicas: 3, Registerer: storeReg})
+			return err
+		})
+		o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", name, prometheus.NewRegistry()
+		o.MaxDeliver, o.AckWait, o.HTTPTimeout = 5, 10*time.Second, time.Minute
+		r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), sh, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); wg.Wait(); _ = sh.Close() })
+		return r
+	}
+	publish := func(subject, key string) {
+		t.Helper()
+		m := nats.NewMsg(subject)
+		m.Header.Set(proxy.HeaderIdempotencyKey, key)
+		m.Data = []byte(key)
+		natstest.Try(t, "publish "+key, func(ctx context.Context) error {
+			_, err := jss[0].PublishMsg(ctx, m)
+			return err
+		})
+	}
+
+	// A takes K's claim and its request hangs.
+	replica(0, "a", "s.a", proxy.Options{MaxInflight: 1}, nil)
+	publish("s.a", "K")
+	poll.Until(t, 15*time.Second, "A's request for K under way", func() bool { return kCalls.Load() == 1 })
+
+	// B's breaker opens on two fresh failures; K is held, is the probe
+	// and finds A's claim; then L is held.
+	bStore := prometheus.NewRegistry()
+	b := replica(1, "b", "s.b", proxy.Options{
+		// Room beside b-1 and b-2, which, probed while the storm goes
+		// on, reach their last delivery and are held there.
+		MaxInflight: 4, BreakerFailures: 2, BreakerProbe: 200 * time.Millisecond,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	}, bStore)
+	publish("s.b", "b-1")
+	publish("s.b", "b-2")
+	waitBreakerOpen(t, b)
+	publish("s.b", "K")
+	poll.Until(t, 15*time.Second, "B's probe K finding A's claim", func() bool {
+		mfs, err := bStore.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == "courier_dedup_shared_checks_total" && m.GetLabel()[0].GetValue() == "claimed" {
+					return m.GetCounter().GetValue() >= 1
+				}
+			}
+		}
+		return false
+	})
+	publish("s.b", "L")
+	poll.Until(t, 15*time.Second, "B probing with L while K waits", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.seen["L"] >= 1
+	})
+	a.storming.Store(false)
+	poll.Until(t, 15*time.Second, "B delivering L while A still holds K", func() bool { return a.delivered("L") })
+	poll.Until(t, 15*time.Second, "B ready again", func() bool { return b.Ready() == nil })
+	if got := kCalls.Load(); got != 1 {
+		t.Fatalf("K was sent %d times while A held its claim, want 1", got)
+	}
+	unblock()
+	poll.Until(t, 15*time.Second, "K delivered", func() bool { return a.delivered("K") })
+	poll.Until(t, 15*time.Second, "every message settled", func() bool {
+		for _, js := range jss[:1] {
+			for _, name := range []string{"a", "b"} {
+				cons, err := js.Consumer(ctx, "S", name)
+				if err != nil {
+					return false
+				}
+				info, err := cons.Info(ctx)
+				if err != nil || info.NumPending != 0 || info.NumAckPending != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if got := kCalls.Load(); got != 1 {
+		t.Errorf("K reached the app %d times from two replicas, want 1", got)
 	}
 }

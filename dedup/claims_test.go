@@ -22,7 +22,7 @@ const (
 
 // renewFailures is how many renewals of s have failed.
 func renewFailures(s *Shared) float64 {
-	return testutil.ToFloat64(s.m.bucketErrors.WithLabelValues("renew"))
+	return testutil.ToFloat64(s.m.bucketErrors[opRenew])
 }
 
 // TestSharedLateRenewalAck: a renewal that is stored but whose

@@ -75,9 +75,6 @@ func (p *stallProxy) connect() jetstream.JetStream {
 	return js
 }
 
-// holdAnswers holds server → client bytes for d from now.
-func (p *stallProxy) holdAnswers(d time.Duration) { p.toClient.hold(d) }
-
 // cutOff holds both directions for d from now.
 func (p *stallProxy) cutOff(d time.Duration) {
 	p.toClient.hold(d)

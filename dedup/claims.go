@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,13 @@ func newHolder() string {
 
 // claimID names a new claim of this store.
 func (s *Shared) claimID() string {
-	return s.holder + "." + strconv.FormatUint(s.claimsMade.Add(1), 36)
+	var b strings.Builder
+	b.Grow(len(s.holder) + 1 + 13) // 13: the base-36 digits of a uint64
+	b.WriteString(s.holder)
+	b.WriteByte('.')
+	var n [13]byte
+	b.Write(strconv.AppendUint(n[:0], s.claimsMade.Add(1), 36))
+	return b.String()
 }
 
 // claimHeader is the header of claim id expecting the key's last revision

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -145,4 +146,44 @@ func TestSharedClaimLapsesWhenHolderCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCheck(t, c, "cut", New)
+}
+
+// TestSharedClaimsAcrossVersions: in a rolling upgrade, a claim written by
+// a courier of before (the value "claim", no holder) is a claim another's
+// to this one, and this one's claims keep that value, which couriers of
+// before compare whole, with the holder in a header.
+func TestSharedClaimsAcrossVersions(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	a := openShared(t, js, SharedOptions{ClaimTTL: 2 * time.Second})
+
+	bk, err := a.bucketKey("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := nats.NewMsg(bk)
+	old.Data = []byte("claim")
+	if _, err := js.PublishMsg(ctx, old, jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgTTL(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "old", Claimed)
+	if err := a.Release(ctx, "old"); err != nil { // not a's: left alone
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "old", Claimed)
+
+	mustCheck(t, a, "new", New)
+	st, err := js.Stream(ctx, "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bk, _ = a.bucketKey("new")
+	m, err := st.GetLastMsgForSubject(ctx, bk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "claim" || m.Header.Get(ClaimHolderHeader) == "" {
+		t.Errorf("claim stored as %q with holder %q; want the value \"claim\" and a holder", m.Data, m.Header.Get(ClaimHolderHeader))
+	}
 }

@@ -121,6 +121,12 @@ func (p *stallProxy) accept() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
+		select {
+		case <-p.done: // closed meanwhile: close has closed the others
+			_, _ = c.Close(), s.Close()
+			return
+		default:
+		}
 		p.pipe(c, s, &p.toServer, p.sent)
 		p.pipe(s, c, &p.toClient, nil)
 	}
@@ -142,7 +148,11 @@ func (p *stallProxy) pipe(src, dst net.Conn, g *gate, seen func([]byte)) {
 					seen(append(tail, buf[:n]...))
 					tail = append([]byte(nil), buf[max(0, n-256):n]...)
 				}
-				chunks <- buf[:n]
+				select {
+				case chunks <- buf[:n]:
+				case <-p.done:
+					return
+				}
 			}
 			if err != nil {
 				return

@@ -1,6 +1,6 @@
 // Package reply answers NATS requests through the app: each request on the
 // configured subjects is POSTed to the app and the app's answer is the reply
-// (SPEC behaviour 18). It is a NATS micro service, so `nats micro ls`, and the
+// (README, "Results out"). It is a NATS micro service, so `nats micro ls`, and the
 // $SRV.PING, $SRV.INFO and $SRV.STATS subjects, see it.
 //
 // Nothing here retries, dedups or dead-letters: as in any synchronous call,

@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natshdr"
@@ -333,5 +335,34 @@ func TestSuccessRecordWithHeadersOverMaxPayload(t *testing.T) {
 				t.Errorf("body %d bytes (%s %q), want it omitted", len(rec.Data), success.HeaderBody, h.Get(success.HeaderBody))
 			}
 		})
+	}
+}
+
+// With tracing on, a success record carries the attempt span's trace
+// context (same trace as the publisher's, courier's span), not the app's.
+func TestSuccessRecordCarriesTheSpanWithTracingOn(t *testing.T) {
+	e := successEnv(t, 0)
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	m := nats.NewMsg("s.x")
+	m.Header.Set("traceparent", publisherTraceparent)
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = e.runWith(t, openStore(t), proxy.Options{Success: success.NewPublisher(e.js, "ok.s"), Tracer: tp.Tracer("test")})
+	waitFor(t, "the message settled and its span ended", func() bool { return e.settled(t) && len(rec.Ended()) == 1 })
+	recs := records(t, e.js, "ok.s")
+	if len(recs) != 1 {
+		t.Fatalf("%d success records, want 1", len(recs))
+	}
+	span := rec.Ended()[0].SpanContext()
+	want := "00-" + span.TraceID().String() + "-" + span.SpanID().String() + "-01"
+	if got := natshdr.Get(recs[0].Header, "traceparent"); got != want || span.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("record's traceparent %q, want the attempt span's %q in the publisher's trace", got, want)
 	}
 }

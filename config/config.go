@@ -70,7 +70,7 @@ type Config struct {
 	DedupStore  string `env:"COURIER_DEDUP_STORE" envDefault:"badger"`
 	DedupBucket string `env:"COURIER_DEDUP_BUCKET" envDefault:"COURIER_DEDUP"`
 
-	// Breaker and rate limit (behaviours 14 and 15).
+	// Breaker and rate limit (README, "Dependency outages").
 	// BreakerFailures is the number of transient failures in a row (from
 	// more than one message) after which courier stops sending and probes;
 	// 0 = never.
@@ -81,7 +81,7 @@ type Config struct {
 	// 0 = no limit.
 	MaxRate float64 `env:"COURIER_MAX_RATE" envDefault:"0"`
 
-	// Success destination and request/reply (behaviours 17 and 18).
+	// Success records and request/reply (README, "Results out").
 	// SuccessSubject is where the app's answer to each 2xx is published;
 	// "" = nowhere.
 	SuccessSubject string `env:"COURIER_SUCCESS_SUBJECT"`
@@ -105,7 +105,7 @@ type Config struct {
 	// means none: they are abandoned and their messages NAK'd at once.
 	ShutdownGrace time.Duration `env:"COURIER_SHUTDOWN_GRACE" envDefault:"25s"`
 
-	// Tracing (behaviour 19): OpenTelemetry's own variables, read as its
+	// Tracing (README, "Tracing"): OpenTelemetry's own variables, read as its
 	// specification says. They are kept as given; the Traces* methods
 	// resolve them (which of two variables wins, what a default is).
 	OTLPEndpoint       string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"`

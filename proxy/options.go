@@ -102,7 +102,7 @@ type Options struct {
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.
 	Connected func() bool
-	// Tracer, when set, makes each delivery attempt a span (behaviour 19)
+	// Tracer, when set, makes each delivery attempt a span (README, "Tracing")
 	// whose parent is the message's trace context, carried on to the app;
 	// nil means tracing off: no spans, and traceparent passes through
 	// unchanged at no cost.

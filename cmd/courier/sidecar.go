@@ -113,7 +113,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
 	}
-	// Request/reply (behaviour 18): answered from now on, beside the
+	// Request/reply (README, "Results out"): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
 	if s.cfg.ServesReplies() {
@@ -159,10 +159,10 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	return s.deliver(ctx, runner)
 }
 
-// close undoes start-up, whatever step it reached, in the order behaviour 9
-// needs. By now the delivery loop has stopped fetching and finished or
-// NAK'd what it held. Then: the request/reply service has answered every
-// request it took, the max-deliveries catch stops (finishing the
+// close undoes start-up, whatever step it reached, in the order a SIGTERM
+// needs (README, "Operating it"). By now the delivery loop has stopped
+// fetching and finished or NAK'd what it held. Then: the request/reply
+// service has answered every request it took, the max-deliveries catch stops (finishing the
 // advisory in hand), the dedup store closes, the NATS connection drains (so
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
@@ -203,7 +203,7 @@ func (s *sidecar) startAdmin() (func(), error) {
 const tracingFlushTimeout = 2 * time.Second
 
 // startTracing sets up the tracer provider when an OTLP endpoint is set
-// (behaviour 19); the delivery loop then makes a span of each attempt.
+// (README, "Tracing"); the delivery loop then makes a span of each attempt.
 func (s *sidecar) startTracing(ctx context.Context) (func(), error) {
 	cfg := s.cfg
 	if !cfg.TracingEnabled() {

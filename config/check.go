@@ -147,6 +147,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkBreaker(cfg)
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
+	c.checkStandards(cfg)
 	c.checkOperations(cfg)
 	c.checkTracing(cfg)
 }
@@ -515,6 +516,28 @@ func (c *checker) checkReplies(cfg *Config) {
 	if cfg.ReplyURL == "" && len(cfg.ReplySubjects) > 0 && cfg.AppURL != "" {
 		cfg.ReplyURL = cfg.AppURL
 		c.derived["COURIER_REPLY_URL"] = redactHTTPURL(cfg.AppURL)
+	}
+}
+
+// checkStandards checks COURIER_CLOUDEVENTS and that the signing secrets
+// and token files can be read; their content is the sidecar's to check
+// (appauth), as it reads them.
+func (c *checker) checkStandards(cfg *Config) {
+	switch cfg.CloudEvents {
+	case "", CloudEventsBinary:
+	default:
+		c.add("COURIER_CLOUDEVENTS", "expected binary (CloudEvents attributes as ce-* headers), or unset for none")
+	}
+	for _, f := range []struct{ name, path string }{
+		{"COURIER_SIGNING_SECRETS_FILE", cfg.SigningSecretsFile},
+		{"COURIER_APP_TOKEN_FILE", cfg.AppTokenFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if msg := readable(f.path); msg != "" {
+			c.add(f.name, "%s", msg)
+		}
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
@@ -291,4 +296,140 @@ func TestConfigShowsNoSecret(t *testing.T) {
 		}
 	}
 	noSecret(t, "courier config's output", stdout.String()+stderr.String(), []string{secret}, "config-token")
+}
+
+// ceApp is an app that reads each request with the CloudEvents Go SDK,
+// as a Knative or Dapr app would, and answers as answer says.
+type ceApp struct {
+	*httptest.Server
+	mu     sync.Mutex
+	events map[string]*event.Event // by the message's body
+	errs   map[string]error
+	heads  map[string]http.Header
+}
+
+func newCEApp(t *testing.T, answer func(w http.ResponseWriter, body string)) *ceApp {
+	t.Helper()
+	a := &ceApp{events: map[string]*event.Event{}, errs: map[string]error{}, heads: map[string]http.Header{}}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		ev, err := cehttp.NewEventFromHTTPRequest(r)
+		if err == nil {
+			err = ev.Validate()
+		}
+		a.mu.Lock()
+		a.events[string(body)], a.errs[string(body)], a.heads[string(body)] = ev, err, r.Header.Clone()
+		a.mu.Unlock()
+		answer(w, string(body))
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *ceApp) got(body string) (*event.Event, http.Header, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.events[body], a.heads[body], a.errs[body]
+}
+
+// TestCloudEventsDelivery: with COURIER_CLOUDEVENTS=binary the app's SDK
+// reads each delivery as an event: courier's attributes for a plain
+// message, the publisher's for a binary CloudEvent, the body's for a
+// structured one. The dead letter of the binary one keeps its attributes as
+// published, and the success record of the plain one is the app's answer
+// with its own ce-* headers; neither holds a signature or the token. Off,
+// a request carries no ce-* header.
+func TestCloudEventsDelivery(t *testing.T) {
+	h := newHarness(t)
+	dir := t.TempDir()
+	secretsFile, tokenFile := filepath.Join(dir, "secrets"), filepath.Join(dir, "token")
+	replaceFile(t, secretsFile, whsec(t)+"\n")
+	replaceFile(t, tokenFile, "ce-token")
+	const plain, binary, structured = `{"n":1}`, `{"n":2}`, `{"specversion":"1.0","id":"evt-3","source":"/shop","type":"order.paid","data":{"n":3}}`
+	a := newCEApp(t, func(w http.ResponseWriter, body string) {
+		if body == binary {
+			w.WriteHeader(http.StatusBadRequest) // dead-lettered
+			return
+		}
+		w.Header().Set("Ce-Specversion", "1.0")
+		w.Header().Set("Ce-Id", "answer-1")
+		w.Header().Set("Ce-Type", "order.accepted")
+		w.Header().Set("Ce-Source", "/orders-app")
+		_, _ = w.Write([]byte(`{"accepted":true}`))
+	})
+	c := start(t, h.env(a.URL, "COURIER_CLOUDEVENTS=binary", "COURIER_SUCCESS_SUBJECT=ok.results",
+		"COURIER_SIGNING_SECRETS_FILE="+secretsFile, "COURIER_APP_TOKEN_FILE="+tokenFile))
+	seq := h.publish("orders.created", plain, map[string]string{"Nats-Msg-Id": "m1", "Content-Type": "application/json"})
+	h.publish("orders.created", binary, map[string]string{"ce-specversion": "1.0", "ce-id": "evt-2",
+		"ce-source": "https://shop.example/", "ce-type": "com.shop.order.created", "Content-Type": "application/json"})
+	h.publish("orders.paid", structured, map[string]string{"Content-Type": "application/cloudevents+json"})
+	waitFor(t, 15*time.Second, "every message settled", func() bool { return h.settled("courier") && len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
+
+	ev, _, err := a.got(plain)
+	if err != nil {
+		t.Fatalf("plain message: the SDK reads no event: %v", err)
+	}
+	stored, err := h.js.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := stored.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.ID() != "m1" || ev.Source() != "/courier/ORDERS" || ev.Type() != "orders.created" || ev.Subject() != "orders.created" ||
+		!ev.Time().Equal(orig.Time) || string(ev.Data()) != plain || ev.DataContentType() != "application/json" {
+		t.Errorf("plain message read as %s (stream time %v)", ev, orig.Time)
+	}
+	ev, _, err = a.got(binary)
+	if err != nil || ev.ID() != "evt-2" || ev.Source() != "https://shop.example/" || ev.Type() != "com.shop.order.created" || ev.Subject() != "" {
+		t.Errorf("binary CloudEvent read as %v (%v): want the publisher's attributes alone", ev, err)
+	}
+	ev, head, err := a.got(structured)
+	if err != nil || ev.ID() != "evt-3" || ev.Type() != "order.paid" || head.Get("Ce-Specversion") != "" {
+		t.Errorf("structured CloudEvent read as %v (%v), ce-specversion header %q", ev, err, head.Get("Ce-Specversion"))
+	}
+
+	dls := h.deadLetters("dlq.ORDERS.courier")
+	dl := dls[0].Header
+	for k, want := range map[string]string{"ce-specversion": "1.0", "ce-id": "evt-2", "ce-source": "https://shop.example/", "ce-type": "com.shop.order.created"} {
+		if got := dl.Get(k); got != want {
+			t.Errorf("dead letter: %s = %q, want the original's %q", k, got, want)
+		}
+	}
+	recs := h.deadLetters("ok.results")
+	if len(recs) != 2 {
+		t.Fatalf("%d success records, want 2", len(recs))
+	}
+	var rec *jetstream.RawStreamMsg
+	for _, r := range recs {
+		if r.Header.Get("Idempotency-Key") == "m1" {
+			rec = r
+		}
+	}
+	if rec == nil || rec.Header.Get("Ce-Id") != "answer-1" || rec.Header.Get("Ce-Type") != "order.accepted" {
+		t.Errorf("the plain message's success record does not keep the app's ce-* headers: %v", rec)
+	}
+	for i, m := range append(dls, recs...) {
+		for k := range m.Header {
+			if strings.HasPrefix(strings.ToLower(k), "webhook-") || strings.EqualFold(k, "Authorization") {
+				t.Errorf("stored message %d carries %s", i+1, k)
+			}
+		}
+	}
+	_ = c.stop()
+
+	t.Run("off", func(t *testing.T) {
+		off := newCEApp(t, func(w http.ResponseWriter, body string) {})
+		c := start(t, h.env(off.URL, "COURIER_CONSUMER=plain", "COURIER_DEDUP_DIR="+t.TempDir(), "COURIER_SUBJECTS=orders.created"))
+		waitFor(t, 15*time.Second, "the plain message delivered", func() bool { _, hd, _ := off.got(plain); return hd != nil })
+		_, hd, _ := off.got(plain)
+		for k := range hd {
+			if strings.HasPrefix(k, "Ce-") {
+				t.Errorf("with COURIER_CLOUDEVENTS unset the request carries %s", k)
+			}
+		}
+		_ = c.stop()
+	})
 }

@@ -60,7 +60,7 @@ type Options struct {
 // watches. Create it with Open; its methods are safe for concurrent use.
 // Whoever opened it must call Close, which stops the watching.
 type Auth struct {
-	secrets *watched[[][]byte] // nil: no signing
+	secrets *watched[*keyring] // nil: no signing
 	token   *watched[string]   // nil: no token
 	now     func() time.Time
 
@@ -87,8 +87,8 @@ func Open(o Options) (*Auth, error) {
 	a := &Auth{now: o.Now, stop: make(chan struct{}), done: make(chan struct{})}
 	var errs []error
 	if o.SecretsFile != "" {
-		w, err := watch(varSecrets, o.SecretsFile, "secrets", ParseSecrets, func(keys [][]byte) []any {
-			return []any{"secrets", len(keys)}
+		w, err := watch(varSecrets, o.SecretsFile, "secrets", parseKeyring, func(k *keyring) []any {
+			return []any{"secrets", len(k.macs)}
 		}, log)
 		a.secrets = w
 		errs = append(errs, err)
@@ -133,7 +133,7 @@ func (a *Auth) Stamp(h http.Header, body []byte) {
 		ts := a.now().Unix()
 		h[HeaderID] = []string{id}
 		h[HeaderTimestamp] = []string{strconv.FormatInt(ts, 10)}
-		h[HeaderSignature] = []string{Sign(*a.secrets.value.Load(), id, ts, body)}
+		h[HeaderSignature] = []string{(*a.secrets.value.Load()).sign(id, ts, body)}
 	}
 	if a.token != nil {
 		h["Authorization"] = []string{"Bearer " + *a.token.value.Load()}

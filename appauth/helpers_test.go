@@ -14,7 +14,7 @@ import (
 )
 
 // newSecret returns a fresh Standard Webhooks secret as a file lists it.
-func newSecret(t *testing.T) string {
+func newSecret(t testing.TB) string {
 	t.Helper()
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {

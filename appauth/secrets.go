@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"strconv"
 )
 
@@ -76,14 +78,45 @@ func parseSecret(line []byte) ([]byte, error) {
 // Unix second ts, with body: "v1,<base64 HMAC-SHA256 of id.ts.body>" for
 // each key, space separated, in the order of the file.
 func Sign(keys [][]byte, id string, ts int64, body []byte) string {
+	return newKeyring(keys).sign(id, ts, body)
+}
+
+// keyring is the secrets of one read of the file, each as an HMAC already
+// keyed: a signature clones it rather than hashing the key's pads again.
+// Immutable once made, so safe for concurrent use.
+type keyring struct {
+	macs []hash.Cloner
+}
+
+func newKeyring(keys [][]byte) *keyring {
+	k := &keyring{macs: make([]hash.Cloner, len(keys))}
+	for i, key := range keys {
+		k.macs[i] = hmac.New(sha256.New, key).(hash.Cloner) // every standard library hash is one
+	}
+	return k
+}
+
+// parseKeyring is ParseSecrets, keyed for signing.
+func parseKeyring(b []byte) (*keyring, error) {
+	keys, err := ParseSecrets(b)
+	if err != nil {
+		return nil, err
+	}
+	return newKeyring(keys), nil
+}
+
+func (k *keyring) sign(id string, ts int64, body []byte) string {
 	var tsBuf [20]byte
 	stamp := strconv.AppendInt(tsBuf[:0], ts, 10)
-	size := sha256.Size
-	out := make([]byte, 0, len(keys)*(len("v1,")+base64.StdEncoding.EncodedLen(size)+1))
+	out := make([]byte, 0, len(k.macs)*(len("v1,")+base64.StdEncoding.EncodedLen(sha256.Size)+1))
 	var sum [sha256.Size]byte
-	for i, k := range keys {
-		m := hmac.New(sha256.New, k)
-		m.Write([]byte(id))
+	for i, keyed := range k.macs {
+		c, err := keyed.Clone()
+		if err != nil {
+			panic("appauth: cloning an HMAC-SHA256: " + err.Error()) // the standard library's never fails
+		}
+		m := c.(hash.Hash)
+		_, _ = io.WriteString(m, id)
 		m.Write([]byte{'.'})
 		m.Write(stamp)
 		m.Write([]byte{'.'})

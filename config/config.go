@@ -97,6 +97,19 @@ type Config struct {
 	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
 	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
+	// What the app learns of each request: CloudEvents attributes, a
+	// signature, a token (packages cloudevents and appauth).
+	// CloudEvents is CloudEventsBinary (requests carry CloudEvents 1.0
+	// attributes as ce-* headers) or "" (off); Load lower-cases it.
+	CloudEvents string `env:"COURIER_CLOUDEVENTS"`
+	// SigningSecretsFile holds the Standard Webhooks secrets every request
+	// to the app is signed with, one whsec_<base64> a line; "" = unsigned.
+	// The path is no secret; the file's content is, and is never shown.
+	SigningSecretsFile string `env:"COURIER_SIGNING_SECRETS_FILE"`
+	// AppTokenFile holds the token sent as Authorization: Bearer to the
+	// app (and asked of callers of the publish API); "" = none.
+	AppTokenFile string `env:"COURIER_APP_TOKEN_FILE"`
+
 	// Operations.
 	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
 	LogLevel  string `env:"COURIER_LOG_LEVEL" envDefault:"info"`
@@ -146,6 +159,10 @@ const (
 	// through a replicated JetStream key-value bucket.
 	DedupShared = "shared"
 )
+
+// CloudEventsBinary is the value of COURIER_CLOUDEVENTS that turns the
+// CloudEvents attributes on (the HTTP binding's binary mode).
+const CloudEventsBinary = "binary"
 
 // DefaultAdminAddr is COURIER_ADMIN_ADDR's default: a port no common
 // neighbour in a pod uses (not 9464, OpenTelemetry's Prometheus exporter;
@@ -215,11 +232,13 @@ func Environ(kv []string) map[string]string {
 // the defaults of the SPEC's table, fills in the derived ones
 // (COURIER_DLQ_SUBJECT) and checks every value and the relations between
 // them. It reads nothing but environ and, to check that they are readable,
-// the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT and NATS_KEY.
+// the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT, NATS_KEY,
+// COURIER_SIGNING_SECRETS_FILE and COURIER_APP_TOKEN_FILE (whose content
+// the sidecar checks as it opens them: appauth).
 //
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
-// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
+// COURIER_DEDUP_STORE, COURIER_CLOUDEVENTS, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
 // protocols and OTEL_TRACES_SAMPLER are case-insensitive and come back
 // lower-cased (COURIER_DEDUP_STORE=kv comes
 // back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
@@ -253,6 +272,7 @@ func load(environ map[string]string) (Config, *checker) {
 	cfg.LogLevel = lower(cfg.LogLevel)
 	cfg.LogFormat = lower(cfg.LogFormat)
 	cfg.DedupStore = lower(cfg.DedupStore)
+	cfg.CloudEvents = lower(cfg.CloudEvents)
 	cfg.OTLPProtocol = lower(cfg.OTLPProtocol)
 	cfg.OTLPTracesProtocol = lower(cfg.OTLPTracesProtocol)
 	cfg.OTELTracesSampler = lower(cfg.OTELTracesSampler)

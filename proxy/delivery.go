@@ -374,6 +374,9 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	if r.epErr != nil {
 		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
 	}
+	if r.o.Stamp != nil {
+		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
+	}
 	var a *Answer
 	var err error
 	if r.o.ownClient {

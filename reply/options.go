@@ -71,6 +71,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; default a private registry.
 	Registerer prometheus.Registerer
+	// Stamp, when set, completes each request to the app once its headers
+	// are final, with its body, just before it is sent (a Standard Webhooks
+	// signature and a bearer token: appauth). It must be safe for
+	// concurrent use; nil adds nothing.
+	Stamp func(h http.Header, body []byte)
 }
 
 func (o *Options) defaults() error {

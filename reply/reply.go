@@ -382,6 +382,9 @@ func (s *Service) serve(ep *endpoint, req micro.Request) {
 	h := s.requestHeaders(req)
 	ctx, cancel := context.WithTimeout(s.abort, s.o.Timeout)
 	defer cancel()
+	if s.o.Stamp != nil {
+		s.o.Stamp(h, req.Data())
+	}
 	began := time.Now()
 	s.m.inflight.Inc()
 	a := call(ctx, s.o.Client, s.o.URL, h, req.Data(), s.nc.MaxPayload(), s.o.Timeout)

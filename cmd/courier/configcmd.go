@@ -67,5 +67,12 @@ func runConfig(environ []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return invalidConfig(err, nil) // the warnings are above
 	}
+	// The secrets and token files are read as the sidecar would read them.
+	cfg, _ := config.Load(config.Environ(environ))
+	auth, err := openAppAuth(cfg, nil)
+	if err != nil {
+		return err
+	}
+	auth.Close()
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/courierhq/courier/admin"
+	"github.com/courierhq/courier/appauth"
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/consumerstats"
 	"github.com/courierhq/courier/dedup"
@@ -36,6 +37,11 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
 		s.log.Warn(w.Text, "variable", w.Variable)
 	}
+	// The signing secrets and the token, watched while courier runs.
+	if s.auth, err = openAppAuth(cfg, s.log); err != nil {
+		return err
+	}
+	defer s.auth.Close()
 	err = s.run(ctx)
 	s.close()
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -63,6 +69,7 @@ type sidecar struct {
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 	tracing     *tracing.Provider // nil: tracing off
+	auth        *appauth.Auth     // signing secrets and token (inactive without their files)
 
 	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
 
@@ -380,6 +387,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		Success:           s.successPublisher(),
 		Tracer:            s.tracing.Tracer(),     // nil: tracing off
 		Propagator:        s.tracing.Propagator(), // W3C Trace Context
+		Stamp:             deliveryStamp(cfg, s.auth),
 		// A pause, or an ack wait another courier changed, is noticed
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),
@@ -431,7 +439,7 @@ func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	rs, err := reply.New(s.nc, reply.Options{
 		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
 		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: grace,
-		Logger: s.log, Registerer: s.reg,
+		Logger: s.log, Registerer: s.reg, Stamp: requestStamp(s.auth),
 	})
 	if err != nil {
 		return nil, err

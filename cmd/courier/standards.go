@@ -16,7 +16,7 @@ import (
 func openAppAuth(cfg config.Config, log *slog.Logger) (*appauth.Auth, error) {
 	a, err := appauth.Open(appauth.Options{SecretsFile: cfg.SigningSecretsFile, TokenFile: cfg.AppTokenFile, Logger: log})
 	if err != nil {
-		return nil, invalidConfig(err)
+		return nil, invalidConfig(err, nil) // the configuration loaded: its warnings were logged
 	}
 	return a, nil
 }

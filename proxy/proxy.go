@@ -108,12 +108,12 @@ type Runner struct {
 	storeDown atomic.Bool  // the dedup store failed its last check
 	released  atomic.Int64 // messages given back (NAK'd without delay)
 
-	// Dead letters the stream would not store yet, retried in the
-	// background while their messages are held in progress.
-	dlRetries sync.WaitGroup
-	pendingDL atomic.Int64
-	dlqErr    atomic.Pointer[error] // the last failure to store one
-	// Likewise success records.
+	// Dead letters and success records the streams would not store yet,
+	// retried in the background (inBackground) while their messages are
+	// held in progress.
+	background     sync.WaitGroup
+	pendingDL      atomic.Int64
+	dlqErr         atomic.Pointer[error] // the last failure to store one
 	pendingSuccess atomic.Int64
 	successErr     atomic.Pointer[error]
 }
@@ -301,7 +301,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// Dead letters and success records still being retried give their
 	// messages back (fetched has ended); the recorder finishes what it was
 	// given; then the loops stop, the summary last.
-	r.dlRetries.Wait() // may still hand a delivery to the recorder
+	r.background.Wait() // may still hand a delivery to the recorder
 	close(r.recs)
 	r.recorders.Wait()
 	stopLoops()

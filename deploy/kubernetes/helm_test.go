@@ -191,7 +191,7 @@ func TestHelmChart(t *testing.T) {
 		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "at '/env/COURIER_SHUTDOWN_GRACE'"},
 		{"courier.env.NATS_CREDS=/creds", "at '/env/NATS_CREDS'"},
 		{"courier.env.NATS_PASSWORD=hunter2", "at '/env/NATS_PASSWORD'"},
-		{"courier.env.not-a-name=1", "at '/env'"},
+		{"courier.env.not-a-name=1", "invalid propertyName 'not-a-name'"},
 		{"courier.image.digest=latest", "at '/image/digest'"},
 		{"courier.image.pullPolicy=Sometimes", "at '/image/pullPolicy'"},
 		{"courier.resources.limits.memory=lots", "at '/resources/limits/memory'"},

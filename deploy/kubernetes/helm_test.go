@@ -44,6 +44,9 @@ type helm struct {
 // buildHelm installs helmModule into a temporary directory.
 func buildHelm(t *testing.T) helm {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: building %s takes minutes on a cold build cache", helmModule)
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("no go command on PATH to build %s with: %v", helmModule, err)

@@ -5,7 +5,7 @@ version and files as .Subcharts.courier: in a library chart's template .Values,
 .Chart and .Files are the including chart's.
 */}}
 
-{{/* courier.chart: this chart's scope, or a clear failure without it. */}}
+{{/* courier.scope: fails clearly unless this chart is a dependency named courier. */}}
 {{- define "courier.scope" -}}
 {{- if not (and .Subcharts (hasKey .Subcharts "courier")) -}}
 {{- fail "courier: add the courier chart as a dependency named courier (no alias) and run helm dependency update" -}}

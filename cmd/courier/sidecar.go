@@ -70,7 +70,7 @@ type sidecar struct {
 	connLost context.CancelCauseFunc
 
 	// What undoes each step; nil until the step ran.
-	stopReplies, stopGiveup, closeStore, drainConn, stopTracing, stopAdmin func()
+	stopReplies, stopGiveup, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -122,6 +122,14 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	// The publish API (behaviour 25): up before courier reports ready;
+	// close keeps it up through the grace period.
+	if s.cfg.ServesPublishes() {
+		s.health.at("starting the publish API")
+		if s.stopPublish, err = s.startPublish(ctx); err != nil {
+			return err
+		}
+	}
 	if !s.cfg.ConsumesStream() {
 		s.health.running(s.nc, replyLoop{s.replies})
 		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
@@ -163,14 +171,16 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // needs. By now the delivery loop has stopped fetching and finished or
 // NAK'd what it held. Then: the request/reply service has answered every
 // request it took, the max-deliveries catch stops (finishing the
-// advisory in hand), the dedup store closes, the NATS connection drains (so
+// advisory in hand), the dedup store closes, the publish API stops once the
+// grace period since the stop signal is over (publish.go), the NATS
+// connection drains (so
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
 // end.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.drainConn, s.stopTracing, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}

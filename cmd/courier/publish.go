@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/courierhq/courier/publish"
+)
+
+// publishShutdownTimeout bounds the publish API's own shutdown once the
+// grace period is over: an acknowledgement takes milliseconds, so a publish
+// still waiting then is answered 503 (the app may send it again) rather
+// than hold the pod past its termination grace period.
+const publishShutdownTimeout = 2 * time.Second
+
+// startPublish starts the publish API (behaviour 25) on the NATS
+// connection, before courier reports ready. The stop it returns is called
+// by close, before the connection drains: after a stop signal it keeps the
+// API up until COURIER_SHUTDOWN_GRACE has passed since the signal, so that
+// an app finishing its last request can still publish its result, then
+// shuts it down, letting the publishes in progress finish. Without a stop
+// signal (start-up failed, the connection closed for good) it shuts down at
+// once.
+func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
+	cfg := s.cfg
+	srv, err := publish.Listen(cfg.PublishListenAddr(), s.nc, s.js, publish.Options{
+		Subjects:   cfg.PublishSubjects,
+		Timeout:    cfg.HTTPTimeout,
+		Tracer:     s.tracing.Tracer(),     // nil: tracing off
+		Propagator: s.tracing.Propagator(), // W3C Trace Context
+		Logger:     s.log,
+		Registerer: s.reg,
+		// Token: the token of COURIER_APP_TOKEN_FILE, once read.
+	})
+	if err != nil {
+		return nil, err
+	}
+	srv.Start() // logs "publish API listening" with the address
+	var signalled atomic.Pointer[time.Time]
+	fired := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		if !errors.Is(context.Cause(ctx), errConnClosed) {
+			now := time.Now()
+			signalled.Store(&now)
+		}
+	})
+	return func() {
+		if !stopWatch() {
+			<-fired
+		}
+		if at := signalled.Load(); at != nil {
+			if wait := time.Until(at.Add(cfg.ShutdownGrace)); wait > 0 {
+				s.log.Info("publish API open until the grace period ends", "for", wait.Round(time.Millisecond).String())
+				<-time.After(wait)
+			}
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), publishShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			s.log.Warn("publish API: publishes still waiting for an acknowledgement were answered 503", "error", err)
+		}
+		s.log.Info("publish API stopped")
+	}, nil
+}

@@ -46,11 +46,12 @@ func startAPI(t *testing.T, url string, opts Options) *api {
 	}
 	reg := prometheus.NewRegistry()
 	opts.Registerer = reg
-	s, err := Listen("127.0.0.1:0", nc, js, opts)
+	s, err := Listen("127.0.0.1:0", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Start()
+	s.Connect(nc, js)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

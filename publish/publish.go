@@ -57,11 +57,19 @@ var retryPolicy = retry.Policy{Initial: 50 * time.Millisecond, Max: time.Second,
 // courier, whatever Options.Subjects allows.
 var reservedPrefixes = [...]string{"$JS.", "$KV.", "$O.", "$SYS.", "$SRV.", "_INBOX."}
 
-// Server is the publish API. Create it with Listen, call Start once and
-// Shutdown to stop it; its methods are safe for concurrent use.
+// Server is the publish API. Create it with Listen, call Start once (it
+// serves from then on), Connect once the NATS connection is made, and
+// Shutdown to stop it; its methods are safe for concurrent use. Until
+// Connect, a publish waits for the connection within its time, then is
+// answered 503: an app that starts before courier has reached NATS gets a
+// Retry-After, not a refused connection.
 type Server struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
+	// nc and js are set once, by Connect, before connected is closed.
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	connected chan struct{}
+	connect   sync.Once
+
 	o     Options
 	log   *slog.Logger
 	m     *metrics
@@ -78,13 +86,9 @@ type Server struct {
 }
 
 // Listen binds addr (host:port; the sidecar makes ":7416" 127.0.0.1:7416)
-// and prepares the API on nc and js, which stay the caller's to drain and
-// close after Shutdown. It registers the metrics on opts.Registerer; nothing
-// is served before Start.
-func Listen(addr string, nc *nats.Conn, js jetstream.JetStream, opts Options) (*Server, error) {
-	if nc == nil || js == nil {
-		return nil, errors.New("publish: a NATS connection and its JetStream are required")
-	}
+// and prepares the API. It registers the metrics on opts.Registerer;
+// nothing is served before Start.
+func Listen(addr string, opts Options) (*Server, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
@@ -98,7 +102,8 @@ func Listen(addr string, nc *nats.Conn, js jetstream.JetStream, opts Options) (*
 	}
 	base, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		nc: nc, js: js, o: opts, m: m,
+		connected: make(chan struct{}),
+		o:         opts, m: m,
 		log:   opts.Logger.With("component", "publish"),
 		slots: make(chan struct{}, opts.MaxConcurrent),
 		ln:    ln, base: base, cancelBase: cancel,
@@ -118,6 +123,16 @@ func Listen(addr string, nc *nats.Conn, js jetstream.JetStream, opts Options) (*
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return s, nil
+}
+
+// Connect hands the server the NATS connection and its JetStream to
+// publish on; they stay the caller's to drain and close after Shutdown.
+// Publishes waiting for it go on at once. Only the first call counts.
+func (s *Server) Connect(nc *nats.Conn, js jetstream.JetStream) {
+	s.connect.Do(func() {
+		s.nc, s.js = nc, js
+		close(s.connected)
+	})
 }
 
 // Addr is the address actually bound (useful with port 0).
@@ -209,6 +224,14 @@ func (s *Server) handle(r *http.Request, subj string) result {
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 
+	// The request's time, courier's retries included, runs from here.
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
+	defer cancel()
+	select {
+	case <-s.connected:
+	case <-ctx.Done():
+		return s.timedOut(r.Context(), errNotConnected)
+	}
 	maxPayload := s.nc.MaxPayload()
 	data, err := readBody(r, maxPayload)
 	if err != nil {
@@ -220,7 +243,7 @@ func (s *Server) handle(r *http.Request, subj string) result {
 	}
 	m := &nats.Msg{Subject: subj, Header: h, Data: data}
 	sp := s.startSpan(r, m)
-	res := s.publishMsg(r.Context(), m, generated, maxPayload)
+	res := s.publishMsg(ctx, r.Context(), m, generated, maxPayload)
 	sp.end(res)
 	return res
 }
@@ -289,15 +312,13 @@ func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
 	return data, nil
 }
 
-// publishMsg publishes m, retrying within the request's time, and returns
-// the answer.
-func (s *Server) publishMsg(reqCtx context.Context, m *nats.Msg, generated bool, maxPayload int64) result {
+// publishMsg publishes m, retrying until ctx (the request's time) ends,
+// and returns the answer; reqCtx tells whether the caller went away.
+func (s *Server) publishMsg(ctx, reqCtx context.Context, m *nats.Msg, generated bool, maxPayload int64) result {
 	if size := int64(len(m.Data) + headerSize(m.Header)); size > maxPayload {
 		return fail(refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge,
 			"the message is %d bytes with its headers, more than the server's max_payload (%d bytes)", size, maxPayload))
 	}
-	ctx, cancel := context.WithTimeout(reqCtx, s.o.Timeout)
-	defer cancel()
 	var (
 		ack         *jetstream.PubAck
 		last        error
@@ -345,16 +366,23 @@ func (s *Server) publishMsg(reqCtx context.Context, m *nats.Msg, generated bool,
 			res.outcome, res.dup = outcomeDuplicate, true
 		}
 		return res
-	case reqCtx.Err() != nil:
-		return result{status: http.StatusServiceUnavailable, outcome: outcomeCanceled, msg: "the request ended before an acknowledgement"}
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		why := "no acknowledgement within " + s.o.Timeout.String()
-		if last != nil {
-			why += ": " + last.Error()
-		}
-		return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: why}
+		return s.timedOut(reqCtx, last)
 	}
 	return fail(err)
+}
+
+// timedOut is the answer when the request's time ran out (or the caller
+// went away) before an acknowledgement; last is the last attempt's error.
+func (s *Server) timedOut(reqCtx context.Context, last error) result {
+	if reqCtx.Err() != nil {
+		return result{status: http.StatusServiceUnavailable, outcome: outcomeCanceled, msg: "the request ended before an acknowledgement"}
+	}
+	why := "no acknowledgement within " + s.o.Timeout.String()
+	if last != nil {
+		why += ": " + last.Error()
+	}
+	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: why}
 }
 
 // answer writes the result as JSON: {"stream","seq","duplicate"} on

@@ -244,6 +244,33 @@ func TestPublishUnavailable(t *testing.T) {
 	}
 }
 
+// TestPublishBeforeConnect: the API serves before it has a connection; a
+// publish waits for it within its time and is stored once it comes, and
+// one whose time runs out first is answered 503 with Retry-After.
+func TestPublishBeforeConnect(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	nc, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	s, err := Listen("127.0.0.1:0", Options{Subjects: []string{"orders.>"}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	a := &api{t: t, srv: s, nc: nc, url: "http://" + s.Addr()}
+
+	if ans := a.post("orders.early", "x"); ans.status != 503 || ans.retryAfter != "1" || !strings.Contains(ans.Error, "not connected") {
+		t.Errorf("before the connection: %+v", ans)
+	}
+	waiting := make(chan answer, 1)
+	go func() { waiting <- a.post("orders.waits", "y", "Idempotency-Key", "w") }()
+	poll.Until(t, 5*time.Second, "the publish waiting", func() bool { return value(s.m.inflight) == 1 })
+	s.Connect(nc, js)
+	if ans := <-waiting; ans.status != 200 || ans.Seq != 1 {
+		t.Errorf("connected while it waited: %+v", ans)
+	}
+}
+
 // TestPublishDuringRestart: publishes while the NATS server restarts
 // (same port and store) are answered 200, each then stored at the
 // sequence named, or 503 with Retry-After, never anything else; the 503'd

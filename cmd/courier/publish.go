@@ -15,7 +15,10 @@ import (
 // than hold the pod past its termination grace period.
 const publishShutdownTimeout = 2 * time.Second
 
-// startPublish starts the publish API (behaviour 25) on the NATS
+// startPublish starts the publish API (behaviour 25) before courier
+// connects to NATS, so that an app publishing while courier starts waits
+// for the connection within its request's time (then gets 503 with
+// Retry-After), never a refused connection; connect hands it the
 // connection, before courier reports ready. The stop it returns is called
 // by close, before the connection drains: after a stop signal it keeps the
 // API up until COURIER_SHUTDOWN_GRACE has passed since the signal, so that
@@ -25,7 +28,7 @@ const publishShutdownTimeout = 2 * time.Second
 // once.
 func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 	cfg := s.cfg
-	srv, err := publish.Listen(cfg.PublishListenAddr(), s.nc, s.js, publish.Options{
+	srv, err := publish.Listen(cfg.PublishListenAddr(), publish.Options{
 		Subjects:   cfg.PublishSubjects,
 		Timeout:    cfg.HTTPTimeout,
 		Tracer:     s.tracing.Tracer(),     // nil: tracing off
@@ -38,6 +41,7 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	srv.Start() // logs "publish API listening" with the address
+	s.publisher = srv
 	var signalled atomic.Pointer[time.Time]
 	fired := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() {
@@ -51,7 +55,9 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 		if !stopWatch() {
 			<-fired
 		}
-		if at := signalled.Load(); at != nil {
+		// Kept open only by a courier that reached NATS: one stopped
+		// while connecting has nothing to publish with.
+		if at := signalled.Load(); at != nil && s.nc != nil {
 			if wait := time.Until(at.Add(cfg.ShutdownGrace)); wait > 0 {
 				s.log.Info("publish API open until the grace period ends", "for", wait.Round(time.Millisecond).String())
 				<-time.After(wait)
@@ -64,4 +70,11 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 		}
 		s.log.Info("publish API stopped")
 	}, nil
+}
+
+// connectPublish hands the publish API, if on, the NATS connection.
+func (s *sidecar) connectPublish() {
+	if s.publisher != nil {
+		s.publisher.Connect(s.nc, s.js)
+	}
 }

@@ -99,6 +99,27 @@ func TestPublishThroughCourier(t *testing.T) {
 	}
 }
 
+// TestPublishBeforeNATS: the publish API is up while courier still
+// connects: a publish then is answered 503 with Retry-After once its time
+// (COURIER_HTTP_TIMEOUT) is over, not refused at the door.
+func TestPublishBeforeNATS(t *testing.T) {
+	a := newApp(t, nil)
+	env := newHarness(t).env(a.URL, append(publishEnv, "NATS_URL=nats://127.0.0.1:1", "COURIER_HTTP_TIMEOUT=1s")...)
+	c := start(t, env)
+	addr := publishAddr(t, c)
+	ans, err := postPublish(addr, "orders.created", "x", "k")
+	if err != nil || ans.status != http.StatusServiceUnavailable || ans.retryAfter == "" || !strings.Contains(ans.Error, "not connected") {
+		t.Errorf("while courier connects: %+v %v", ans, err)
+	}
+	start := time.Now()
+	if err := c.stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	if d := time.Since(start); d > 4*time.Second { // the harness's grace is 5s
+		t.Errorf("a courier that never reached NATS kept the publish API open %s after the signal", d)
+	}
+}
+
 // TestPublishThroughSIGTERM: publishes in flight when the stop signal
 // arrives, and those the app sends during the grace period, are answered
 // 200 and stored; the API closes once COURIER_SHUTDOWN_GRACE is over, and

@@ -19,6 +19,7 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/publish"
 	"github.com/courierhq/courier/reply"
 	"github.com/courierhq/courier/success"
 	"github.com/courierhq/courier/tracing"
@@ -64,7 +65,8 @@ type sidecar struct {
 	deadLetters *prometheus.CounterVec
 	tracing     *tracing.Provider // nil: tracing off
 
-	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
+	replies   *reply.Service  // nil unless COURIER_REPLY_SUBJECTS is set
+	publisher *publish.Server // nil unless COURIER_PUBLISH_ADDR is set
 
 	// connLost stops run when the NATS connection closes for good.
 	connLost context.CancelCauseFunc
@@ -100,6 +102,14 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.stopTracing, err = s.startTracing(ctx); err != nil {
 		return err
 	}
+	// The publish API (behaviour 25), before NATS: a publish waits for the
+	// connection within its time; close keeps the API up through the
+	// grace period.
+	if s.cfg.ServesPublishes() {
+		if s.stopPublish, err = s.startPublish(ctx); err != nil {
+			return err
+		}
+	}
 	// The embedded store before anything touches the server: a second
 	// courier on a locked store stops here, having changed nothing.
 	if s.cfg.ConsumesStream() {
@@ -113,20 +123,13 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
 	}
+	s.connectPublish()
 	// Request/reply (behaviour 18): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
 	if s.cfg.ServesReplies() {
 		s.health.at("registering the request/reply service")
 		if s.stopReplies, err = s.startReplies(ctx); err != nil {
-			return err
-		}
-	}
-	// The publish API (behaviour 25): up before courier reports ready;
-	// close keeps it up through the grace period.
-	if s.cfg.ServesPublishes() {
-		s.health.at("starting the publish API")
-		if s.stopPublish, err = s.startPublish(ctx); err != nil {
 			return err
 		}
 	}

@@ -55,7 +55,7 @@ func TestPublishSpan(t *testing.T) {
 		"messaging.system": "nats", "messaging.destination.name": "orders.created", "messaging.message.id": "k-1",
 		"courier.stream": "ORDERS", "courier.stream.sequence": "1", "courier.outcome": outcomeStored,
 	} {
-		if got := attrs[k].Emit(); got != want {
+		if got := attrs[k].String(); got != want {
 			t.Errorf("attribute %s = %q, want %q", k, got, want)
 		}
 	}

@@ -64,8 +64,11 @@ func exchangeHeader(canon string) bool {
 // was generated. A Nats-* header courier does not pass, or an ambiguous id,
 // is a 400 refusal.
 func messageHeaders(src http.Header) (nats.Header, bool, error) {
-	hop := map[string]bool{}
+	var hop map[string]bool // those the Connection header names; nil reads as none
 	for _, v := range src.Values("Connection") {
+		if hop == nil {
+			hop = map[string]bool{}
+		}
 		for f := range strings.SplitSeq(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
 				hop[http.CanonicalHeaderKey(f)] = true

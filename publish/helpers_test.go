@@ -21,7 +21,7 @@ import (
 // api is a publish Server on a real listener, publishing through its own
 // connection to an embedded server.
 type api struct {
-	t   *testing.T
+	t   testing.TB
 	srv *Server
 	reg *prometheus.Registry
 	nc  *nats.Conn
@@ -30,7 +30,7 @@ type api struct {
 
 // startAPI starts a Server on 127.0.0.1:0 connected to url; opts.Subjects
 // defaults to orders.>, shutdown when the test ends.
-func startAPI(t *testing.T, url string, opts Options) *api {
+func startAPI(t testing.TB, url string, opts Options) *api {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {

@@ -304,7 +304,8 @@ func TestPublishDuringRestart(t *testing.T) {
 // TestPublishLeaderLoss: on a 3-node cluster, publishes while the stream's
 // leader is shut down are answered 200 (stored at the sequence named) or
 // 503 with Retry-After; a new leader takes them, and retried 503s are
-// stored once.
+// stored once. With a second node down (no quorum) a publish is answered
+// 503 with Retry-After, and stored once when the quorum is back.
 func TestPublishLeaderLoss(t *testing.T) {
 	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
 	_, js := natstest.ConnectURL(t, c.URL())
@@ -325,6 +326,31 @@ func TestPublishLeaderLoss(t *testing.T) {
 	checkAnswers(t, a, js, answers())
 	t.Logf("%d publishes; %v answered 503 and retried; %v retries within requests",
 		len(answers()), a.count(outcomeUnavailable), value(a.srv.m.retries))
+
+	// A second node down: no quorum. A publish is retried for its time,
+	// then answered 503 with Retry-After; with the node back it is stored,
+	// once.
+	second := (leader + 1) % 3
+	c.Shutdown(second)
+	short := startAPI(t, c.URL(), Options{Timeout: 2 * time.Second})
+	if ans := short.post("orders.created", "q", "Idempotency-Key", "quorum"); ans.status != 503 || ans.retryAfter == "" {
+		t.Errorf("without quorum: %+v", ans)
+	}
+	c.Restart(second)
+	var ans answer
+	poll.Until(t, 60*time.Second, "a publish stored with the quorum back", func() bool {
+		ans = short.post("orders.created", "q", "Idempotency-Key", "quorum")
+		return ans.status == 200
+	})
+	var n int
+	for seq := uint64(1); seq <= msgCount(t, js, "ORDERS"); seq++ {
+		if stored(t, js, "ORDERS", seq).Header.Get(nats.MsgIdHdr) == "quorum" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the publish retried across the lost quorum is stored %d times", n)
+	}
 }
 
 // publishLoop runs workers publishing until stop closes, each message with

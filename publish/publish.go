@@ -198,6 +198,9 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 	res := s.handle(r, subj)
 	s.answer(w, res)
 	s.m.observe(res.outcome, time.Since(start).Seconds())
+	if !s.log.Enabled(r.Context(), slog.LevelDebug) {
+		return // spare building the line's attributes
+	}
 	if res.ack != nil {
 		s.log.Debug("published", "subject", subj, "stream", res.ack.Stream, "seq", res.ack.Sequence, "duplicate", res.dup)
 	} else {
@@ -289,9 +292,11 @@ func (s *Server) allowed(subj string) error {
 // readBody reads the message data, refusing (413) a body larger than the
 // server's max_payload before reading it when its length is declared.
 func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
-	tooLarge := refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the body is larger than the server's max_payload (%d bytes)", maxPayload)
+	tooLarge := func() error {
+		return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the body is larger than the server's max_payload (%d bytes)", maxPayload)
+	}
 	if r.ContentLength > maxPayload {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	body := http.MaxBytesReader(nil, r.Body, maxPayload)
 	var data []byte
@@ -305,7 +310,7 @@ func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return nil, tooLarge
+		return nil, tooLarge()
 	case err != nil:
 		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
 	}

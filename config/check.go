@@ -147,6 +147,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkBreaker(cfg)
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
+	c.checkStandards(cfg)
 	c.checkPublish(cfg)
 	c.checkOperations(cfg)
 	c.checkTracing(cfg)

@@ -71,7 +71,7 @@ type Config struct {
 	DedupStore  string `env:"COURIER_DEDUP_STORE" envDefault:"badger"`
 	DedupBucket string `env:"COURIER_DEDUP_BUCKET" envDefault:"COURIER_DEDUP"`
 
-	// Breaker and rate limit (behaviours 14 and 15).
+	// Breaker and rate limit (README, "Dependency outages").
 	// BreakerFailures is the number of transient failures in a row (from
 	// more than one message) after which courier stops sending and probes;
 	// 0 = never.
@@ -82,7 +82,7 @@ type Config struct {
 	// 0 = no limit.
 	MaxRate float64 `env:"COURIER_MAX_RATE" envDefault:"0"`
 
-	// Success destination and request/reply (behaviours 17 and 18).
+	// Success records and request/reply (README, "Results out").
 	// SuccessSubject is where the app's answer to each 2xx is published;
 	// "" = nowhere.
 	SuccessSubject string `env:"COURIER_SUCCESS_SUBJECT"`
@@ -98,7 +98,20 @@ type Config struct {
 	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
 	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
-	// Publishing through courier (behaviour 25). PublishAddr is where the
+	// What the app learns of each request: CloudEvents attributes, a
+	// signature, a token (packages cloudevents and appauth).
+	// CloudEvents is CloudEventsBinary (requests carry CloudEvents 1.0
+	// attributes as ce-* headers) or "" (off); Load lower-cases it.
+	CloudEvents string `env:"COURIER_CLOUDEVENTS"`
+	// SigningSecretsFile holds the Standard Webhooks secrets every request
+	// to the app is signed with, one whsec_<base64> a line; "" = unsigned.
+	// The path is no secret; the file's content is, and is never shown.
+	SigningSecretsFile string `env:"COURIER_SIGNING_SECRETS_FILE"`
+	// AppTokenFile holds the token sent as Authorization: Bearer to the
+	// app (and asked of callers of the publish API); "" = none.
+	AppTokenFile string `env:"COURIER_APP_TOKEN_FILE"`
+
+	// Publishing through courier (package publish). PublishAddr is where the
 	// publish API listens, as given ("" = off); PublishListenAddr fills
 	// in the default host. PublishSubjects are those the app may publish
 	// to, NATS wildcards allowed; required with PublishAddr.
@@ -113,7 +126,7 @@ type Config struct {
 	// means none: they are abandoned and their messages NAK'd at once.
 	ShutdownGrace time.Duration `env:"COURIER_SHUTDOWN_GRACE" envDefault:"25s"`
 
-	// Tracing (behaviour 19): OpenTelemetry's own variables, read as its
+	// Tracing (README, "Tracing"): OpenTelemetry's own variables, read as its
 	// specification says. They are kept as given; the Traces* methods
 	// resolve them (which of two variables wins, what a default is).
 	OTLPEndpoint       string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"`
@@ -154,6 +167,10 @@ const (
 	// through a replicated JetStream key-value bucket.
 	DedupShared = "shared"
 )
+
+// CloudEventsBinary is the value of COURIER_CLOUDEVENTS that turns the
+// CloudEvents attributes on (the HTTP binding's binary mode).
+const CloudEventsBinary = "binary"
 
 // DefaultAdminAddr is COURIER_ADMIN_ADDR's default: a port no common
 // neighbour in a pod uses (not 9464, OpenTelemetry's Prometheus exporter;
@@ -223,11 +240,13 @@ func Environ(kv []string) map[string]string {
 // the defaults of the SPEC's table, fills in the derived ones
 // (COURIER_DLQ_SUBJECT) and checks every value and the relations between
 // them. It reads nothing but environ and, to check that they are readable,
-// the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT and NATS_KEY.
+// the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT, NATS_KEY,
+// COURIER_SIGNING_SECRETS_FILE and COURIER_APP_TOKEN_FILE (whose content
+// the sidecar checks as it opens them: appauth).
 //
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
-// COURIER_DEDUP_STORE, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
+// COURIER_DEDUP_STORE, COURIER_CLOUDEVENTS, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
 // protocols and OTEL_TRACES_SAMPLER are case-insensitive and come back
 // lower-cased (COURIER_DEDUP_STORE=kv comes
 // back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
@@ -261,6 +280,7 @@ func load(environ map[string]string) (Config, *checker) {
 	cfg.LogLevel = lower(cfg.LogLevel)
 	cfg.LogFormat = lower(cfg.LogFormat)
 	cfg.DedupStore = lower(cfg.DedupStore)
+	cfg.CloudEvents = lower(cfg.CloudEvents)
 	cfg.OTLPProtocol = lower(cfg.OTLPProtocol)
 	cfg.OTLPTracesProtocol = lower(cfg.OTLPTracesProtocol)
 	cfg.OTELTracesSampler = lower(cfg.OTELTracesSampler)

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,7 +27,9 @@ const (
 )
 
 // What a key holds in the bucket. A processed key is empty, as the earlier
-// kv store wrote them, so a bucket it filled is read correctly.
+// kv store wrote them, so a bucket it filled is read correctly. A claim's
+// holder is in its header (ClaimHolderHeader, claims.go), not in its value,
+// which couriers of before compare whole.
 var claimValue = []byte("claim")
 
 // kvOperation is the header of a key-value delete marker (nats.go's kvop).
@@ -54,7 +56,7 @@ type SharedOptions struct {
 	// required, whole seconds, at least 1s.
 	TTL time.Duration
 	// ClaimTTL is how long a claim lives if its holder neither records nor
-	// releases it (it died): about the consumer's AckWait, so that the
+	// releases it (it died, or is cut off from the servers): about the consumer's AckWait, so that the
 	// redelivery of a message whose courier died goes ahead. A live
 	// holder renews its claims every half ClaimTTL until it records or
 	// releases them, however long its delivery takes or is held.
@@ -84,7 +86,10 @@ type SharedOptions struct {
 // deletes the claim if it is still the caller's. While its holder lives, a
 // claim is renewed every half ClaimTTL until Record or Release, however long
 // the delivery is held (an app outage, the breaker, a success record that
-// cannot be stored yet). A Check that finds a live claim answers Claimed;
+// cannot be stored yet); a claim names its holder, so a renewal stored but
+// acknowledged too late is recognised by the next (claims.go), and a claim
+// lapses only when its holder is gone or cut off from the bucket for longer
+// than ClaimTTL. A Check that finds a live claim answers Claimed;
 // one that finds a processed record answers Processed and caches the key. A
 // courier that dies holding a claim loses nothing: the claim lapses after
 // ClaimTTL.
@@ -111,14 +116,20 @@ type Shared struct {
 	// msgGet is the API subject readLast asks the stream leader.
 	msgGet string
 
-	// The headers of a claim of an absent key and of a processed record,
+	// The header of a processed record and the TTL value of a claim's,
 	// built once and shared by every publish: read-only, as jetstream
 	// leaves a message's headers alone when it is given no options.
-	createHdr, processedHdr nats.Header
+	processedHdr  nats.Header
+	claimTTLValue []string
 
-	// claims maps the bucket key of each claim this store holds to its
-	// revision, for Release and renewal; entries not renewed for claimTTL
-	// are dropped.
+	// holder names this store in its claims, numbered by claimsMade
+	// (claims.go).
+	holder     string
+	claimsMade atomic.Uint64
+
+	// claims maps the bucket key of each claim this store holds to it,
+	// for Release and renewal; entries not renewed for claimTTL are
+	// dropped.
 	claimsMu   sync.Mutex
 	claims     map[string]*heldClaim
 	claimsNext int // size at which the map is swept next
@@ -135,16 +146,6 @@ type Shared struct {
 	closeErr  error
 	closedMu  sync.RWMutex
 	closed    bool
-}
-
-// heldClaim is a claim this store holds. mu orders a renewal against the
-// Release that ends the claim, so that no renewal follows the release
-// (which would leave the claim live until it lapses).
-type heldClaim struct {
-	mu    sync.Mutex
-	rev   uint64
-	at    time.Time // made or last renewed
-	ended bool      // taken by Release: renew no more
 }
 
 // OpenShared opens the shared store on the bucket, creating the bucket when
@@ -178,6 +179,7 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 		ttl:      o.TTL,
 		claimTTL: cmp0(o.ClaimTTL, DefaultClaimTTL),
 		timeout:  cmp0(o.Timeout, DefaultSharedTimeout),
+		holder:   newHolder(),
 		claims:   map[string]*heldClaim{},
 	}
 	s.claimsNext = 1024
@@ -187,7 +189,7 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 		return nil, err
 	}
 	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
-	s.createHdr = s.claimHeader(0)
+	s.claimTTLValue = []string{s.claimTTL.String()}
 	s.processedHdr = nats.Header{jetstream.MsgTTLHeader: {s.ttl.String()}}
 	var err error
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
@@ -300,24 +302,21 @@ func (s *Shared) Check(ctx context.Context, key string) (v Verdict, err error) {
 func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 	var expect uint64
 	recreated := false
+	id := s.claimID()
 	for range claimTries {
-		hdr := s.createHdr
-		if expect != 0 {
-			hdr = s.claimHeader(expect)
-		}
-		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: hdr, Data: claimValue})
+		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: s.claimHeader(expect, id), Data: claimValue})
 		switch {
 		case err == nil:
-			s.hold(bk, ack.Sequence)
+			s.hold(key, bk, id, ack.Sequence)
 			return New, nil
 		case (errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err)) && !recreated:
 			if !s.recreate(ctx) {
-				return New, s.bucketError("claim", err)
+				return New, s.bucketError(opClaim, err)
 			}
 			recreated = true
 			continue
 		case !isWrongLastSeq(err):
-			return New, s.bucketError("claim", err)
+			return New, s.bucketError(opClaim, err)
 		}
 		// The key exists: read what it holds.
 		r, err := s.readLast(ctx, bk)
@@ -331,7 +330,7 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 			expect = 0 // the marker expired meanwhile: create
 			continue
 		case err != nil:
-			return New, s.bucketError("read", err)
+			return New, s.bucketError(opRead, err)
 		}
 		switch {
 		case r.deleted():
@@ -343,17 +342,7 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 			return Processed, nil
 		}
 	}
-	return New, s.bucketError("claim", fmt.Errorf("key kept changing over %d tries", claimTries))
-}
-
-// claimHeader is the header of a claim expecting the key's last revision
-// to be expect (0: absent), living ClaimTTL: what jetstream's
-// WithExpectLastSequencePerSubject and WithMsgTTL options write.
-func (s *Shared) claimHeader(expect uint64) nats.Header {
-	return nats.Header{
-		jetstream.ExpectedLastSubjSeqHeader: {strconv.FormatUint(expect, 10)},
-		jetstream.MsgTTLHeader:              {s.claimTTL.String()},
-	}
+	return New, s.bucketError(opClaim, fmt.Errorf("key kept changing over %d tries", claimTries))
 }
 
 // cache records locally a key the bucket holds as processed, for what is
@@ -390,12 +379,14 @@ func (s *Shared) Record(ctx context.Context, keys ...string) error {
 	return s.use(func() error {
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
+		// The claims end here, whatever the outcome: a key the bucket
+		// misses is not renewed, and lapses.
+		s.end(bks...)
 		// The bucket's writes go out first; the local commit runs while
 		// they travel.
 		futures, sendErr := s.sendProcessed(bks)
 		localErr := s.local.Record(ctx, keys...)
 		err := s.awaitProcessed(ctx, bks, futures, sendErr, true)
-		s.drop(bks...)
 		return errors.Join(err, localErr)
 	})
 }
@@ -422,7 +413,7 @@ func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 // mayRecreate).
 func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
 	if sendErr != nil {
-		return s.bucketError("record", sendErr)
+		return s.bucketError(opRecord, sendErr)
 	}
 	var failed []string
 	var errs []error
@@ -435,7 +426,7 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 			}
 			errs = append(errs, err)
 		case <-ctx.Done():
-			return s.bucketError("record", fmt.Errorf("%d of %d keys unacknowledged: %w", len(futures)-i, len(futures), ctx.Err()))
+			return s.bucketError(opRecord, fmt.Errorf("%d of %d keys unacknowledged: %w", len(futures)-i, len(futures), ctx.Err()))
 		}
 	}
 	if len(errs) == 0 {
@@ -445,7 +436,7 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 		futures, sendErr := s.sendProcessed(failed)
 		return s.awaitProcessed(ctx, failed, futures, sendErr, false)
 	}
-	return s.bucketError("record", fmt.Errorf("%d of %d keys not recorded: %w", len(errs), len(bks), errs[0]))
+	return s.bucketError(opRecord, fmt.Errorf("%d of %d keys not recorded: %w", len(errs), len(bks), errs[0]))
 }
 
 // Release gives up the claim this store holds on key after a failed
@@ -458,24 +449,14 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	rev, ok := s.take(bk)
+	id, rev, ok := s.take(bk)
 	if !ok {
 		return nil
 	}
 	return s.use(func() error {
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
-		m := nats.NewMsg(bk)
-		m.Header.Set(kvOperation, "DEL")
-		_, err := s.js.PublishMsg(ctx, m,
-			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(s.claimTTL))
-		switch {
-		case err == nil, isWrongLastSeq(err), errors.Is(err, jetstream.ErrNoStreamResponse):
-			// Released; or no longer this store's; or the bucket is gone.
-			return nil
-		default:
-			return s.bucketError("release", err)
-		}
+		return s.release(ctx, bk, id, rev)
 	})
 }
 
@@ -501,7 +482,7 @@ func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			return nil
 		case err != nil:
-			return s.bucketError("read", err)
+			return s.bucketError(opRead, err)
 		}
 		if seen = !r.deleted() && !r.claim(); seen {
 			s.cache(ctx, key, r.time)
@@ -531,116 +512,27 @@ func (s *Shared) Close() error {
 	return s.closeErr
 }
 
-// hold remembers a claim this store made.
-func (s *Shared) hold(bk string, rev uint64) {
-	now := time.Now()
-	s.claimsMu.Lock()
-	defer s.claimsMu.Unlock()
-	s.claims[bk] = &heldClaim{rev: rev, at: now}
-	if len(s.claims) < s.claimsNext {
-		return
-	}
-	// Claims neither recorded nor released (a caller that forgot) have
-	// lapsed in the bucket: forget them here too.
-	for k, c := range s.claims {
-		if !c.mu.TryLock() {
-			continue // being renewed
-		}
-		at := c.at
-		c.mu.Unlock()
-		if now.Sub(at) > s.claimTTL {
-			delete(s.claims, k)
-		}
-	}
-	s.claimsNext = max(1024, 2*len(s.claims))
-}
+// bucketOp is an operation on the bucket, the op label of
+// courier_dedup_shared_bucket_errors_total.
+type bucketOp int
 
-// take forgets the claim held on bk and returns its revision, if it has not
-// lapsed. A renewal under way is waited for, and none follows.
-func (s *Shared) take(bk string) (uint64, bool) {
-	s.claimsMu.Lock()
-	c, ok := s.claims[bk]
-	delete(s.claims, bk)
-	s.claimsMu.Unlock()
-	if !ok {
-		return 0, false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.ended = true
-	return c.rev, time.Since(c.at) < s.claimTTL
-}
+const (
+	opClaim bucketOp = iota
+	opRead
+	opRecord
+	opRelease
+	opRenew
+)
 
-// renewClaims renews, until Close, every claim held for half ClaimTTL, so
-// that a claim lapses when its holder is gone, not while its delivery is
-// held longer than ClaimTTL.
-func (s *Shared) renewClaims() {
-	defer s.renewing.Done()
-	t := time.NewTicker(max(s.claimTTL/4, 10*time.Millisecond))
-	defer t.Stop()
-	var due []*heldClaim
-	var keys []string
-	for {
-		select {
-		case <-s.renewCtx.Done():
-			return
-		case <-t.C:
-		}
-		now := time.Now()
-		due, keys = due[:0], keys[:0]
-		s.claimsMu.Lock()
-		for bk, c := range s.claims {
-			c.mu.Lock()
-			if now.Sub(c.at) >= s.claimTTL/2 {
-				due, keys = append(due, c), append(keys, bk)
-			}
-			c.mu.Unlock()
-		}
-		s.claimsMu.Unlock()
-		for i, c := range due {
-			if s.renewCtx.Err() != nil {
-				return
-			}
-			s.renew(keys[i], c)
-		}
-		clear(due)
-	}
-}
+// bucketOps names every bucketOp (listed in docs/operations.md, "Dedup
+// store").
+var bucketOps = [...]string{opClaim: "claim", opRead: "read", opRecord: "record", opRelease: "release", opRenew: "renew"}
 
-// renew writes claim c on bk again, expecting it to be the key's last
-// record, to live another ClaimTTL. A claim that is no longer the last
-// record (recorded, or lapsed and taken over) is left alone; it is dropped
-// when released or swept.
-func (s *Shared) renew(bk string, c *heldClaim) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ended {
-		return
-	}
-	ctx, cancel := context.WithTimeout(s.renewCtx, min(s.timeout, s.claimTTL/2))
-	defer cancel()
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: s.claimHeader(c.rev), Data: claimValue})
-	if err != nil {
-		if !isWrongLastSeq(err) {
-			s.bucketError("renew", err)
-		}
-		return
-	}
-	c.rev, c.at = ack.Sequence, time.Now()
-}
-
-// drop forgets the claims held on bks.
-func (s *Shared) drop(bks ...string) {
-	s.claimsMu.Lock()
-	defer s.claimsMu.Unlock()
-	for _, bk := range bks {
-		delete(s.claims, bk)
-	}
-}
+func (op bucketOp) String() string { return bucketOps[op] }
 
 // bucketError counts and wraps an error of the bucket.
-func (s *Shared) bucketError(op string, err error) error {
-	s.m.bucketErrors.WithLabelValues(op).Inc()
+func (s *Shared) bucketError(op bucketOp, err error) error {
+	s.m.bucketErrors[op].Inc()
 	return fmt.Errorf("dedup: bucket %s: %s: %w", s.bucket, op, err)
 }
 
@@ -672,7 +564,7 @@ func isTTLDisabled(err error) bool {
 type sharedMetrics struct {
 	*registration
 	checks       *prometheus.CounterVec
-	bucketErrors *prometheus.CounterVec
+	bucketErrors [len(bucketOps)]prometheus.Counter
 	recreated    prometheus.Counter
 }
 
@@ -682,17 +574,21 @@ func newSharedMetrics(reg prometheus.Registerer) (*sharedMetrics, error) {
 			Name: "courier_dedup_shared_checks_total",
 			Help: "Checks of the shared dedup store by answer: local (processed, from the local cache, no round trip), new (claimed), processed (recorded in the bucket), claimed (another courier holds it), error.",
 		}, []string{"answer"}),
-		bucketErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_dedup_shared_bucket_errors_total",
-			Help: "Failed operations on the shared dedup bucket, by operation (claim, read, record, release).",
-		}, []string{"op"}),
 		recreated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "courier_dedup_shared_bucket_recreated_total",
 			Help: "Times the shared dedup bucket was found deleted and created again (keys recorded by other couriers before are forgotten).",
 		}),
 	}
+	// Every operation's series exists from the start, at 0.
+	bucketErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "courier_dedup_shared_bucket_errors_total",
+		Help: "Failed operations on the shared dedup bucket, by operation: claim, read, record, release, renew (a claim's renewal while its delivery runs).",
+	}, []string{"op"})
+	for op, name := range bucketOps {
+		m.bucketErrors[op] = bucketErrors.WithLabelValues(name)
+	}
 	var err error
-	if m.registration, err = register(reg, m.checks, m.bucketErrors, m.recreated); err != nil {
+	if m.registration, err = register(reg, m.checks, bucketErrors, m.recreated); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -124,3 +124,11 @@ func TestSharedR3NodeRestart(t *testing.T) {
 	}
 	t.Logf("%d keys checked and recorded, %d errors (none wrong)", n, errs)
 }
+
+// TestSharedR3LateRenewalAck: on an R3 bucket, the answer to a renewal
+// held longer than the renewal waits (courier A connected to node 0 through
+// a proxy, B to node 1) does not end A's claim while A lives.
+func TestSharedR3LateRenewalAck(t *testing.T) {
+	c, jss := r3(t)
+	lateRenewalAck(t, c.Node(0).Addr().String(), jss[1], SharedOptions{Replicas: 3})
+}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/courierhq/courier/internal/natstest"
 )
@@ -433,5 +436,55 @@ func TestCreateBucketTimeoutIsRetryable(t *testing.T) {
 	}
 	if _, err := js.KeyValue(context.Background(), "SLOW"); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		t.Errorf("bucket after the failed create: %v, want none", err)
+	}
+}
+
+// TestSharedBucketErrorSeries: courier_dedup_shared_bucket_errors_total has
+// a series at 0 from start-up for every operation it counts, so that a rate
+// or an alert on it works before the first failure, and the operations
+// guide lists every one of them.
+func TestSharedBucketErrorSeries(t *testing.T) {
+	const name = "courier_dedup_shared_bucket_errors_total"
+	ops := []string{"claim", "read", "record", "release", "renew"}
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	reg := prometheus.NewRegistry()
+	openShared(t, js, SharedOptions{Registerer: reg})
+
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := ""
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			help = mf.GetHelp()
+		}
+	}
+	want := "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n"
+	for _, op := range ops {
+		want += name + `{op="` + op + `"} 0` + "\n"
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), name); err != nil {
+		t.Error(err)
+	}
+
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for line := range strings.Lines(string(doc)) {
+		if strings.HasPrefix(line, "| `"+name+"`") {
+			row = line
+		}
+	}
+	if row == "" {
+		t.Fatalf("docs/operations.md has no row for %s", name)
+	}
+	for _, op := range ops {
+		if !strings.Contains(row, "`"+op+"`") {
+			t.Errorf("docs/operations.md does not list op %q of %s: %s", op, name, row)
+		}
 	}
 }

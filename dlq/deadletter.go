@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -149,14 +150,21 @@ func (d *DeadLetter) Original() nats.Header {
 // adds no key. An original that carried no Nats-Msg-Id is given the dead
 // letter's own (MsgID), so that publishing it again after an interrupted
 // replay is recognised as a duplicate by the source stream, as an original
-// Nats-Msg-Id would be.
+// Nats-Msg-Id would be. So is an original whose Nats-Msg-Id is such an id,
+// given by the replay that stored it: the same id again would be, within
+// the source stream's duplicate window, a duplicate of that very copy, and
+// a replay of a replay would store nothing.
 func (d *DeadLetter) Republish(idempotencyHeader string) *nats.Msg {
 	h := d.Original()
 	if idempotencyHeader != "" && natshdr.Get(h, idempotencyHeader) == "" && h.Get(msgIDHeader) == "" && !d.StreamCreated.IsZero() {
 		h.Set(idempotencyHeader, DerivedKey(d.Stream, d.StreamCreated, d.StreamSequence))
 	}
-	if _, ok := h[msgIDHeader]; !ok {
+	if vs, ok := h[msgIDHeader]; !ok || len(vs) > 0 && strings.HasPrefix(vs[0], msgIDPrefix) {
 		if id := d.Header.Get(msgIDHeader); id != "" {
+			if ok && idempotencyHeader != "" && natshdr.Get(h, idempotencyHeader) == "" {
+				// The replay id was the copy's key: the app keeps seeing it.
+				h.Set(idempotencyHeader, vs[0])
+			}
 			h[msgIDHeader] = []string{id}
 		}
 	}

@@ -228,6 +228,9 @@ func Original(h nats.Header) nats.Header {
 	return out
 }
 
+// msgIDPrefix begins every MsgID.
+const msgIDPrefix = "courier-dlq:"
+
 // MsgID returns the Nats-Msg-Id of l's dead letter. It is unique per original
 // message and consumer: consumer, stream, the stream's creation time and the
 // sequence (the creation time keeps it unique when a stream is deleted and
@@ -238,7 +241,7 @@ func MsgID(l Letter) string {
 	if !l.StreamCreated.IsZero() {
 		created = l.StreamCreated.UnixNano()
 	}
-	return "courier-dlq:" + l.Consumer + ":" + l.Stream + ":" +
+	return msgIDPrefix + l.Consumer + ":" + l.Stream + ":" +
 		strconv.FormatInt(created, 10) + ":" + strconv.FormatUint(l.Sequence, 10)
 }
 

@@ -214,3 +214,91 @@ func TestReplayAfterInterruptedReplayCopyConsumed(t *testing.T) {
 		t.Errorf("dead letter still there after its replay was recognised: %v", err)
 	}
 }
+
+// A replay of a replay is not refused as a duplicate: the copy a replay
+// stored carries the Nats-Msg-Id replay gave it (its original had none),
+// and when that copy is dead-lettered and replayed in turn, within the
+// source stream's duplicate window, it gets a new id (its own dead
+// letter's), not the same one back; the app still sees the same
+// Idempotency-Key.
+func TestReplayOfAReplayGetsANewMsgID(t *testing.T) {
+	e := newToolsEnv(t, func(c *jetstream.StreamConfig) { c.Duplicates = 10 * time.Minute })
+	orig := e.publishOriginal("orders.created", "x", nats.Header{"X-A": {"1"}})
+	e.letterOf(orig, dlq.ReasonRejected)
+	opts := dlq.ReplayOptions{IdempotencyHeader: "Idempotency-Key"}
+	if sum, res := e.replayAll(opts); sum.Replayed != 1 {
+		t.Fatalf("first replay = %+v, %+v", sum, res)
+	}
+	copies := e.originals()
+	if len(copies) != 2 {
+		t.Fatalf("ORDERS holds %d messages after the first replay, want 2", len(copies))
+	}
+	first := copies[1]
+	if !strings.HasPrefix(first.Header.Get("Nats-Msg-Id"), "courier-dlq:") {
+		t.Fatalf("the first replay's copy has Nats-Msg-Id %q, want replay's own", first.Header.Get("Nats-Msg-Id"))
+	}
+
+	// The copy fails again and is dead-lettered, then replayed.
+	e.letterOf(first, dlq.ReasonRejected)
+	sum, res := e.replayAll(opts)
+	if sum.Replayed != 1 || res.Outcome != dlq.Replayed || res.Earlier {
+		t.Fatalf("replay of the replay = %+v, %+v (%s); want it republished", sum, res, res.Why)
+	}
+	copies = e.originals()
+	if len(copies) != 3 {
+		t.Fatalf("ORDERS holds %d messages after the second replay, want 3", len(copies))
+	}
+	second := copies[2]
+	if id := second.Header.Get("Nats-Msg-Id"); id == first.Header.Get("Nats-Msg-Id") || !strings.HasPrefix(id, "courier-dlq:") {
+		t.Errorf("the second replay's copy has Nats-Msg-Id %q, want a new one of replay's (the first was %q)", id, first.Header.Get("Nats-Msg-Id"))
+	}
+	want := dlq.DerivedKey("ORDERS", e.created, orig.Sequence)
+	if got := second.Header.Get("Idempotency-Key"); got != want {
+		t.Errorf("Idempotency-Key %q, want the original's derived key %q", got, want)
+	}
+	if string(second.Data) != "x" || second.Header.Get("X-A") != "1" {
+		t.Errorf("second copy %q %v, want the original's body and headers", second.Data, second.Header)
+	}
+
+	// An interrupted replay of it, run again, is still recognised.
+	e.letterOf(second, dlq.ReasonRejected)
+	q := e.queue()
+	letters, err := q.List(ctx(t, 5*time.Second), dlq.Selection{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dead letters: %d, %v", len(letters), err)
+	}
+	if _, err := e.js.PublishMsg(ctx(t, 5*time.Second), letters[0].Republish("Idempotency-Key")); err != nil {
+		t.Fatal(err)
+	}
+	if sum, res := e.replayAll(opts); sum.Replayed != 1 || !res.Earlier {
+		t.Errorf("replay after an interrupted one = %+v, %+v; want replayed (earlier)", sum, res)
+	}
+	if n := len(e.originals()); n != 4 {
+		t.Errorf("ORDERS holds %d messages, want 4 (the interrupted replay's copy stored once)", n)
+	}
+}
+
+// A replay's copy republished without an idempotency header had its
+// replay id as its key; replayed again with a new id, it carries the old
+// one in the idempotency header, so the app keeps seeing the key it saw.
+func TestReplayOfAReplayKeepsTheCopysKey(t *testing.T) {
+	e := newToolsEnv(t)
+	orig := e.publishOriginal("orders.created", "x", nil)
+	e.letterOf(orig, dlq.ReasonRejected)
+	if sum, res := e.replayAll(dlq.ReplayOptions{}); sum.Replayed != 1 { // no idempotency header
+		t.Fatalf("first replay = %+v, %+v", sum, res)
+	}
+	first := e.originals()[1]
+	seq := e.letterOf(first, dlq.ReasonRejected)
+	d, err := e.queue().Show(ctx(t, 5*time.Second), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := d.Republish("Idempotency-Key")
+	if got, want := m.Header.Get("Idempotency-Key"), first.Header.Get("Nats-Msg-Id"); got != want {
+		t.Errorf("Idempotency-Key %q, want the copy's key, its Nats-Msg-Id %q", got, want)
+	}
+	if got := m.Header.Get("Nats-Msg-Id"); got != d.Header.Get("Nats-Msg-Id") {
+		t.Errorf("Nats-Msg-Id %q, want the dead letter's own %q", got, d.Header.Get("Nats-Msg-Id"))
+	}
+}

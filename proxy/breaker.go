@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -12,9 +13,24 @@ import (
 // fault: the gate closes (cause breakerOpen), courier holds what it has and
 // spends nothing, and lets one probe message through at a time, after
 // BreakerProbe (or the app's Retry-After), doubling per failed probe up to
-// BackoffMax. Any answer that is not a transient failure closes it. One
-// message failing among successes never opens it: every success resets the
-// count. Safe for concurrent use.
+// BackoffMax. Any answer that is not a transient failure closes it.
+//
+// It must tell an outage from messages that fail on their own. Only
+// failures of fresh messages (on their first delivery) count toward
+// opening: a retry, or a redelivery after a restart (they come first), has
+// failed before and says little about the app, so a backlog of them never
+// opens it. Retries' failures neither count nor break a streak; every
+// success resets it, so one message failing among successes never opens
+// it. While open, the probe is a fresh message when one is held, and only a
+// fresh probe's failure doubles the wait.
+//
+// Probing must never stop: each held message that may be the probe waits on
+// a ticket of its own (enlist), and the breaker hands the go-ahead to one
+// ticket, fresh ones first; a go-ahead with no ticket to take it is kept
+// (pending) for the next. A probe that cannot be sent at once (it waits for
+// another delivery of its key, the store, another replica's claim) hands
+// the go-ahead on (handOn) rather than keep it while it waits. Safe for
+// concurrent use.
 type breaker struct {
 	threshold int // 0: never opens
 	first     time.Duration
@@ -28,12 +44,21 @@ type breaker struct {
 	open     bool
 	wait     time.Duration
 	timer    *time.Timer
-	// probes receives a token each time a probe may go.
-	probes chan struct{}
+	// waiting are the tickets of held messages that may be the probe, in
+	// the order they enlisted.
+	waiting []*probeTicket
+	// pending: a probe may go, and no ticket was waiting to take it.
+	pending bool
+}
+
+// probeTicket is one held message's place among the probe candidates.
+type probeTicket struct {
+	fresh bool
+	ahead chan struct{} // receives the go-ahead; capacity 1
 }
 
 func newBreaker(threshold int, first, most time.Duration, g *gate) *breaker {
-	return &breaker{threshold: threshold, first: first, most: max(most, first), gate: g, probes: make(chan struct{}, 1)}
+	return &breaker{threshold: threshold, first: first, most: max(most, first), gate: g}
 }
 
 // success notes an answer that is not a transient failure.
@@ -41,14 +66,9 @@ func (b *breaker) success() {
 	b.mu.Lock()
 	b.streak, b.distinct = 0, false
 	wasOpen := b.open
-	b.open = false
+	b.open, b.pending = false, false
 	if b.timer != nil {
 		b.timer.Stop()
-	}
-	// A token left over would let a message through as a probe later.
-	select {
-	case <-b.probes:
-	default:
 	}
 	b.mu.Unlock()
 	if wasOpen {
@@ -56,21 +76,28 @@ func (b *breaker) success() {
 	}
 }
 
-// failure notes a transient failure of the message with key; retryAfter is
-// the app's Retry-After (0 if none); probe says whether it was a probe.
-func (b *breaker) failure(key string, retryAfter time.Duration, probe bool) {
+// failure notes a transient failure of the message with key; fresh says it
+// was the message's first delivery, retryAfter is the app's Retry-After (0
+// if none), probe says whether it was a probe.
+func (b *breaker) failure(key string, fresh bool, retryAfter time.Duration, probe bool) {
 	if b.threshold <= 0 {
 		return
 	}
 	b.mu.Lock()
 	if b.open {
 		if probe {
-			b.wait = min(2*b.wait, b.most)
+			if fresh {
+				b.wait = min(2*b.wait, b.most)
+			}
 			if retryAfter > 0 {
 				b.wait = retryAfter
 			}
 			b.schedule()
 		}
+		b.mu.Unlock()
+		return
+	}
+	if !fresh {
 		b.mu.Unlock()
 		return
 	}
@@ -84,7 +111,7 @@ func (b *breaker) failure(key string, retryAfter time.Duration, probe bool) {
 		b.mu.Unlock()
 		return
 	}
-	b.open = true
+	b.open, b.pending = true, false
 	b.wait = b.first
 	if retryAfter > 0 {
 		b.wait = retryAfter
@@ -96,8 +123,38 @@ func (b *breaker) failure(key string, retryAfter time.Duration, probe bool) {
 		streak, wait.Round(time.Millisecond)))
 }
 
-// retryProbe lets another probe go after the current wait: the token was
-// taken by a worker that could not use it (another cause holds deliveries).
+// enlist makes a held message a probe candidate until leave; its ticket
+// receives the go-ahead when it is to be the probe.
+func (b *breaker) enlist(fresh bool) *probeTicket {
+	t := &probeTicket{fresh: fresh, ahead: make(chan struct{}, 1)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open && b.pending {
+		b.pending = false
+		t.ahead <- struct{}{}
+		return t
+	}
+	b.waiting = append(b.waiting, t)
+	return t
+}
+
+// leave ends t's candidacy. A go-ahead it received but did not use goes to
+// the next candidate.
+func (b *breaker) leave(t *probeTicket) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i := slices.Index(b.waiting, t); i >= 0 {
+		b.waiting = slices.Delete(b.waiting, i, i+1)
+	}
+	select {
+	case <-t.ahead:
+		b.dispatch()
+	default:
+	}
+}
+
+// retryProbe lets another probe go after the current wait: the go-ahead
+// went to a message that could not use it (another cause holds deliveries).
 func (b *breaker) retryProbe() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -106,17 +163,40 @@ func (b *breaker) retryProbe() {
 	}
 }
 
-// schedule sends a probe token after b.wait. Called with mu held.
+// handOn passes the go-ahead of a probe that reached no app (a duplicate,
+// an expired message, one that must wait for its key or the store) to the
+// next candidate at once: no request was spent on it.
+func (b *breaker) handOn() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.dispatch()
+}
+
+// dispatch gives the go-ahead to a waiting candidate, a fresh one first, or
+// keeps it pending. Called with mu held.
+func (b *breaker) dispatch() {
+	if !b.open {
+		return
+	}
+	if len(b.waiting) == 0 {
+		b.pending = true
+		return
+	}
+	i := slices.IndexFunc(b.waiting, func(t *probeTicket) bool { return t.fresh })
+	if i < 0 {
+		i = 0
+	}
+	t := b.waiting[i]
+	b.waiting = slices.Delete(b.waiting, i, i+1)
+	t.ahead <- struct{}{}
+}
+
+// schedule dispatches a go-ahead after b.wait. Called with mu held.
 func (b *breaker) schedule() {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	b.timer = time.AfterFunc(b.wait, func() {
-		select {
-		case b.probes <- struct{}{}:
-		default:
-		}
-	})
+	b.timer = time.AfterFunc(b.wait, b.handOn)
 }
 
 // stop stops the probe timer.

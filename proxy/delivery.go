@@ -59,10 +59,11 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	d := r.newDelivery(m, meta, ln, wait)
 	d.probe, d.arrived = probe, q.at
 	// Not only a delivery that starts as the probe: one held again (rehold)
-	// may become it.
+	// may become it. A probe that reached no app (a duplicate, an expired
+	// message) spent no request: the next candidate goes at once.
 	defer func() {
 		if d.probe && !d.answered {
-			r.breaker.retryProbe()
+			r.breaker.handOn()
 		}
 	}()
 	if r.referenced(d) {
@@ -166,7 +167,7 @@ func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
 func (r *Runner) checkKey(d *delivery) bool {
-	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own)
+	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own, func() { r.yieldProbe(d) })
 	if err != nil {
 		r.giveBack(d, "shutting down while a delivery of the same key ran")
 		return false
@@ -177,6 +178,7 @@ func (r *Runner) checkKey(d *delivery) bool {
 		// closures) only when it could not answer.
 		v, err := r.checkOnce(d.wait, d.skey)
 		if err != nil {
+			r.yieldProbe(d)
 			v, err = r.checkAgain(d)
 		}
 		if err != nil {
@@ -193,6 +195,18 @@ func (r *Runner) checkKey(d *delivery) bool {
 		return false
 	}
 	return true
+}
+
+// yieldProbe hands d's go-ahead as the breaker's probe on to another held
+// message before d waits (for another delivery of its key, the store,
+// another replica's claim): a probe that waits would stop the probing for as
+// long, for good if what it waits for is itself held for a probe. d is then
+// held again before it is sent, if the gate is still closed (attempt).
+func (r *Runner) yieldProbe(d *delivery) {
+	if d.probe {
+		d.probe = false
+		r.breaker.handOn()
+	}
 }
 
 // attempt sends the message to the app, waiting out app outages without
@@ -215,6 +229,16 @@ func (r *Runner) attempt(d *delivery) {
 		}
 	}()
 	for {
+		if !d.probe && !r.open() && r.ph.fetched.Err() == nil {
+			// The gate closed while d waited for its key or the store
+			// (or it was the probe and handed that on): held until it
+			// opens or d is the probe. (While stopping, d goes out as
+			// the worker decided.)
+			if !r.holdAgain(d, span, "deliveries were held") {
+				return
+			}
+			continue
+		}
 		span.request()
 		answer, took, err := r.post(d.timer, h, d.m.Data())
 		lastErr = err
@@ -250,7 +274,7 @@ func (r *Runner) attempt(d *delivery) {
 			r.breaker.success()
 		case Transient:
 			fromApp, _ := RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
-			r.breaker.failure(d.skey, fromApp, d.probe)
+			r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
 		}
 		switch class {
 		case Success:
@@ -350,6 +374,9 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	if r.epErr != nil {
 		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
 	}
+	if r.o.Stamp != nil {
+		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
+	}
 	var a *Answer
 	var err error
 	if r.o.ownClient {
@@ -414,7 +441,7 @@ func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
 // is then to be given back.
 func (r *Runner) rehold(d *delivery) bool {
 	var probe bool
-	r.hold(func() { probe = r.waitToSend(r.ph.fetched) })
+	r.hold(func() { probe = r.waitToSend(r.ph.fetched, d.attempt == 1) })
 	if r.ph.fetched.Err() != nil {
 		return false
 	}

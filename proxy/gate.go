@@ -210,6 +210,7 @@ type prober struct {
 	interval        time.Duration
 	minWait         time.Duration
 	maxWait         time.Duration
+	stamp           func(http.Header, []byte) // Options.Stamp
 }
 
 func newProber(g *gate, client *http.Client, appURL, healthURL string, interval time.Duration) *prober {
@@ -293,6 +294,9 @@ func (p *prober) probe(ctx context.Context) (bool, string) {
 		return false, err.Error()
 	}
 	req.Host = p.healthHost
+	if p.stamp != nil {
+		p.stamp(req.Header, nil)
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return false, "app health check failed: " + err.Error()

@@ -124,6 +124,9 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 	for c := range nCauses {
 		m.held.WithLabelValues(c.Label())
 	}
+	// Available until known otherwise: the gate sets 0 when it holds for
+	// the app, at once in New while a health URL has not answered yet.
+	m.appUp.Set(1)
 	for _, op := range []string{"check", "record"} {
 		m.dedupErrors.WithLabelValues(op)
 	}

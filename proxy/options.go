@@ -102,7 +102,7 @@ type Options struct {
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.
 	Connected func() bool
-	// Tracer, when set, makes each delivery attempt a span (behaviour 19)
+	// Tracer, when set, makes each delivery attempt a span (README, "Tracing")
 	// whose parent is the message's trace context, carried on to the app;
 	// nil means tracing off: no spans, and traceparent passes through
 	// unchanged at no cost.
@@ -111,6 +111,13 @@ type Options struct {
 	// the span's into the request to the app; default W3C Trace Context
 	// (traceparent, tracestate). Unused while Tracer is nil.
 	Propagator propagation.TextMapPropagator
+	// Stamp, when set, completes every request to the app (each delivery
+	// attempt, each health-URL probe) once its headers are final and its
+	// body known, just before it is sent: it may add headers (CloudEvents
+	// attributes, a Standard Webhooks signature over exactly body, a bearer
+	// token: see cloudevents and appauth). It must be safe for concurrent
+	// use; nil adds nothing.
+	Stamp func(h http.Header, body []byte)
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 

@@ -172,6 +172,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	probeClient := NewClient(ClientOptions{MaxConns: 1})
 	probeClient.Timeout, probeClient.CheckRedirect = 5*time.Second, o.Client.CheckRedirect
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
+	r.prober.stamp = o.Stamp
 	return r, nil
 }
 

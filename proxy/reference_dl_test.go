@@ -20,7 +20,7 @@ import (
 	"github.com/courierhq/courier/proxy"
 )
 
-// A permanent failure is dead-lettered at once, with no retry (behaviour 4).
+// A permanent failure is dead-lettered at once, with no retry.
 // On a work-queue stream, a message too large to copy into its dead letter
 // is stored as a reference dead letter and its original is not terminated
 // (a Term would remove the body the dead letter refers to). It must not be

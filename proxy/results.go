@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"context"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/success"
@@ -23,6 +26,7 @@ func (r *Runner) publishSuccess(d *delivery, a *Answer, then func()) {
 	if a != nil {
 		rec.Status, rec.Header, rec.Body, rec.BodyCut, rec.BodySize = a.Status, a.Header, a.Body, a.Cut, a.Size
 	}
+	rec.Trace = r.recordTrace(d, a)
 	once := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -53,4 +57,29 @@ func (r *Runner) publishSuccess(d *delivery, a *Answer, then func()) {
 		r.unclaim(d)
 		r.release(d.m, "shutting down before its success record could be stored")
 	}()
+}
+
+// recordTrace is the trace context a success record keeps, as a dead letter
+// keeps the message's (README, "Tracing"): with tracing on, the attempt
+// span's, which attempt put on the answer's headers (inject); with tracing
+// off, the message's own traceparent and tracestate, under the names the
+// publisher gave them. Nil when there is none.
+func (r *Runner) recordTrace(d *delivery, a *Answer) nats.Header {
+	src := map[string][]string(d.m.Headers())
+	if r.o.Tracer != nil {
+		if a == nil {
+			return nil
+		}
+		src = a.Header
+	}
+	var tc nats.Header
+	for name, vs := range src {
+		if len(vs) > 0 && (strings.EqualFold(name, "traceparent") || strings.EqualFold(name, "tracestate")) {
+			if tc == nil {
+				tc = make(nats.Header, 2)
+			}
+			tc[name] = vs
+		}
+	}
+	return tc
 }

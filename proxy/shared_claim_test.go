@@ -20,7 +20,7 @@ import (
 	"github.com/courierhq/courier/proxy"
 )
 
-// Two replicas, one key (behaviour 13): the first replica takes the key's
+// Two replicas, one key (COURIER_DEDUP_STORE=shared): the first replica takes the key's
 // claim and is then held by an app outage longer than the claim's TTL. The
 // second replica's delivery of the same key must still wait for the first's
 // outcome, not take the claim over while its holder is alive and about to

@@ -15,7 +15,7 @@ import (
 	"github.com/courierhq/courier/internal/natshdr"
 )
 
-// Tracing (SPEC behaviour 19): with a Tracer, every delivery attempt is a
+// Tracing (README, "Tracing"): with a Tracer, every delivery attempt is a
 // span following OpenTelemetry's messaging conventions, whose parent is the
 // message's traceparent/tracestate, and the request to the app carries the
 // span's own traceparent. The span starts when the message reached courier,

@@ -125,8 +125,9 @@ func newFlights() *flights { return &flights{m: make(map[string]*flight)} }
 // claim makes own (a new flight, held in the caller's delivery so that it
 // costs no allocation of its own) the flight of key once this caller owns
 // the key, and returns it; or dup=true if another delivery of the key
-// succeeded while this one waited.
-func (f *flights) claim(ctx context.Context, key string, own *flight) (fl *flight, dup bool, err error) {
+// succeeded while this one waited. waiting (nil: none) is called once,
+// before the first wait.
+func (f *flights) claim(ctx context.Context, key string, own *flight, waiting func()) (fl *flight, dup bool, err error) {
 	for {
 		f.mu.Lock()
 		other, busy := f.m[key]
@@ -140,6 +141,10 @@ func (f *flights) claim(ctx context.Context, key string, own *flight) (fl *fligh
 		}
 		done := other.done
 		f.mu.Unlock()
+		if waiting != nil {
+			waiting()
+			waiting = nil
+		}
 		select {
 		case <-done:
 			if other.ok {

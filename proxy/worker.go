@@ -25,7 +25,7 @@ func (r *Runner) worker() {
 		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { probe = r.waitToSend(r.ph.noStart) })
+			r.hold(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
 		}
 		if r.ph.noStart.Err() == nil {
 			r.deliver(q, meta, merr, ln, ln.noStart, probe)
@@ -43,21 +43,25 @@ func (r *Runner) worker() {
 }
 
 // waitToSend waits until the gate opens or stop ends. While the breaker
-// alone holds deliveries, the message goes as a probe when the breaker lets
-// one through; waitToSend then reports true. Any message may be a probe: a
-// failed probe on a message's last allowed delivery is held again rather
-// than dead-lettered (attempt), so a probe never spends that delivery, and
-// a breaker whose workers all hold such messages still probes.
-func (r *Runner) waitToSend(stop context.Context) (probe bool) {
+// alone holds deliveries, the message goes as a probe when the breaker picks
+// it (fresh: on its first delivery, which it picks first); waitToSend then
+// reports true. Any message may be a probe: a failed probe on a message's
+// last allowed delivery is held again rather than dead-lettered (attempt),
+// so a probe never spends that delivery, and a breaker whose workers all
+// hold such messages still probes.
+func (r *Runner) waitToSend(stop context.Context, fresh bool) (probe bool) {
 	r.probers.Add(1)
 	defer r.probers.Add(-1)
 	for {
+		t := r.breaker.enlist(fresh)
 		select {
 		case <-r.gate.Up():
+			r.breaker.leave(t)
 			return false
 		case <-stop.Done():
+			r.breaker.leave(t)
 			return false
-		case <-r.breaker.probes:
+		case <-t.ahead:
 			if r.gate.onlyHeld(causeBreaker) {
 				return true
 			}

@@ -28,7 +28,7 @@ const (
 	outcomeTransport   = "transport"   // 502: the connection failed before a whole answer
 	outcomeTooLarge    = "too_large"   // 502: the answer does not fit in a NATS message
 	outcomeStopping    = "stopping"    // 503: courier is stopping
-	outcomeBusy        = "busy"        // 503: every slot taken and no room to wait
+	outcomeBusy        = "busy"        // 503: every slot taken and no room to wait, or waited past the timeout
 	outcomeNoReply     = "no_reply"    // a message without a reply subject: ignored
 )
 
@@ -160,6 +160,15 @@ func stoppingAnswer() answer {
 // app and waiting others waiting for a slot, as many as may wait.
 func busyAnswer(inflight, waiting int) answer {
 	desc := fmt.Sprintf("courier busy: %d requests at the app and %d waiting; try again", inflight, waiting)
+	return answer{outcome: outcomeBusy, code: http.StatusServiceUnavailable, desc: desc, err: errors.New(desc)}
+}
+
+// lateAnswer is the reply to a request that waited for a slot longer than
+// the timeout: 503 busy, as a request that found no room to wait, so that
+// its caller (if still there) can try again elsewhere.
+func lateAnswer(waited, timeout time.Duration) answer {
+	desc := fmt.Sprintf("courier busy: the request waited %s for a slot, longer than the %s timeout, and was not sent to the app; try again",
+		waited.Round(time.Millisecond), timeout)
 	return answer{outcome: outcomeBusy, code: http.StatusServiceUnavailable, desc: desc, err: errors.New(desc)}
 }
 

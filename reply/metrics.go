@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_reply_requests_total",
-			Help: "NATS requests answered through the app, by outcome: 2xx, 3xx, 4xx, 5xx (the app's status), timeout (504), unavailable (503, no connection), transport (502, connection failed), too_large (502, answer over max_payload), stopping (503, courier stopping), busy (503, every slot taken and COURIER_REPLY_MAX_WAITING already waiting), no_reply (no reply subject: ignored).",
+			Help: "NATS requests answered through the app, by outcome: 2xx, 3xx, 4xx, 5xx (the app's status), timeout (504), unavailable (503, no connection), transport (502, connection failed), too_large (502, answer over max_payload), stopping (503, courier stopping), busy (503, every slot taken and COURIER_REPLY_MAX_WAITING already waiting, or a request waited longer than COURIER_HTTP_TIMEOUT for a slot), no_reply (no reply subject: ignored).",
 		}, []string{"outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "courier_reply_request_duration_seconds",
@@ -50,6 +50,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{outcome2xx, outcome3xx, outcome4xx, outcome5xx, outcomeTimeout,
 		outcomeUnavailable, outcomeTransport, outcomeTooLarge, outcomeStopping, outcomeBusy, outcomeNoReply} {
 		m.requests.WithLabelValues(o)
+	}
+	// The outcomes of a request the app was called for (request), timed:
+	// their latency series are served from start-up too, as dashboards
+	// query them before the first request.
+	for _, o := range []string{outcome2xx, outcome3xx, outcome4xx, outcome5xx, outcomeTimeout,
+		outcomeUnavailable, outcomeTransport, outcomeTooLarge, outcomeStopping} {
+		m.latency.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.waiting, m.dropped, m.replyErrors} {
 		if err := reg.Register(c); err != nil {

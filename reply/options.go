@@ -51,8 +51,10 @@ type Options struct {
 	// COURIER_REPLY_MAX_WAITING. Default 64 × MaxConcurrent.
 	MaxWaiting int
 	// Timeout bounds one request, from connecting to the app to the last
-	// byte of its answer; past it the caller gets a 504 error reply. The
-	// sidecar passes COURIER_HTTP_TIMEOUT. Default 30s.
+	// byte of its answer; past it the caller gets a 504 error reply. It
+	// also bounds the wait for a slot: a request that waited longer is
+	// answered 503 busy and not sent to the app. The sidecar passes
+	// COURIER_HTTP_TIMEOUT. Default 30s.
 	Timeout time.Duration
 	// ShutdownGrace is how long Stop lets requests in flight finish; those
 	// still running then are cancelled and answered 503. Negative means
@@ -69,6 +71,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; default a private registry.
 	Registerer prometheus.Registerer
+	// Stamp, when set, completes each request to the app once its headers
+	// are final, with its body, just before it is sent (a Standard Webhooks
+	// signature and a bearer token: appauth). It must be safe for
+	// concurrent use; nil adds nothing.
+	Stamp func(h http.Header, body []byte)
 }
 
 func (o *Options) defaults() error {

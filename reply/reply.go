@@ -1,6 +1,6 @@
 // Package reply answers NATS requests through the app: each request on the
 // configured subjects is POSTed to the app and the app's answer is the reply
-// (SPEC behaviour 18). It is a NATS micro service, so `nats micro ls`, and the
+// (README, "Results out"). It is a NATS micro service, so `nats micro ls`, and the
 // $SRV.PING, $SRV.INFO and $SRV.STATS subjects, see it.
 //
 // Nothing here retries, dedups or dead-letters: as in any synchronous call,
@@ -47,6 +47,9 @@ type Service struct {
 	waiting      []waiter
 	waitingBytes int64
 	busyNow      bool
+	// lateNow: the last request taken from the waiting ones had waited
+	// longer than Options.Timeout.
+	lateNow bool
 
 	endpoints map[string]*endpoint // by subject, fixed after Start
 	appDown   appState
@@ -243,7 +246,7 @@ func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 		go s.work(waiter{ep: ep, req: req})
 		return
 	}
-	w := waiter{ep: ep, req: req, size: int64(len(req.Data()) + len(req.Subject()) + len(req.Reply()))}
+	w := waiter{ep: ep, req: req, size: int64(len(req.Data()) + len(req.Subject()) + len(req.Reply())), since: time.Now()}
 	if len(s.waiting) >= s.o.MaxWaiting || s.waitingBytes+w.size > maxWaitingBytes {
 		n := len(s.waiting)
 		s.mu.Unlock()
@@ -258,31 +261,73 @@ func (s *Service) dispatch(ep *endpoint, req micro.Request) {
 }
 
 // waiter is a request waiting for its turn at the app, with its size as
-// counted against maxWaitingBytes.
+// counted against maxWaitingBytes and when it began to wait.
 type waiter struct {
-	ep   *endpoint
-	req  micro.Request
-	size int64
+	ep    *endpoint
+	req   micro.Request
+	size  int64
+	since time.Time
 }
 
 // work serves w, then the requests waiting, one after another, the oldest
-// first, until none is left or the service stops.
+// first, until none is left or the service stops. A request that waited
+// longer than Options.Timeout is answered 503 busy instead of being sent:
+// its caller, who allowed about that long, has most likely given up and
+// may have tried again, and the app would act on it unseen.
 func (s *Service) work(w waiter) {
 	defer s.running.Done()
 	for {
 		s.serve(w.ep, w.req)
+		var late []waiter
 		s.mu.Lock()
-		if len(s.waiting) == 0 || s.closed {
-			s.atApp--
-			s.mu.Unlock()
-			return
+		for {
+			if len(s.waiting) == 0 || s.closed {
+				s.atApp--
+				s.mu.Unlock()
+				s.m.waiting.Sub(float64(len(late)))
+				s.tooLate(late)
+				return
+			}
+			w = s.waiting[0]
+			s.waiting[0] = waiter{}
+			s.waiting = s.waiting[1:]
+			s.waitingBytes -= w.size
+			waited := time.Since(w.since)
+			if waited <= s.o.Timeout {
+				s.waitedTooLong(false, waited)
+				break
+			}
+			s.waitedTooLong(true, waited)
+			late = append(late, w)
 		}
-		w = s.waiting[0]
-		s.waiting[0] = waiter{}
-		s.waiting = s.waiting[1:]
-		s.waitingBytes -= w.size
 		s.mu.Unlock()
-		s.m.waiting.Dec()
+		s.m.waiting.Sub(float64(len(late) + 1))
+		s.tooLate(late)
+	}
+}
+
+// tooLate answers the requests that waited longer than Options.Timeout for
+// a slot, taken from the waiting ones.
+func (s *Service) tooLate(ws []waiter) {
+	for _, w := range ws {
+		a := s.respond(w.req, lateAnswer(time.Since(w.since), s.o.Timeout))
+		s.m.outcome(a.outcome)
+	}
+}
+
+// waitedTooLong logs when requests taken from the waiting ones start having
+// waited longer than Options.Timeout, and when one has not: one line per
+// change, not one per request. s.mu is held.
+func (s *Service) waitedTooLong(now bool, waited time.Duration) {
+	if s.lateNow == now {
+		return
+	}
+	s.lateNow = now
+	if now {
+		s.log.Warn("reply requests waited longer than the timeout for a slot; answering them 503 busy, not sending them to the app",
+			"waited", waited.Round(time.Millisecond).String(), "timeout", s.o.Timeout.String(), "max_concurrent", s.o.MaxConcurrent)
+	} else {
+		s.log.Info("reply requests reach the app within the timeout again")
 	}
 }
 
@@ -337,6 +382,9 @@ func (s *Service) serve(ep *endpoint, req micro.Request) {
 	h := s.requestHeaders(req)
 	ctx, cancel := context.WithTimeout(s.abort, s.o.Timeout)
 	defer cancel()
+	if s.o.Stamp != nil {
+		s.o.Stamp(h, req.Data())
+	}
 	began := time.Now()
 	s.m.inflight.Inc()
 	a := call(ctx, s.o.Client, s.o.URL, h, req.Data(), s.nc.MaxPayload(), s.o.Timeout)

@@ -617,3 +617,74 @@ func TestAppOnUnixSocket(t *testing.T) {
 	m = h.request(nil, []byte("{}"))
 	checkReply(t, m, "", "503")
 }
+
+// TestRequestThatWaitedPastTheTimeoutIsNotSent: a request that waited for a
+// slot longer than the timeout is answered 503 busy and never reaches the
+// app (its caller has most likely given up, and may have retried), while
+// one that waited less is sent. One slot, a 1s timeout: the first request
+// holds the slot half of it, the second then times out at the app (1.5s
+// after the third came), so the third has waited past the timeout.
+func TestRequestThatWaitedPastTheTimeoutIsNotSent(t *testing.T) {
+	h := newHarness(t, 0)
+	var mu sync.Mutex
+	var order []string
+	release := make(chan struct{})
+	a := app(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		order = append(order, string(b))
+		mu.Unlock()
+		if string(b) == "0" {
+			<-release
+			return
+		}
+		<-r.Context().Done() // courier gives up at the timeout
+	})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	const timeout = time.Second
+	svc := h.start(a.URL, func(o *Options) { o.MaxConcurrent = 1; o.Timeout = timeout })
+
+	replies := make([]chan *nats.Msg, 3)
+	send := func(i int) {
+		replies[i] = make(chan *nats.Msg, 1)
+		go func() {
+			m, err := h.tryRequest(nil, []byte(itoa(i)))
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			replies[i] <- m
+		}()
+	}
+	send(0)
+	waitCount(t, svc.reg, 1, "courier_reply_inflight_requests")
+	send(1)
+	waitCount(t, svc.reg, 1, "courier_reply_waiting_requests")
+	send(2)
+	waitCount(t, svc.reg, 2, "courier_reply_waiting_requests")
+	time.Sleep(timeout / 2) // real time is what is tested: request 0 holds the slot
+	letGo()
+
+	for i, want := range []struct{ status, code string }{{"200", ""}, {"", "504"}, {"", "503"}} {
+		if m := <-replies[i]; m != nil {
+			checkReply(t, m, want.status, want.code)
+			if i == 2 && !strings.Contains(m.Header.Get("Nats-Service-Error"), "waited") {
+				t.Errorf("Nats-Service-Error = %q, want it to say the request waited too long", m.Header.Get("Nats-Service-Error"))
+			}
+		}
+	}
+	mu.Lock()
+	got := strings.Join(order, ",")
+	mu.Unlock()
+	if got != "0,1" {
+		t.Errorf("requests reached the app: %s, want 0,1 (2 waited past the timeout)", got)
+	}
+	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "busy")
+	if g := count(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
+		t.Errorf("waiting gauge = %v after every request ended, want 0", g)
+	}
+	if n := strings.Count(svc.logs.String(), "waited longer than"); n != 1 {
+		t.Errorf("the late request logged %d times, want once:\n%s", n, svc.logs.String())
+	}
+}

@@ -1,18 +1,20 @@
 // Package success owns the success record: the app's answer to a 2xx,
 // published to COURIER_SUCCESS_SUBJECT with a JetStream acknowledgement
-// before the original is acked (SPEC behaviour 17). It builds the record's
+// before the original is acked (README, "Results out"). It builds the record's
 // headers, publishes it, and makes sure a stream keeps what is published to
 // the subject. It does not decide when a record is due: the delivery loop
 // does.
 package success
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +41,10 @@ const (
 	HeaderBodySize = "Courier-Body-Size"
 	// BodyOmitted is HeaderBody's value on such a record.
 	BodyOmitted = "omitted-too-large"
+	// HeaderOmittedHeaders names, comma separated, the app's headers left
+	// out of a record that could not be stored with them (max_payload);
+	// a list longer than omittedListMax ends in ", …".
+	HeaderOmittedHeaders = "Courier-Omitted-Headers"
 )
 
 // Record is one success record.
@@ -59,6 +65,11 @@ type Record struct {
 	Attempt  int
 	// Key is the message's idempotency key as the app saw it.
 	Key string
+	// Trace is the trace context the record carries (W3C Trace Context's
+	// traceparent and tracestate, under the names given), as courier's own
+	// headers: kept when the app's must be left out, and in place of any
+	// the app answered with. Empty leaves the app's as they are.
+	Trace nats.Header
 }
 
 // hopByHop are the response headers that describe one HTTP connection, not
@@ -81,20 +92,43 @@ func MsgID(r Record) string {
 	return "courier-success:" + hex.EncodeToString(sum[:16])
 }
 
-// Message builds the NATS message of r for subject.
+// Message builds the NATS message of r for subject, with every header and
+// the whole body (see Fit for one within max_payload).
 func Message(subj string, r Record) *nats.Msg {
-	m := nats.NewMsg(subj)
+	return build(subj, r, nil)
+}
+
+// appHeaders are the app's response headers a record may carry: neither
+// hop-by-hop ones nor NATS's own Nats-* (NATS acts on them at publish: an
+// expectation refuses the record for ever, a rollup purges the stream, a
+// TTL expires it; an app's answer must not pose as them, as on a reply),
+// nor the app's trace context when the record carries the message's.
+func appHeaders(r Record) http.Header {
+	out := make(http.Header, len(r.Header))
 	for name, vs := range r.Header {
-		// NATS acts on its own Nats-* headers at publish (an expectation
-		// refuses the record for ever, a rollup purges the stream, a TTL
-		// expires it): an app's answer must not pose as them, as on a
-		// reply.
-		if hopByHop[http.CanonicalHeaderKey(name)] || len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
+		if hopByHop[http.CanonicalHeaderKey(name)] || len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") ||
+			len(r.Trace) > 0 && (strings.EqualFold(name, "traceparent") || strings.EqualFold(name, "tracestate")) {
+			continue
+		}
+		out[name] = vs
+	}
+	return out
+}
+
+// build is Message leaving out the app's headers in omitted (listed in
+// HeaderOmittedHeaders).
+func build(subj string, r Record, omitted []string) *nats.Msg {
+	m := nats.NewMsg(subj)
+	for name, vs := range appHeaders(r) {
+		if slices.Contains(omitted, name) {
 			continue
 		}
 		for _, v := range vs {
 			m.Header.Add(name, v)
 		}
+	}
+	for name, vs := range r.Trace {
+		m.Header[name] = slices.Clone(vs)
 	}
 	m.Header.Set(HeaderStatus, strconv.Itoa(r.Status))
 	m.Header.Set(HeaderSubject, r.Subject)
@@ -103,6 +137,9 @@ func Message(subj string, r Record) *nats.Msg {
 	m.Header.Set(HeaderAttempt, strconv.Itoa(r.Attempt))
 	m.Header.Set(HeaderKey, r.Key)
 	m.Header.Set(nats.MsgIdHdr, MsgID(r))
+	if len(omitted) > 0 {
+		m.Header.Set(HeaderOmittedHeaders, omittedList(omitted))
+	}
 	m.Data = r.Body
 	if r.BodyCut {
 		m.Data = nil
@@ -112,12 +149,108 @@ func Message(subj string, r Record) *nats.Msg {
 	return m
 }
 
+// omittedListMax bounds HeaderOmittedHeaders' value, so that naming what
+// was left out never makes the record too large itself.
+const omittedListMax = 512
+
+// omittedList is HeaderOmittedHeaders' value for names, at most
+// omittedListMax bytes.
+func omittedList(names []string) string {
+	var b strings.Builder
+	for i, name := range names {
+		sep := ""
+		if i > 0 {
+			sep = ", "
+		}
+		if b.Len()+len(sep)+len(name) > omittedListMax-len(", …") {
+			b.WriteString(", …")
+			break
+		}
+		b.WriteString(sep)
+		b.WriteString(name)
+	}
+	return b.String()
+}
+
+// Fit returns the message of r for subj within max bytes (max_payload; 0 or
+// less: no limit). What does not fit is left out, never the reason to call
+// the app again: first the app's headers, the largest first, as many as
+// must go for the body to fit; when the body does not fit even alone, the
+// body (HeaderBody), and then only the headers that still do not fit.
+// Courier's own headers and the trace context are always kept; a record
+// they alone make too large is returned as it is (the publish fails).
+func Fit(subj string, r Record, max int) *nats.Msg {
+	m := build(subj, r, nil)
+	if max <= 0 || size(m) <= max {
+		return m
+	}
+	// Largest first, by what each costs in the message.
+	var fields []field
+	for name, vs := range appHeaders(r) {
+		f := field{name: name}
+		for _, v := range vs {
+			f.size += headerSize(name, v)
+		}
+		fields = append(fields, f)
+	}
+	slices.SortFunc(fields, func(a, b field) int { return cmp.Or(cmp.Compare(b.size, a.size), strings.Compare(a.name, b.name)) })
+	all := 0
+	for _, f := range fields {
+		all += f.size
+	}
+	// What the record costs beside the app's headers, with the longest
+	// list of omitted names it can carry.
+	reserve := headerSize(HeaderOmittedHeaders, strings.Repeat("x", omittedListMax))
+	if !r.BodyCut {
+		base := size(m) - all + reserve
+		if base <= max {
+			return build(subj, r, omit(fields, base, max))
+		}
+		// The body does not fit even alone: it goes, as a body cut off
+		// when it was read does.
+		r.BodyCut, r.BodySize = true, max64(r.BodySize, int64(len(r.Body)))
+		if m = build(subj, r, nil); size(m) <= max {
+			return m
+		}
+	}
+	base := size(m) - all + reserve
+	return build(subj, r, omit(fields, base, max))
+}
+
+// field is one of the app's headers and what it costs in the message.
+type field struct {
+	name string
+	size int
+}
+
+// omit returns the names of fields (largest first) to leave out so that the
+// rest fits in max beside base bytes.
+func omit(fields []field, base, max int) []string {
+	total := base
+	for _, f := range fields {
+		total += f.size
+	}
+	var names []string
+	for _, f := range fields {
+		if total <= max {
+			break
+		}
+		names = append(names, f.name)
+		total -= f.size
+	}
+	return names
+}
+
+// headerSize is what one header value costs in a NATS message
+// ("name: value\r\n").
+func headerSize(name, value string) int { return len(name) + len(value) + 4 }
+
 // size is what a message counts against max_payload.
 func size(m *nats.Msg) int {
 	n := len(m.Data)
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			n += len(k) + len(v) + 4
+			n += headerSize(k, v)
 		}
 	}
 	return n + 16
@@ -140,14 +273,11 @@ func (p *Publisher) Subject() string { return p.subject }
 
 // Publish stores r: it returns nil once a stream acknowledged it (a duplicate
 // acknowledgement included: the record was stored before). An answer too
-// large to publish is stored without its body (HeaderBody says so): it is
-// not a reason to call the app again.
+// large to publish is stored without what does not fit (Fit: the app's
+// largest headers, then the body; HeaderOmittedHeaders and HeaderBody say
+// so): it is not a reason to call the app again.
 func (p *Publisher) Publish(ctx context.Context, r Record) error {
-	m := Message(p.subject, r)
-	if max := int(p.js.Conn().MaxPayload()); max > 0 && size(m) > max {
-		r.BodyCut, r.BodySize = true, max64(r.BodySize, int64(len(r.Body)))
-		m = Message(p.subject, r)
-	}
+	m := Fit(p.subject, r, int(p.js.Conn().MaxPayload()))
 	if _, hasDeadline := ctx.Deadline(); !hasDeadline {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)

@@ -1,8 +1,12 @@
 package success
 
 import (
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+
+	"github.com/nats-io/nats.go"
 )
 
 func TestMessage(t *testing.T) {
@@ -45,5 +49,41 @@ func TestMessage(t *testing.T) {
 	m = Message("ok.orders", r)
 	if len(m.Data) != 0 || m.Header.Get(HeaderBody) != BodyOmitted || m.Header.Get(HeaderBodySize) != "5242880" {
 		t.Errorf("cut record: body %d bytes, headers %v", len(m.Data), m.Header)
+	}
+}
+
+// Fit leaves out the app's largest headers first, then the body if it does
+// not fit even alone, and keeps courier's own headers and the trace
+// context; the list of what it left out is bounded, so that naming many
+// headers cannot make the record too large itself.
+func TestFit(t *testing.T) {
+	const max = 8192
+	r := Record{
+		Status: 200, Header: http.Header{"X-Small": {"1"}, "Traceparent": {"00-app-span-01"}},
+		Body: []byte("answer"), Subject: "orders.created", Stream: "ORDERS", Consumer: "c", Sequence: 7, Attempt: 1, Key: "k",
+		Trace: nats.Header{"traceparent": {"00-message-span-01"}},
+	}
+	for i := range 200 {
+		r.Header.Set(fmt.Sprintf("X-Many-%03d", i), strings.Repeat("v", 100))
+	}
+	m := Fit("ok.orders", r, max)
+	if n := size(m); n > max {
+		t.Fatalf("Fit made a record of %d bytes, over %d", n, max)
+	}
+	if string(m.Data) != "answer" || m.Header.Get("X-Small") != "1" || m.Header.Get(HeaderKey) != "k" || m.Header.Get(HeaderStatus) != "200" {
+		t.Errorf("Fit left out the body, the smallest header or courier's own: %q %v", m.Data, m.Header)
+	}
+	if m.Header.Get("traceparent") != "00-message-span-01" || m.Header.Get("Traceparent") != "" {
+		t.Errorf("trace context %v, want the message's in place of the app's", m.Header)
+	}
+	list := m.Header.Get(HeaderOmittedHeaders)
+	if len(list) > omittedListMax || !strings.HasSuffix(list, ", …") || !strings.HasPrefix(list, "X-Many-") {
+		t.Errorf("%s = %q (%d bytes), want a bounded list of the names", HeaderOmittedHeaders, list, len(list))
+	}
+	// A record that fits is left whole.
+	small := r
+	small.Header = http.Header{"X-Small": {"1"}}
+	if m := Fit("ok.orders", small, max); m.Header.Get(HeaderOmittedHeaders) != "" || string(m.Data) != "answer" {
+		t.Errorf("a record that fits changed: %q %v", m.Data, m.Header)
 	}
 }

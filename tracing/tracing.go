@@ -1,4 +1,4 @@
-// Package tracing sets up OpenTelemetry tracing for courier (behaviour 19):
+// Package tracing sets up OpenTelemetry tracing for courier (README, "Tracing"):
 // a TracerProvider exporting spans over OTLP, built from explicit settings
 // only. The settings come from config (OpenTelemetry's own variables);
 // nothing here reads the process environment, and every exporter and SDK

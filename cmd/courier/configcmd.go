@@ -9,12 +9,14 @@ import (
 	"github.com/courierhq/courier/config"
 )
 
-// loadConfig parses the environment; problems are printed one per line and
-// mean exit status 2.
+// loadConfig parses the environment; problems are printed one per line,
+// with the warnings `courier config` prints (a misspelt variable is often
+// why a required one is missing), and mean exit status 2.
 func loadConfig(environ []string) (config.Config, error) {
-	cfg, err := config.Load(config.Environ(environ))
+	m := config.Environ(environ)
+	cfg, err := config.Load(m)
 	if err != nil {
-		return cfg, invalidConfig(err)
+		return cfg, invalidConfig(err, config.Warnings(cfg, m))
 	}
 	return cfg, nil
 }
@@ -29,13 +31,17 @@ func loadConfigWithoutApp(environ []string) (config.Config, error) {
 	}
 	cfg, err := config.Load(m)
 	if err != nil {
-		return cfg, invalidConfig(err)
+		return cfg, invalidConfig(err, config.Warnings(cfg, m))
 	}
 	return cfg, nil
 }
 
-// invalidConfig is the exit-2 error listing every problem of err.
-func invalidConfig(err error) error {
+// invalidConfig is the exit-2 error listing every problem of err, then the
+// warnings.
+func invalidConfig(err error, warnings []config.Warning) error {
+	for _, w := range warnings {
+		err = fmt.Errorf("%w\nwarning: %s", err, w.Text)
+	}
 	return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", indent(err))}
 }
 
@@ -59,7 +65,14 @@ func runConfig(environ []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "courier: warning: %s\n", w.Text)
 	}
 	if err != nil {
-		return invalidConfig(err)
+		return invalidConfig(err, nil) // the warnings are above
 	}
+	// The secrets and token files are read as the sidecar would read them.
+	cfg, _ := config.Load(config.Environ(environ))
+	auth, err := openAppAuth(cfg, nil)
+	if err != nil {
+		return err
+	}
+	auth.Close()
 	return nil
 }

@@ -15,7 +15,8 @@ import (
 	"github.com/courierhq/courier/giveup"
 )
 
-// Messages JetStream gives up on outside courier's sight (spec behaviour 8).
+// Messages JetStream gives up on outside courier's sight (README,
+// "Dead letters", max-deliveries).
 // "Courier killed on every attempt" is played by a plain client that pulls
 // each delivery from courier's durable and never answers, as a killed
 // courier would; the sidecars under test are real, in-process.

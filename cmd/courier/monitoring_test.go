@@ -19,32 +19,36 @@ import (
 var targetLabels = []string{"job", "instance", "pod", "namespace", "container", "service", "endpoint"}
 
 // TestMonitoringUsesServedMetrics runs courier and checks what it serves
-// on /metrics against the Grafana dashboard and the Prometheus rules in
-// deploy/: every metric they select is served from start-up, every label
-// value they match on is served (so an alert on an event that has not
-// happened yet is not blind), promlint finds nothing in courier's metrics,
-// and no family's name plus a suffix OpenMetrics reserves is another's.
+// on /metrics, freshly started (ready, before any message or request),
+// against the Grafana dashboard and the Prometheus rules in deploy/: every
+// metric they select is served from start-up, every label value they match
+// on is served (so an alert on an event that has not happened yet is not
+// blind, and a panel is not empty until then), the app reads available,
+// promlint finds nothing in courier's metrics, and no family's name plus a
+// suffix OpenMetrics reserves is another's.
 func TestMonitoringUsesServedMetrics(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
-	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
 	// Answering requests too, so the reply metrics are served.
-	c := start(t, append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get"))
+	c := start(t, append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get", "COURIER_SUCCESS_SUBJECT=ok.orders"))
 	admin := adminAddr(t, c)
-	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
-	// One request answered, so the reply latency histogram has its series.
-	waitFor(t, 10*time.Second, "a request answered", func() bool {
-		_, err := h.nc.Request("quotes.get", []byte("q"), 2*time.Second)
-		return err == nil
+	waitFor(t, 10*time.Second, "courier ready", func() bool {
+		code, _ := get(t, "http://"+admin+"/readyz")
+		return code == 200
 	})
 	var body string
-	// The delivery counted, not only settled: the consumer's counts can
-	// read settled before courier has consumed.
-	waitFor(t, 10*time.Second, "courier_dead_letters_stored and the delivery served", func() bool {
+	// The dead-letter count is read from the server by a collector: there
+	// once it has answered.
+	waitFor(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
 		_, body = get(t, "http://"+admin+"/metrics")
-		return strings.Contains(body, "\ncourier_dead_letters_stored ") &&
-			strings.Contains(body, "\ncourier_messages_total{outcome=\"delivered\"} 1")
+		return strings.Contains(body, "\ncourier_dead_letters_stored ")
 	})
+	if a.count() != 0 {
+		t.Fatalf("the app was called %d times: the scrape is not of a fresh courier", a.count())
+	}
+	if !strings.Contains(body, "\ncourier_app_available 1\n") {
+		t.Errorf("courier_app_available is not 1 at start-up for an app not known to be unavailable")
+	}
 
 	served := parseExposition(t, body)
 	checkLint(t, body)

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of app outages (SPEC behaviour 7): an app that is
+// End-to-end tests of app outages (README, "App outages"): an app that is
 // not there costs no attempt and dead-letters nothing; a request that reached
 // the app and then failed does spend its attempt.
 

@@ -15,8 +15,8 @@ import (
 // than hold the pod past its termination grace period.
 const publishShutdownTimeout = 2 * time.Second
 
-// startPublish starts the publish API (behaviour 25) before courier
-// connects to NATS, so that an app publishing while courier starts waits
+// startPublish starts the publish API (README, "Publishing through
+// courier") before courier connects to NATS, so that an app publishing while courier starts waits
 // for the connection within its request's time (then gets 503 with
 // Retry-After), never a refused connection; connect hands it the
 // connection, before courier reports ready. The stop it returns is called
@@ -35,7 +35,8 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 		Propagator: s.tracing.Propagator(), // W3C Trace Context
 		Logger:     s.log,
 		Registerer: s.reg,
-		// Token: the token of COURIER_APP_TOKEN_FILE, once read.
+		// COURIER_APP_TOKEN_FILE's token, as last read ("" = none asked).
+		Token: s.auth.Token,
 	})
 	if err != nil {
 		return nil, err

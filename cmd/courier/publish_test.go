@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -96,6 +98,32 @@ func TestPublishThroughCourier(t *testing.T) {
 	}
 	if ans, err := postPublish(addr, "billing.x", "x", ""); err != nil || ans.status != http.StatusForbidden {
 		t.Errorf("outside COURIER_PUBLISH_SUBJECTS: %+v %v", ans, err)
+	}
+}
+
+// TestPublishToken: with COURIER_APP_TOKEN_FILE, a publish without its
+// token is refused 401; with it, stored.
+func TestPublishToken(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := start(t, h.env(a.URL, append(publishEnv, "COURIER_APP_TOKEN_FILE="+tokenFile)...))
+	addr := publishAddr(t, c)
+	if ans, err := postPublish(addr, "orders.created", "x", ""); err != nil || ans.status != http.StatusUnauthorized {
+		t.Errorf("without the token: %+v %v", ans, err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/publish/orders.created", strings.NewReader("x"))
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("with the token: %d", resp.StatusCode)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/courierhq/courier/admin"
+	"github.com/courierhq/courier/appauth"
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/consumerstats"
 	"github.com/courierhq/courier/dedup"
@@ -37,6 +38,11 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
 		s.log.Warn(w.Text, "variable", w.Variable)
 	}
+	// The signing secrets and the token, watched while courier runs.
+	if s.auth, err = openAppAuth(cfg, s.log); err != nil {
+		return err
+	}
+	defer s.auth.Close()
 	err = s.run(ctx)
 	s.close()
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -64,6 +70,7 @@ type sidecar struct {
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 	tracing     *tracing.Provider // nil: tracing off
+	auth        *appauth.Auth     // signing secrets and token (inactive without their files)
 
 	replies   *reply.Service  // nil unless COURIER_REPLY_SUBJECTS is set
 	publisher *publish.Server // nil unless COURIER_PUBLISH_ADDR is set
@@ -102,7 +109,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.stopTracing, err = s.startTracing(ctx); err != nil {
 		return err
 	}
-	// The publish API (behaviour 25), before NATS: a publish waits for the
+	// The publish API (package publish), before NATS: a publish waits for the
 	// connection within its time; close keeps the API up through the
 	// grace period.
 	if s.cfg.ServesPublishes() {
@@ -124,7 +131,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 		return err
 	}
 	s.connectPublish()
-	// Request/reply (behaviour 18): answered from now on, beside the
+	// Request/reply (README, "Results out"): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
 	if s.cfg.ServesReplies() {
@@ -170,13 +177,12 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	return s.deliver(ctx, runner)
 }
 
-// close undoes start-up, whatever step it reached, in the order behaviour 9
-// needs. By now the delivery loop has stopped fetching and finished or
-// NAK'd what it held. Then: the request/reply service has answered every
-// request it took, the max-deliveries catch stops (finishing the
-// advisory in hand), the dedup store closes, the publish API stops once the
-// grace period since the stop signal is over (publish.go), the NATS
-// connection drains (so
+// close undoes start-up, whatever step it reached, in the order a SIGTERM
+// needs (README, "Operating it"). By now the delivery loop has stopped
+// fetching and finished or NAK'd what it held. Then: the request/reply
+// service has answered every request it took, the max-deliveries catch stops (finishing the
+// advisory in hand), the dedup store closes, the publish API stops once the grace period
+// since the stop signal is over (publish.go), the NATS connection drains (so
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
@@ -216,7 +222,7 @@ func (s *sidecar) startAdmin() (func(), error) {
 const tracingFlushTimeout = 2 * time.Second
 
 // startTracing sets up the tracer provider when an OTLP endpoint is set
-// (behaviour 19); the delivery loop then makes a span of each attempt.
+// (README, "Tracing"); the delivery loop then makes a span of each attempt.
 func (s *sidecar) startTracing(ctx context.Context) (func(), error) {
 	cfg := s.cfg
 	if !cfg.TracingEnabled() {
@@ -393,6 +399,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		Success:           s.successPublisher(),
 		Tracer:            s.tracing.Tracer(),     // nil: tracing off
 		Propagator:        s.tracing.Propagator(), // W3C Trace Context
+		Stamp:             deliveryStamp(cfg, s.auth),
 		// A pause, or an ack wait another courier changed, is noticed
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),
@@ -444,7 +451,7 @@ func (s *sidecar) startReplies(ctx context.Context) (func(), error) {
 	rs, err := reply.New(s.nc, reply.Options{
 		Subjects: s.cfg.ReplySubjects, URL: s.cfg.ReplyURL, QueueGroup: s.cfg.Consumer, Version: v,
 		MaxConcurrent: s.cfg.MaxInflight, MaxWaiting: s.cfg.EffectiveReplyMaxWaiting(), Timeout: s.cfg.HTTPTimeout, ShutdownGrace: grace,
-		Logger: s.log, Registerer: s.reg,
+		Logger: s.log, Registerer: s.reg, Stamp: requestStamp(s.auth),
 	})
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 
 // With an OTLP endpoint set, each delivery attempt is exported as a span in
 // the publisher's trace, and the app's request carries that span's
-// traceparent (behaviour 19).
+// traceparent (README, "Tracing").
 func TestTracingEndToEnd(t *testing.T) {
 	h := newHarness(t)
 	collector, exports := oteltest.Receiver(t)

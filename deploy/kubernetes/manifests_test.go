@@ -395,7 +395,8 @@ func (k *podEnv) environ() map[string]string {
 
 	// Paths: the root filesystem is read-only, so whatever courier reads
 	// or writes must be on a volume.
-	for _, name := range []string{"NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "COURIER_DEDUP_DIR"} {
+	for _, name := range []string{"NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "COURIER_DEDUP_DIR",
+		"COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE"} {
 		p, ok := env[name]
 		if !ok || p == "" {
 			continue

@@ -1,0 +1,350 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/proxy"
+)
+
+// flakyKeysApp fails each key in fails with 503 that many times, then
+// answers 200; other keys get 200 at once. It counts the 2xx per key.
+type flakyKeysApp struct {
+	storming atomic.Bool // every request answered 503 while set
+	mu       sync.Mutex
+	fails    map[string]int // failures still to give, per key
+	ok       map[string]int // 2xx per key
+	seen     map[string]int // requests per key
+	requests int
+}
+
+func newFlakyKeysApp(t *testing.T, e *env) *flakyKeysApp {
+	t.Helper()
+	a := &flakyKeysApp{fails: map[string]int{}, ok: map[string]int{}, seen: map[string]int{}}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return a
+}
+
+func (a *flakyKeysApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(proxy.HeaderIdempotencyKey)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.requests++
+	a.seen[key]++
+	if a.storming.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if a.fails[key] > 0 {
+		a.fails[key]--
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	a.ok[key]++
+}
+
+func (a *flakyKeysApp) delivered(keys ...string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range keys {
+		if a.ok[k] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Messages that fail on their own among successes, each a few times, are
+// retried at their backoff and delivered: their retries, coming back
+// together, are no sign of an outage and must not open the breaker (which
+// would hold a healthy app back, its probes being such retries in turn).
+// Reproduces a stall of over a minute with 20 messages unsettled.
+func TestRetryBacklogDoesNotOpenBreaker(t *testing.T) {
+	e := setup(t)
+	a := newFlakyKeysApp(t, e)
+	var keys []string
+	for i := range 20 {
+		bad, good := fmt.Sprintf("bad-%d", i), fmt.Sprintf("good-%d", i)
+		a.fails[bad] = 3
+		e.publishKeyed(t, "s.bad", bad)
+		e.publishKeyed(t, "s.good", good)
+		keys = append(keys, bad, good)
+	}
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 5, MaxInflight: 4, BreakerFailures: 10, BreakerProbe: 5 * time.Second,
+		BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second,
+	})
+	poll.Until(t, 20*time.Second, "every message delivered", func() bool { return a.delivered(keys...) && e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters, want none", got)
+	}
+	if got := counter(t, e.reg, "courier_delivery_held_seconds_total", "breaker_open"); got != 0 {
+		t.Errorf("the breaker was open for %vs", got)
+	}
+	if err := r.Ready(); err != nil {
+		t.Errorf("not ready: %v", err)
+	}
+}
+
+// After a restart, the messages a killed courier was retrying come back
+// first: redeliveries, each failing once more before it succeeds. Their
+// failures in a row say nothing of the app and must not open the breaker.
+func TestRedeliveriesAfterRestartDoNotOpenBreaker(t *testing.T) {
+	e := setup(t)
+	a := newFlakyKeysApp(t, e)
+	var keys []string
+	for i := range 20 {
+		k := fmt.Sprintf("k-%d", i)
+		a.fails[k] = 1
+		e.publishKeyed(t, "s.k", k)
+		keys = append(keys, k)
+	}
+	// A courier that fetched them all and died: each is redelivered, its
+	// first delivery spent.
+	b, err := e.cons.Fetch(len(keys), jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for m := range b.Messages() {
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n != len(keys) {
+		t.Fatalf("fetched %d of %d", n, len(keys))
+	}
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 5, MaxInflight: 4, BreakerFailures: 5, BreakerProbe: 5 * time.Second,
+		BackoffInitial: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+	})
+	poll.Until(t, 20*time.Second, "every message delivered", func() bool { return a.delivered(keys...) && e.settled(t) })
+	if got := counter(t, e.reg, "courier_delivery_held_seconds_total", "breaker_open"); got != 0 {
+		t.Errorf("the breaker was open for %vs", got)
+	}
+	if err := r.Ready(); err != nil {
+		t.Errorf("not ready: %v", err)
+	}
+}
+
+// A probe that fails on a message's last allowed delivery is held again,
+// still owning its key's flight; the next probe may go to a held message of
+// the same key, which must wait for that flight. Waiting, it must hand its
+// probe on: the first probe then goes again, and once the app recovers
+// everything is delivered. (Reproduced: the waiting probe kept its token, no
+// probe was ever sent again, and /readyz said "breaker open" for good.)
+func TestProbeWaitingOnItsKeyDoesNotStopProbing(t *testing.T) {
+	e := setup(t)
+	a := newFlakyKeysApp(t, e)
+	a.storming.Store(true)
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 1, AckWait: 5 * time.Second})
+	e.publishKeyed(t, "s.a", "k-a")
+	e.publishKeyed(t, "s.b", "k-b")
+	r, _ := e.runWith(t, openStore(t), proxy.Options{
+		MaxDeliver: 1, MaxInflight: 4, BreakerFailures: 2, BreakerProbe: 100 * time.Millisecond,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	})
+	waitBreakerOpen(t, r)
+	// Two of one key, one of another, fetched while the breaker is open.
+	for _, k := range []string{"k-c", "k-c", "k-d"} {
+		m := nats.NewMsg("s.c")
+		m.Header.Set(proxy.HeaderIdempotencyKey, k)
+		m.Data = []byte(k)
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Enough failed probes for every held message to have had a turn.
+	poll.Until(t, 10*time.Second, "the held messages probed", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.requests >= 2+6
+	})
+	a.storming.Store(false)
+	poll.Until(t, 15*time.Second, "k-c and k-d delivered after the app recovered", func() bool { return a.delivered("k-c", "k-d") })
+	poll.Until(t, 15*time.Second, "ready again", func() bool { return r.Ready() == nil })
+	a.mu.Lock()
+	okC := a.ok["k-c"]
+	a.mu.Unlock()
+	if okC != 1 {
+		t.Errorf("k-c reached the app %d times with a 2xx, want 1 (the second is a duplicate)", okC)
+	}
+	if got := e.deadLetters(t); got != 2 {
+		t.Errorf("%d dead letters, want 2 (A and B, exhausted before the breaker opened)", got)
+	}
+}
+
+// Across replicas, on a 3-node cluster: replica B's breaker is open, and
+// its probe goes to a message whose key replica A holds the claim of (A's
+// request for it is still running). Waiting on that claim, the probe must
+// hand its go-ahead on: B's other held message probes, and once B's app
+// recovers B is delivering again while A still holds the key. The key
+// reaches the app once.
+func TestProbeWaitingOnAnotherReplicasClaimDoesNotStopProbing(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	ctx := context.Background()
+	jss := make([]jetstream.JetStream, 2)
+	for i := range jss {
+		_, jss[i] = natstest.ConnectURL(t, c.NodeURL(i)+","+c.URL())
+	}
+	natstest.Try(t, "create the stream", func(ctx context.Context) error {
+		_, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+		return err
+	})
+	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
+		_, _, err := dlq.EnsureStream(ctx, jss[0], "dlq.s", 3)
+		return err
+	})
+
+	// One app for both replicas: it hangs on "K" until release is closed
+	// (A's request), and answers 503 to every other request while storming
+	// (B's breaker).
+	// A's hanging request ends before the replicas are stopped (deferred
+	// calls run before cleanups), however the test ends.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock()
+	a := &flakyKeysApp{fails: map[string]int{}, ok: map[string]int{}, seen: map[string]int{}}
+	var kCalls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(proxy.HeaderIdempotencyKey) == "K" {
+			kCalls.Add(1)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		a.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	a.storming.Store(true)
+
+	replica := func(i int, name, subject string, o proxy.Options, storeReg prometheus.Registerer) *proxy.Runner {
+		js := jss[i]
+		var cons jetstream.Consumer
+		natstest.Try(t, "create consumer "+name, func(ctx context.Context) error {
+			var err error
+			cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+				Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5,
+				AckWait: 10 * time.Second, FilterSubject: subject,
+			})
+			return err
+		})
+		local, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sh *dedup.Shared
+		natstest.Try(t, "OpenShared", func(ctx context.Context) error {
+			sh, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{
+				TTL: time.Hour, ClaimTTL: 2 * time.Second, Scope: "S/c", Replicas: 3, Registerer: storeReg})
+			return err
+		})
+		o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", name, prometheus.NewRegistry()
+		o.MaxDeliver, o.AckWait, o.HTTPTimeout = 5, 10*time.Second, time.Minute
+		r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), sh, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); wg.Wait(); _ = sh.Close() })
+		return r
+	}
+	publish := func(subject, key string) {
+		t.Helper()
+		m := nats.NewMsg(subject)
+		m.Header.Set(proxy.HeaderIdempotencyKey, key)
+		m.Data = []byte(key)
+		natstest.Try(t, "publish "+key, func(ctx context.Context) error {
+			_, err := jss[0].PublishMsg(ctx, m)
+			return err
+		})
+	}
+
+	// A takes K's claim and its request hangs.
+	replica(0, "a", "s.a", proxy.Options{MaxInflight: 1}, nil)
+	publish("s.a", "K")
+	poll.Until(t, 15*time.Second, "A's request for K under way", func() bool { return kCalls.Load() == 1 })
+
+	// B's breaker opens on two fresh failures; K is held, is the probe
+	// and finds A's claim; then L is held.
+	bStore := prometheus.NewRegistry()
+	b := replica(1, "b", "s.b", proxy.Options{
+		// Room beside b-1 and b-2, which, probed while the storm goes
+		// on, reach their last delivery and are held there.
+		MaxInflight: 4, BreakerFailures: 2, BreakerProbe: 200 * time.Millisecond,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	}, bStore)
+	publish("s.b", "b-1")
+	publish("s.b", "b-2")
+	waitBreakerOpen(t, b)
+	publish("s.b", "K")
+	poll.Until(t, 15*time.Second, "B's probe K finding A's claim", func() bool {
+		mfs, err := bStore.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == "courier_dedup_shared_checks_total" && m.GetLabel()[0].GetValue() == "claimed" {
+					return m.GetCounter().GetValue() >= 1
+				}
+			}
+		}
+		return false
+	})
+	publish("s.b", "L")
+	poll.Until(t, 15*time.Second, "B probing with L while K waits", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.seen["L"] >= 1
+	})
+	a.storming.Store(false)
+	poll.Until(t, 15*time.Second, "B delivering L while A still holds K", func() bool { return a.delivered("L") })
+	poll.Until(t, 15*time.Second, "B ready again", func() bool { return b.Ready() == nil })
+	if got := kCalls.Load(); got != 1 {
+		t.Fatalf("K was sent %d times while A held its claim, want 1", got)
+	}
+	unblock()
+	poll.Until(t, 15*time.Second, "K delivered", func() bool { return a.delivered("K") })
+	poll.Until(t, 15*time.Second, "every message settled", func() bool {
+		for _, js := range jss[:1] {
+			for _, name := range []string{"a", "b"} {
+				cons, err := js.Consumer(ctx, "S", name)
+				if err != nil {
+					return false
+				}
+				info, err := cons.Info(ctx)
+				if err != nil || info.NumPending != 0 || info.NumAckPending != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if got := kCalls.Load(); got != 1 {
+		t.Errorf("K reached the app %d times from two replicas, want 1", got)
+	}
+}

@@ -14,12 +14,13 @@ import (
 
 // report gathers the measurements and prints them.
 type report struct {
-	o        options
-	machine  []string
-	idle     []idleResult
-	drains   []drainResult
-	latency  []latencyResult
-	replicas []replicasResult
+	o         options
+	machine   []string
+	idle      []idleResult
+	drains    []drainResult
+	latency   []latencyResult
+	replicas  []replicasResult
+	publishes []publishResult
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -285,6 +286,7 @@ func (rep *report) print(w io.Writer) {
 	}
 
 	rep.printReplicas(w)
+	rep.printPublish(w)
 
 	if len(rep.latency) > 0 {
 		fmt.Fprintf(w, "\nLatency, publish to app, paced at %.0f msgs/s (%d messages after %d of warm-up)\n",

@@ -225,3 +225,55 @@ func TestClosestVar(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishVariables: COURIER_PUBLISH_ADDR turns the publish API on, on
+// loopback when it names only a port, and needs COURIER_PUBLISH_SUBJECTS;
+// each bad value yields one problem naming it.
+func TestPublishVariables(t *testing.T) {
+	cfg := mustLoad(t, minimal())
+	if cfg.ServesPublishes() || cfg.PublishListenAddr() != "" {
+		t.Errorf("off by default: ServesPublishes %v, PublishListenAddr %q", cfg.ServesPublishes(), cfg.PublishListenAddr())
+	}
+	for addr, want := range map[string]string{":7416": "127.0.0.1:7416", "0.0.0.0:7416": "0.0.0.0:7416", "[::1]:7416": "[::1]:7416", "localhost:0": "localhost:0"} {
+		cfg := mustLoad(t, with(map[string]string{"COURIER_PUBLISH_ADDR": addr, "COURIER_PUBLISH_SUBJECTS": "orders.>, billing.*.paid"}))
+		if !cfg.ServesPublishes() || cfg.PublishListenAddr() != want {
+			t.Errorf("COURIER_PUBLISH_ADDR=%s: listens on %q, want %q", addr, cfg.PublishListenAddr(), want)
+		}
+		if len(cfg.PublishSubjects) != 2 || cfg.PublishSubjects[1] != "billing.*.paid" {
+			t.Errorf("PublishSubjects %q", cfg.PublishSubjects)
+		}
+	}
+
+	tests := []struct {
+		name    string
+		environ map[string]string
+		want    string // a prefix
+	}{
+		{"no subjects", with(map[string]string{"COURIER_PUBLISH_ADDR": ":7416"}), `COURIER_PUBLISH_SUBJECTS is required with COURIER_PUBLISH_ADDR`},
+		{"subjects without the address", with(map[string]string{"COURIER_PUBLISH_SUBJECTS": "orders.>"}), `COURIER_PUBLISH_SUBJECTS="orders.>": is set but COURIER_PUBLISH_ADDR is not`},
+		{"no port", with(map[string]string{"COURIER_PUBLISH_ADDR": "7416", "COURIER_PUBLISH_SUBJECTS": "a"}), `COURIER_PUBLISH_ADDR="7416": not a listen address`},
+		{"the admin port", with(map[string]string{"COURIER_PUBLISH_ADDR": "127.0.0.1:7415", "COURIER_PUBLISH_SUBJECTS": "a"}), `COURIER_PUBLISH_ADDR="127.0.0.1:7415": the same port as COURIER_ADMIN_ADDR`},
+		{"invalid subject", with(map[string]string{"COURIER_PUBLISH_ADDR": ":7416", "COURIER_PUBLISH_SUBJECTS": "orders..x"}), `COURIER_PUBLISH_SUBJECTS="orders..x": "orders..x" is not a valid subject`},
+		{"reserved subject", with(map[string]string{"COURIER_PUBLISH_ADDR": ":7416", "COURIER_PUBLISH_SUBJECTS": "$JS.API.>"}), `COURIER_PUBLISH_SUBJECTS="$JS.API.>": "$JS.API.>": subjects starting with $JS. are reserved`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := problems(t, tt.environ)
+			if len(got) != 1 || !strings.HasPrefix(got[0], tt.want) {
+				t.Errorf("problems:\n%s\nwant one starting\n %s", strings.Join(got, "\n"), tt.want)
+			}
+		})
+	}
+
+	vars, _, err := Inspect(with(map[string]string{"COURIER_PUBLISH_ADDR": ":7416", "COURIER_PUBLISH_SUBJECTS": "orders.>"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]string{}
+	for _, v := range vars {
+		shown[v.Name] = v.Value
+	}
+	if shown["COURIER_PUBLISH_ADDR"] != ":7416" || shown["COURIER_PUBLISH_SUBJECTS"] != "orders.>" {
+		t.Errorf("courier config shows %q and %q", shown["COURIER_PUBLISH_ADDR"], shown["COURIER_PUBLISH_SUBJECTS"])
+	}
+}

@@ -145,6 +145,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkDLQ(cfg)
 	c.checkDedup(cfg)
 	c.checkBreaker(cfg)
+	c.checkBatch(cfg)
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
 	c.checkStandards(cfg)
@@ -451,6 +452,22 @@ func (c *checker) checkBreaker(cfg *Config) {
 	}
 	if c.ok("COURIER_MAX_RATE") && cfg.MaxRate < 0 {
 		c.add("COURIER_MAX_RATE", "must not be negative (0 means no limit)")
+	}
+}
+
+// maxBatch bounds COURIER_BATCH_MAX: each entry is a message held in
+// progress while its batch runs, and a worker waits on it.
+const maxBatch = 1000
+
+func (c *checker) checkBatch(cfg *Config) {
+	if c.ok("COURIER_BATCH_MAX") && (cfg.BatchMax < 1 || cfg.BatchMax > maxBatch) {
+		c.add("COURIER_BATCH_MAX", "must be from 1 (one message per request) to %d", maxBatch)
+	}
+	if c.ok("COURIER_BATCH_WAIT") && (cfg.BatchWait < 0 || cfg.BatchWait > time.Minute) {
+		c.add("COURIER_BATCH_WAIT", "must be from 0 (a batch goes with what has come) to 1m")
+	}
+	if c.ok("COURIER_BATCH_BYTES") && cfg.BatchBytes < 1024 {
+		c.add("COURIER_BATCH_BYTES", "must be at least 1024")
 	}
 }
 

@@ -98,6 +98,14 @@ type Config struct {
 	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
 	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
+	// Batches (package batch): BatchMax messages per request to the app
+	// (1 = one message per request); a batch goes when it holds BatchMax
+	// entries or BatchBytes of message data, or BatchWait after its first
+	// entry.
+	BatchMax   int           `env:"COURIER_BATCH_MAX" envDefault:"1"`
+	BatchWait  time.Duration `env:"COURIER_BATCH_WAIT" envDefault:"2ms"`
+	BatchBytes int           `env:"COURIER_BATCH_BYTES" envDefault:"1048576"`
+
 	// What the app learns of each request: CloudEvents attributes, a
 	// signature, a token (packages cloudevents and appauth).
 	// CloudEvents is CloudEventsBinary (requests carry CloudEvents 1.0

@@ -140,19 +140,22 @@ type Answer struct {
 	Problem string
 }
 
-// ReadAnswer reads the body of a 2xx answer to a batch of the entries ids.
+// ReadAnswer reads the body of a 2xx answer to a batch of the entries ids,
+// of the content type given.
 // Dapr's shape, {"statuses":[{"entryId","status"}]}: an entry missing, or
 // with a status missing or unknown, is Retry. Lambda's shape,
 // {"batchItemFailures":[{"itemIdentifier"}]}: those listed are Retry, the
-// rest Success. An empty body, or one with neither shape, means every entry
-// succeeded. An answer that cannot be read (not JSON, a shape of the wrong
-// type) retries every entry; so does a Lambda answer naming an entry not in
+// rest Success. An empty body, one that is no JSON object (not of a JSON
+// content type, nor starting with "{": "OK", say), or an object with
+// neither shape, means every entry succeeded. A JSON answer that cannot be
+// read (malformed, a shape of the wrong type) retries every entry; so does a Lambda answer naming an entry not in
 // the batch, as the entries it meant to fail cannot be told apart from
 // those that succeeded. A Dapr status naming an unknown entry is ignored
 // (its own entries are placed); Problem says so.
-func ReadAnswer(body []byte, ids []string) Answer {
+func ReadAnswer(body []byte, contentType string, ids []string) Answer {
 	a := Answer{Statuses: make([]Status, len(ids))}
-	if len(bytes.TrimSpace(body)) == 0 {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || !IsJSON(contentType) && body[0] != '{' {
 		return a
 	}
 	var raw struct {

@@ -99,9 +99,14 @@ func TestReadAnswer(t *testing.T) {
 		{"lambda, no identifier: all retried", `{"batchItemFailures":[{}]}`, []Status{R, R, R}, "without itemIdentifier"},
 		{"bad JSON: all retried", `{"statuses":[`, []Status{R, R, R}, "not a batch answer"},
 		{"wrong type: all retried", `{"statuses":"SUCCESS"}`, []Status{R, R, R}, "not a batch answer"},
+		{"plain text: all succeeded", "OK", []Status{S, S, S}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			a := ReadAnswer([]byte(c.body), ids)
+			ct := ""
+			if strings.HasPrefix(c.body, "{") {
+				ct = "application/json"
+			}
+			a := ReadAnswer([]byte(c.body), ct, ids)
 			if !reflect.DeepEqual(a.Statuses, c.want) {
 				t.Errorf("statuses %v, want %v", a.Statuses, c.want)
 			}
@@ -112,6 +117,17 @@ func TestReadAnswer(t *testing.T) {
 				t.Errorf("problem %q, want it to say %q", a.Problem, c.problem)
 			}
 		})
+	}
+}
+
+// Of a JSON content type, anything that is not a batch answer is
+// unreadable, whatever its first byte.
+func TestReadAnswerOfJSONType(t *testing.T) {
+	for _, body := range []string{`"OK"`, `[`, `[]`, `true`} {
+		a := ReadAnswer([]byte(body), "application/json; charset=utf-8", []string{"1", "2"})
+		if !reflect.DeepEqual(a.Statuses, []Status{Retry, Retry}) || !strings.Contains(a.Problem, "not a batch answer") {
+			t.Errorf("%s: %v %q, want every entry retried as not a batch answer", body, a.Statuses, a.Problem)
+		}
 	}
 }
 

@@ -232,7 +232,7 @@ func (r *Runner) attempt(d *delivery) {
 	}()
 	for r.mayStart(d, span) {
 		span.request()
-		answer, took, err := r.post(d.timer, h, d.m.Data())
+		answer, took, err := r.send(d, h)
 		lastErr = err
 		out := r.decide(d, err, took)
 		delivered = out == outDelivered
@@ -280,7 +280,7 @@ func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
 		return outAbandoned
 	}
 	r.m.request(resultLabel(err), took.Seconds())
-	class := Classify(err, r.o.Retryable)
+	class := r.classify(err)
 	d.answered = class != Unavailable
 	switch class {
 	case Success:
@@ -421,14 +421,28 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	var a *Answer
-	var err error
-	if r.o.ownClient {
-		a, err = postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
-	} else {
-		a, err = postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
-	}
+	a, err := r.exchange(ctx, h, body, keep)
 	return a, time.Since(began), err
+}
+
+// exchange sends one request to the app and reads its answer, a 2xx's body
+// up to keep bytes: the one call to the HTTP layer (app.go) of a delivery
+// and of a batch.
+func (r *Runner) exchange(ctx context.Context, h http.Header, body []byte, keep int64) (*Answer, error) {
+	if r.o.ownClient {
+		return postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
+	}
+	return postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
+}
+
+// send sends d with headers h: on its own (post), or in a batch (batcher)
+// when batches are on.
+func (r *Runner) send(d *delivery, h http.Header) (*Answer, time.Duration, error) {
+	if r.batcher != nil {
+		res := r.batcher.submit(d, h)
+		return res.answer, res.took, res.err
+	}
+	return r.post(d.timer, h, d.m.Data())
 }
 
 // settleSuccess hands a 2xx'd delivery to the recorder, which records its

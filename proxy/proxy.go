@@ -89,6 +89,7 @@ type Runner struct {
 	prober     *prober
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
+	batcher    *batcher      // nil: each message alone
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
@@ -163,6 +164,9 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
 	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.probers.Load() == 0 }
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
+	if o.BatchMax > 1 {
+		r.batcher = newBatcher(r)
+	}
 	if o.MaxRate > 0 {
 		// Burst 1: the cap holds over any window, not just on average.
 		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
@@ -268,8 +272,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
 	defer r.breaker.stop()
 
-	r.workers.Add(r.o.MaxInflight)
-	for range r.o.MaxInflight {
+	workers := r.o.MaxInflight
+	if r.batcher != nil {
+		// A worker per entry of every batch in flight (batcher.go).
+		workers *= r.o.BatchMax
+		r.batcher.start()
+	}
+	r.workers.Add(workers)
+	for range workers {
 		go r.worker()
 	}
 	r.recorders.Add(1)
@@ -297,6 +307,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			"grace", r.o.ShutdownGrace.String())
 		ph.abandon()
 		<-done
+	}
+	if r.batcher != nil {
+		r.batcher.stop() // every entry is answered: no batch is in flight
 	}
 	// Dead letters and success records still being retried give their
 	// messages back (fetched has ended); the recorder finishes what it was

@@ -149,6 +149,8 @@ func TestWarnings(t *testing.T) {
 		{"nothing close", with(map[string]string{"COURIER_COLOUR": "blue"}), []string{"COURIER_COLOUR is not a courier variable and is ignored (`courier config` lists them)"}},
 		{"max deliver 1", with(map[string]string{"COURIER_MAX_DELIVER": "1"}), []string{"COURIER_MAX_DELIVER=1 allows no retry"}},
 		{"max deliver 2", with(map[string]string{"COURIER_MAX_DELIVER": "2"}), []string{"COURIER_MAX_DELIVER=2 allows one retry"}},
+		{"batches beyond ack pending", with(map[string]string{"COURIER_BATCH_MAX": "200", "COURIER_MAX_INFLIGHT": "8"}),
+			[]string{"= 1600 messages may be in batches at once, more than COURIER_MAX_ACK_PENDING=1000"}},
 		{"max deliver 3", with(map[string]string{"COURIER_MAX_DELIVER": "3"}), nil},
 	}
 	for _, tt := range tests {

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // HeaderBatch carries the number of entries of a batch request.
@@ -59,7 +60,7 @@ func Encode(dst []byte, entries []Entry) []byte {
 
 func (e *Entry) appendJSON(dst []byte) []byte {
 	dst = append(dst, `{"entryId":`...)
-	dst = strconv.AppendQuote(dst, e.ID)
+	dst = appendString(dst, e.ID)
 	dst = appendField(dst, "idempotencyKey", e.Key)
 	dst = append(dst, `,"attempt":`...)
 	dst = strconv.AppendInt(dst, int64(e.Attempt), 10)
@@ -67,14 +68,28 @@ func (e *Entry) appendJSON(dst []byte) []byte {
 	dst = appendField(dst, "stream", e.Stream)
 	dst = append(dst, `,"sequence":`...)
 	dst = strconv.AppendUint(dst, e.Sequence, 10)
-	dst = appendField(dst, "published", e.Published.UTC().Format(time.RFC3339Nano))
+	dst = append(dst, `,"published":"`...)
+	dst = e.Published.UTC().AppendFormat(dst, time.RFC3339Nano)
+	dst = append(dst, '"')
 	dst = appendField(dst, "contentType", e.ContentType)
-	dst = append(dst, `,"headers":`...)
-	h, _ := json.Marshal(e.Header) // a map of strings to strings: cannot fail
-	if e.Header == nil {
-		h = []byte("{}")
+	dst = append(dst, `,"headers":{`...)
+	first := true
+	for name, vs := range e.Header {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = appendString(dst, name)
+		dst = append(dst, ':', '[')
+		for i, v := range vs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendString(dst, v)
+		}
+		dst = append(dst, ']')
 	}
-	dst = append(dst, h...)
+	dst = append(dst, '}')
 	if IsJSON(e.ContentType) && json.Valid(e.Data) {
 		dst = append(dst, `,"data":`...)
 		dst = appendCompact(dst, e.Data)
@@ -91,8 +106,53 @@ func appendField(dst []byte, name, value string) []byte {
 	dst = append(dst, ',', '"')
 	dst = append(dst, name...)
 	dst = append(dst, '"', ':')
-	b, _ := json.Marshal(value) // JSON's own escaping (strconv.Quote's is Go's)
-	return append(dst, b...)
+	return appendString(dst, value)
+}
+
+// appendString appends s as a JSON string (RFC 8259 section 7): quotes,
+// backslashes and control characters escaped, invalid UTF-8 replaced by
+// U+FFFD, as encoding/json does (its HTML escaping aside, which a request
+// body does not need).
+func appendString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }
 
 // appendCompact appends valid JSON data without insignificant space.

@@ -131,6 +131,24 @@ func TestReadAnswerOfJSONType(t *testing.T) {
 	}
 }
 
+// appendString reads back as encoding/json's own encoding of the same
+// string does: escapes, control characters, invalid UTF-8.
+func TestAppendString(t *testing.T) {
+	for _, s := range []string{"", "plain", `quo"te`, `back\slash`, "line\nfeed\r\t", "\x00\x01\x1f\x7f",
+		"héllo wörld ✓", "bad \xff\xfe utf-8", "truncated \xe2\x82", "<html>&", "\u2028\u2029"} {
+		var got, want string
+		if err := json.Unmarshal(appendString(nil, s), &got); err != nil {
+			t.Errorf("%q: not a JSON string: %v (%s)", s, err, appendString(nil, s))
+			continue
+		}
+		b, _ := json.Marshal(s)
+		_ = json.Unmarshal(b, &want)
+		if got != want {
+			t.Errorf("%q reads back as %q, encoding/json's as %q", s, got, want)
+		}
+	}
+}
+
 func TestIsJSON(t *testing.T) {
 	for ct, want := range map[string]bool{
 		"application/json": true, "application/json; charset=utf-8": true, "application/cloudevents+json": true,

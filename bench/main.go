@@ -139,16 +139,20 @@ const (
 	dedupOnInfo                // dedupOn logging at debug (a line per message) to /dev/null
 	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
 	dedupSocket                // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
+	dedupBatch                 // dedupOn with batches of benchBatch (COURIER_BATCH_MAX)
 )
+
+// benchBatch is the batch size of the batches variant.
+const benchBatch = 32
 
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
-		"courier, dedup shared", "courier, dedup on, unix socket"}[v]
+		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
 func (v variant) dedup() bool {
-	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket
+	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket || v == dedupBatch
 }
 func (v variant) info() bool { return v == dedupOnInfo }
 
@@ -214,7 +218,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	variants := func(inflight int) []variant {
 		vs := []variant{baseline, dedupOff, dedupOn}
 		if inflight == focusInflight {
-			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket)
+			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch)
 		}
 		return slices.DeleteFunc(vs, o.skip)
 	}
@@ -273,7 +277,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// Latency at a paced rate well below capacity.
-	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn}, o.skip) {
+	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn, dedupBatch}, o.skip) {
 		r, err := b.latency(ctx, v, focusInflight)
 		if err != nil {
 			return err
@@ -404,6 +408,9 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 		}
 		if v == dedupSocket {
 			env = append(env, "COURIER_APP_URL="+b.app.SocketURL()) // the later value wins
+		}
+		if v == dedupBatch {
+			env = append(env, "COURIER_BATCH_MAX="+strconv.Itoa(benchBatch))
 		}
 	}
 	var logPath string

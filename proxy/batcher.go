@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,6 +207,11 @@ func (b *batcher) deliver(entries []*batchEntry) {
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
 	}
+	// In stream order, as a reader of the batch expects; the workers hand
+	// their entries in whatever order they got to them.
+	slices.SortFunc(entries, func(x, y *batchEntry) int {
+		return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
+	})
 	ids := make([]string, len(entries))
 	es := make([]batch.Entry, len(entries))
 	for i, e := range entries {

@@ -19,7 +19,7 @@ import (
 func TestBatchesThroughAKill(t *testing.T) {
 	h := newHarness(t)
 	var (
-		mu       sync.Mutex
+		mu      sync.Mutex
 		batches int
 		holding = true
 		stored  = map[string][]int{} // key → attempts it was stored at

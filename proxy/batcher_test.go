@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,6 +266,10 @@ func TestBatchWholeAnswers(t *testing.T) {
 		}, ""},
 		{"malformed answer", func() (int, http.Header, string) { return 200, nil, `{"statuses":[{` }, ""},
 		{"400", func() (int, http.Header, string) { return 400, nil, "bad batch" }, dlq.ReasonRejected},
+		{"no answer in time", func() (int, http.Header, string) {
+			time.Sleep(700 * time.Millisecond) // past the HTTP timeout: real time is what is tested
+			return 200, nil, ""
+		}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := setup(t)
@@ -280,7 +285,9 @@ func TestBatchWholeAnswers(t *testing.T) {
 				return 200, nil, ""
 			})
 			publishKeys(t, e, "a", "b", "c")
-			e.runWith(t, nil, batchOptions())
+			o := batchOptions()
+			o.HTTPTimeout = 300 * time.Millisecond
+			e.runWith(t, nil, o)
 			poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
 			sent := a.sent()
 			for _, k := range []string{"a", "b", "c"} {
@@ -347,5 +354,44 @@ func TestBatchBinaryEntry(t *testing.T) {
 	got, err := base64.StdEncoding.DecodeString(a.batches[0][0].DataBase64)
 	if err != nil || string(got) != string(m.Data) || a.batches[0][0].Data != nil {
 		t.Errorf("entry data %q / dataBase64 %q", a.batches[0][0].Data, a.batches[0][0].DataBase64)
+	}
+}
+
+// A storm with batches on costs nothing: the failed batches open the
+// breaker, it probes with a batch of one, and once the app recovers every
+// message is delivered; none is dead-lettered.
+func TestBatchStormCostsNothing(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+		if storming.Load() {
+			return 503, nil, "database down"
+		}
+		return 200, nil, ""
+	})
+	var keys []string
+	for i := range 24 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.BreakerFailures, o.BreakerProbe = 4, 100*time.Millisecond
+	r, _ := e.runWith(t, nil, o)
+	waitBreakerOpen(t, r)
+	poll.Until(t, 10*time.Second, "a probe during the storm", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.batches) >= 3 && len(a.batches[len(a.batches)-1]) == 1
+	})
+	storming.Store(false)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm", got)
+	}
+	for _, k := range keys {
+		if len(a.sent()[k]) == 0 {
+			t.Errorf("%s never sent", k)
+		}
 	}
 }

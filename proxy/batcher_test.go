@@ -8,12 +8,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/courierhq/courier/batch"
 	"github.com/courierhq/courier/dlq"
@@ -393,5 +396,48 @@ func TestBatchStormCostsNothing(t *testing.T) {
 		if len(a.sent()[k]) == 0 {
 			t.Errorf("%s never sent", k)
 		}
+	}
+}
+
+// With tracing on, each entry's attempt span links to the span of its batch
+// request, which links back to each entry and whose traceparent the
+// request carries.
+func TestBatchSpans(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) { return 200, nil, "" })
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	publishKeys(t, e, "a", "b", "c")
+	o := batchOptions()
+	o.Tracer, o.BatchWait = tp.Tracer("test"), time.Second // the three in one batch
+	e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "four spans ended", func() bool { return len(rec.Ended()) >= 4 })
+	var batchSpan sdktrace.ReadOnlySpan
+	var entries []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "send S batch" {
+			batchSpan = s
+		} else {
+			entries = append(entries, s)
+		}
+	}
+	if batchSpan == nil || len(entries) != 3 {
+		t.Fatalf("spans: batch %v, %d entries; want a batch span and 3", batchSpan != nil, len(entries))
+	}
+	if len(batchSpan.Links()) != 3 {
+		t.Errorf("the batch span links %d entries, want 3", len(batchSpan.Links()))
+	}
+	for _, s := range entries {
+		if len(s.Links()) != 1 || s.Links()[0].SpanContext.SpanID() != batchSpan.SpanContext().SpanID() {
+			t.Errorf("entry span %s links %v, want the batch span", s.Name(), s.Links())
+		}
+	}
+	a.mu.Lock()
+	tp0 := a.headers[0].Get("Traceparent")
+	a.mu.Unlock()
+	if want := batchSpan.SpanContext().SpanID().String(); !strings.Contains(tp0, want) {
+		t.Errorf("the batch request's traceparent %q is not the batch span's (%s)", tp0, want)
 	}
 }

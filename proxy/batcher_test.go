@@ -441,3 +441,30 @@ func TestBatchSpans(t *testing.T) {
 		t.Errorf("the batch request's traceparent %q is not the batch span's (%s)", tp0, want)
 	}
 }
+
+// SIGTERM with a batch in flight: the batch finishes within the grace
+// period and each of its entries is acked.
+func TestBatchInFlightAtShutdown(t *testing.T) {
+	e := setup(t)
+	inFlight := make(chan struct{}, 1)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+		select {
+		case inFlight <- struct{}{}:
+		default:
+		}
+		time.Sleep(300 * time.Millisecond) // still running when courier is told to stop
+		return 200, nil, ""
+	})
+	publishKeys(t, e, "a", "b", "c")
+	o := batchOptions()
+	o.ShutdownGrace, o.BatchWait = 5*time.Second, time.Second
+	_, stop := e.runWith(t, nil, o)
+	<-inFlight
+	stop()
+	if !e.settled(t) {
+		t.Error("the batch in flight at shutdown was not acked")
+	}
+	if got := a.sent(); len(got) != 3 {
+		t.Errorf("sent %v, want a, b and c once", got)
+	}
+}

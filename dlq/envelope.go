@@ -30,6 +30,11 @@ const (
 	HeaderError = "Courier-Error"
 	// HeaderAttempts is the number of delivery attempts made.
 	HeaderAttempts = "Courier-Attempts"
+	// HeaderOrderKey is the original's ordering key (COURIER_ORDER_KEY),
+	// and HeaderOrderWaiting how many later messages of that key waited
+	// for it; both only on an ordered message's dead letter.
+	HeaderOrderKey     = "Courier-Order-Key"
+	HeaderOrderWaiting = "Courier-Order-Waiting"
 	// HeaderSubject is the original message's subject, made a readable
 	// header value (see HeaderSubjectBase64 for the exact one).
 	HeaderSubject = "Courier-Subject"
@@ -150,6 +155,11 @@ type Letter struct {
 	//
 	// Fields may be added (trace context); those above keep their names.
 	FailedAt time.Time
+	// OrderKey is the original's ordering key (COURIER_ORDER_KEY), "" when
+	// it has none; OrderWaiting is how many later messages of that key were
+	// waiting for it when it was dead-lettered (they go on now).
+	OrderKey     string
+	OrderWaiting int
 }
 
 // Envelope returns the headers of l's dead letter:
@@ -187,6 +197,10 @@ func Envelope(l Letter) nats.Header {
 		h.Set(HeaderError, cleanValue(l.Error, MaxErrorLen))
 	}
 	h.Set(HeaderAttempts, strconv.Itoa(l.Attempts))
+	if l.OrderKey != "" {
+		h.Set(HeaderOrderKey, l.OrderKey)
+		h.Set(HeaderOrderWaiting, strconv.Itoa(l.OrderWaiting))
+	}
 	subject := cleanValue(l.Subject, 0)
 	h.Set(HeaderSubject, subject)
 	if subject != l.Subject {

@@ -49,6 +49,13 @@ type queued struct {
 	m    jetstream.Msg
 	size int64
 	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
+	// With order per key (order.go): the message's key, its stream
+	// sequence and when it began to wait in its key's line; released: the
+	// line let it go, it is its key's head.
+	okey     string
+	seq      uint64
+	held     time.Time
+	released bool
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -76,6 +83,9 @@ type fetcher struct {
 	// worker holds a message that may be its probe (nil: never). Set once,
 	// before run.
 	noProbe func() bool
+	// order, with order per key, admits each message as it arrives and
+	// keeps those whose key is busy (nil: no order). Set once, before run.
+	order *orderer
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -157,6 +167,13 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if err := f.waitToFetch(ctx); err != nil {
 		return err
 	}
+	if f.order != nil {
+		select {
+		case <-f.order.roomToFetch():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	room, byteRoom, ok := f.room(ctx)
 	if !ok {
 		return ctx.Err()
@@ -192,6 +209,9 @@ func (f *fetcher) pull(ctx context.Context) error {
 			q := queued{m: m, size: queueSize(m)}
 			if f.stamp {
 				q.at = time.Now()
+			}
+			if f.order != nil && !f.order.admit(&q) {
+				continue // waits behind its key
 			}
 			f.bytes.Add(q.size)
 			f.queue <- q

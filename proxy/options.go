@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/courierhq/courier/internal/orderkey"
 )
 
 // Options configures a Runner. A zero value takes the documented default;
@@ -49,6 +51,10 @@ type Options struct {
 	BatchMax   int
 	BatchBytes int
 	BatchWait  time.Duration
+	// OrderKey, when set, orders the messages of each key (order.go): one
+	// at a time, in stream order, each after the one before is settled.
+	// Messages it gives no key to are not ordered.
+	OrderKey orderkey.Key
 	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
 	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
 	// must be at least 1).

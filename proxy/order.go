@@ -1,0 +1,265 @@
+package proxy
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/orderkey"
+)
+
+// Order per key (Options.OrderKey), as README's "Order per key" describes
+// it.
+//
+// The fetcher asks the orderer, for each message with an ordering key as it
+// arrives (admit), whether the key is free. If it is, the message becomes the key's
+// head and is delivered as any message; if not, it waits in the key's line,
+// in stream order, kept in progress by the tracker, spending nothing. When
+// the head is settled for good (acked, acked as a duplicate,
+// dead-lettered), the next message of its line is released to the workers
+// (ready). A head that is retried (NAK'd with a delay) stays the key's
+// head: JetStream redelivers it, and the line waits for it. Other keys and
+// messages without a key go on in parallel. What waits is bounded by
+// COURIER_MAX_ACK_PENDING (the server hands out no more) and, in bytes, by
+// maxWaitingBytes, beyond which fetching stops (roomToFetch) rather than
+// reorder; deliveries go on meanwhile.
+
+// maxWaitingBytes bounds the message data waiting behind busy keys: past
+// it, courier fetches nothing until lines move on.
+const maxWaitingBytes = 64 << 20
+
+// orderer is the lines of the keys with a message in courier. Safe for
+// concurrent use.
+type orderer struct {
+	key orderkey.Key
+	now func() time.Time
+	log func(full bool) // told when the bound is reached and left
+
+	mu      sync.Mutex
+	lines   map[string]*keyLine
+	ready   []queued      // released by a settled head, for the next free worker
+	waiting int           // messages in lines
+	bytes   int64         // their size, as the fetch queue counts it
+	full    bool          // bytes passed maxWaitingBytes: nothing is fetched
+	room    chan struct{} // closed while not full
+	wake    chan struct{}
+}
+
+// keyLine is one key's head and the later messages waiting behind it.
+type keyLine struct {
+	head     uint64   // stream sequence of the message that goes first
+	inFlight bool     // the head is with a worker; false: retried, awaited from JetStream
+	waiting  []queued // each with held, when it began to wait
+}
+
+func newOrderer(key orderkey.Key, now func() time.Time, log func(full bool)) *orderer {
+	o := &orderer{key: key, now: now, log: log, lines: make(map[string]*keyLine),
+		room: make(chan struct{}), wake: make(chan struct{}, 1)}
+	close(o.room)
+	return o
+}
+
+// roomToFetch returns a channel closed while the messages waiting behind
+// their keys are within their bound.
+func (o *orderer) roomToFetch() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.room
+}
+
+// admit is called by the fetcher for each message as it arrives, in the
+// order JetStream sent them: it reports whether q may be queued for the
+// workers (no ordering key, or its key is free), setting q's key; if not,
+// q waits in its key's line. (Admitting as messages are taken would let two
+// workers taking a key's messages one after the other enter them in either
+// order.)
+func (o *orderer) admit(q *queued) bool {
+	k, ok := o.key(q.m.Subject(), q.m.Headers())
+	if !ok {
+		return true
+	}
+	meta, err := q.m.Metadata()
+	if err != nil {
+		return true // the worker NAKs it
+	}
+	q.okey, q.seq = k, meta.Sequence.Stream
+	return o.enter(*q, k, q.seq)
+}
+
+// enter reports whether q, of key k at stream sequence seq, may be
+// delivered now; if not, it waits in k's line until released.
+func (o *orderer) enter(q queued, k string, seq uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.lines[k]
+	switch {
+	case l == nil:
+		o.lines[k] = &keyLine{head: seq, inFlight: true}
+		return true
+	case seq == l.head:
+		// The head again: redelivered after a retry (or, held too long,
+		// after its ack wait).
+		l.inFlight = true
+		return true
+	case seq < l.head && !l.inFlight:
+		// An earlier message of the key, redelivered before the retried
+		// head (after a restart): it goes first; the head waits for it
+		// when it comes back.
+		l.head, l.inFlight = seq, true
+		return true
+	}
+	q.okey, q.seq, q.held = k, seq, o.now()
+	i, _ := slices.BinarySearchFunc(l.waiting, seq, func(w queued, s uint64) int { return cmp.Compare(w.seq, s) })
+	if i < len(l.waiting) && l.waiting[i].seq == seq {
+		// A redelivery of a message already waiting (its ack wait ran
+		// out while courier held it): the later copy replaces it.
+		o.bytes -= l.waiting[i].size
+		l.waiting[i] = q
+		o.bytes += q.size
+		return false
+	}
+	l.waiting = slices.Insert(l.waiting, i, q)
+	o.waiting++
+	o.bytes += q.size
+	if !o.full && o.bytes > maxWaitingBytes {
+		o.full, o.room = true, make(chan struct{})
+		o.log(true)
+	}
+	return false
+}
+
+// settled ends the head seq of key k for good (acked, a duplicate,
+// dead-lettered): the next message of its line, if any, is released. It
+// returns how many were waiting behind it.
+func (o *orderer) settled(k string, seq uint64) int {
+	o.mu.Lock()
+	l := o.lines[k]
+	if l == nil || l.head != seq {
+		o.mu.Unlock()
+		return 0
+	}
+	n := len(l.waiting)
+	if n == 0 {
+		delete(o.lines, k)
+		o.mu.Unlock()
+		return 0
+	}
+	next := l.waiting[0]
+	l.waiting = slices.Delete(l.waiting, 0, 1)
+	l.head, l.inFlight = next.seq, true
+	next.released = true
+	o.waiting--
+	o.bytes -= next.size
+	o.ready = append(o.ready, next)
+	freed := o.full && o.bytes <= maxWaitingBytes/2
+	if freed {
+		o.full = false
+		close(o.room)
+	}
+	o.mu.Unlock()
+	if freed {
+		o.log(false)
+	}
+	o.signal()
+	return n
+}
+
+// retrying notes that the head seq of key k was NAK'd for a retry: its line
+// waits for JetStream to redeliver it.
+func (o *orderer) retrying(k string, seq uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l := o.lines[k]; l != nil && l.head == seq {
+		l.inFlight = false
+	}
+}
+
+// waitingBehind is how many messages wait in key k's line.
+func (o *orderer) waitingBehind(k string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l := o.lines[k]; l != nil {
+		return len(l.waiting)
+	}
+	return 0
+}
+
+// pop returns a released message, if any.
+func (o *orderer) pop() (queued, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.ready) == 0 {
+		return queued{}, false
+	}
+	q := o.ready[0]
+	o.ready = slices.Delete(o.ready, 0, 1)
+	if len(o.ready) > 0 {
+		o.signal() // another worker may take the next
+	}
+	return q, true
+}
+
+func (o *orderer) signal() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drain returns every message still waiting or released, in stream order,
+// and forgets them: at shutdown they are given back in that order, so that
+// JetStream redelivers them in it.
+func (o *orderer) drain() []queued {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := o.ready
+	for _, l := range o.lines {
+		out = append(out, l.waiting...)
+	}
+	o.lines, o.ready, o.waiting, o.bytes = make(map[string]*keyLine), nil, 0, 0
+	if o.full {
+		o.full = false
+		close(o.room)
+	}
+	slices.SortFunc(out, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// stats is what the metrics show: keys with messages waiting, the messages
+// waiting, and the longest wait.
+func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	for _, l := range o.lines {
+		if len(l.waiting) == 0 {
+			continue
+		}
+		keys++
+		for _, w := range l.waiting {
+			longest = max(longest, now.Sub(w.held))
+		}
+	}
+	return keys, o.waiting, longest
+}
+
+// registerOrderMetrics registers what the lines show, read at scrape.
+func (r *Runner) registerOrderMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_keys_waiting",
+			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
+		}, func() float64 { k, _, _ := r.order.stats(); return float64(k) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_messages_waiting",
+			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
+		}, func() float64 { _, n, _ := r.order.stats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_longest_wait_seconds",
+			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
+		}, func() float64 { _, _, d := r.order.stats(); return d.Seconds() }),
+	)
+}

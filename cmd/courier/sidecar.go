@@ -19,6 +19,7 @@ import (
 	"github.com/courierhq/courier/consumerstats"
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/publish"
 	"github.com/courierhq/courier/reply"
@@ -381,6 +382,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		BatchMax:          cfg.BatchMax,
 		BatchWait:         cfg.BatchWait,
 		BatchBytes:        cfg.BatchBytes,
+		OrderKey:          orderKey(cfg),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,
@@ -500,4 +502,17 @@ func registerBuildInfo(reg prometheus.Registerer) {
 	})
 	bi.Set(1)
 	reg.MustRegister(bi)
+}
+
+// orderKey is COURIER_ORDER_KEY's key, nil when unset (config.Load checked
+// it).
+func orderKey(cfg config.Config) orderkey.Key {
+	if cfg.OrderKey == "" {
+		return nil
+	}
+	k, err := orderkey.Parse(cfg.OrderKey)
+	if err != nil {
+		return nil
+	}
+	return k
 }

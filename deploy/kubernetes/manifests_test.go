@@ -30,7 +30,21 @@ func (o object) kind() string { return str(o.doc["kind"]) }
 func (o object) name() string { return str(dig(o.doc, "metadata", "name")) }
 
 func TestManifests(t *testing.T) {
-	objs := loadManifests(t)
+	checkManifests(t, loadManifests(t))
+}
+
+// checked is what checkManifests found: courier's configuration by
+// Deployment name, and its scrape targets.
+type checked struct {
+	configs map[string]config.Config
+	targets []scrapeTarget
+}
+
+// checkManifests runs the checks of this file on a set of objects: these
+// manifests, or what the Helm chart and the kustomize component render
+// (helm_test.go, kustomize_test.go).
+func checkManifests(t *testing.T, objs []object) checked {
+	t.Helper()
 	byKind := map[string]map[string]object{}
 	for _, o := range objs {
 		if byKind[o.kind()] == nil {
@@ -100,6 +114,7 @@ func TestManifests(t *testing.T) {
 	for _, pm := range byKind["PodMonitor"] {
 		t.Run("PodMonitor/"+pm.name(), func(t *testing.T) { checkPodMonitor(t, pm, targets) })
 	}
+	return checked{configs: configs, targets: targets}
 }
 
 // scrapeTarget is what a scrape of courier's metrics must find in one pod
@@ -507,7 +522,8 @@ func (k *podEnv) volume(name string) map[string]any {
 // checkProbes: start-up and liveness on /healthz, on the admin port, which
 // the kubelet can reach (not loopback); no readiness probe on /readyz: in a
 // native sidecar courier's readiness decides the whole Pod's, so a NATS or
-// app outage would take the app out of its Service (SPEC, admin endpoints).
+// app outage would take the app out of its Service
+// (docs/behaviour.md#liveness-is-not-readiness).
 func (k *podEnv) checkProbes(cfg config.Config) {
 	t := k.t
 	host, port, err := net.SplitHostPort(cfg.AdminAddr)

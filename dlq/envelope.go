@@ -1,7 +1,11 @@
 // Package dlq owns courier's dead letters: the envelope of headers a dead
-// letter carries, publishing it with a JetStream acknowledgement, and making
-// sure a stream captures the dead-letter subject and will keep what it
-// receives. It does not decide what is terminal; callers hand it a Letter.
+// letter carries (envelope.go, deadletter.go), publishing it with a
+// JetStream acknowledgement (publish.go), making sure a stream captures the
+// dead-letter subject and will keep what it receives (stream.go), the tools
+// that list, show, replay and purge them (tools.go, replay.go), and the
+// gauge of those waiting (depth.go). It does not decide what is terminal;
+// callers hand it a Letter. A message is terminated only once its dead
+// letter is stored (docs/behaviour.md#every-message-ends-one-way).
 package dlq
 
 import (

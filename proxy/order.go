@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"cmp"
+	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -46,6 +48,18 @@ type orderer struct {
 	full    bool          // bytes passed maxWaitingBytes: nothing is fetched
 	room    chan struct{} // closed while not full
 	wake    chan struct{}
+
+	// Crash safety (README, "Order per key"): marks, when kept, name each
+	// busy key's first unsettled message for a courier that comes after.
+	// Until barrierUntil, first deliveries of keyed messages wait (in
+	// barrier): a message another courier held when it died comes back
+	// within the ack wait, and must go first. stale counts lines whose
+	// head came from a mark and is awaited only until its line's stale.
+	marks        *marker
+	staleAfter   time.Duration
+	barrierUntil time.Time
+	barrier      []queued
+	stale        int
 }
 
 // keyLine is one key's head and the later messages waiting behind it.
@@ -53,6 +67,10 @@ type keyLine struct {
 	head     uint64   // stream sequence of the message that goes first
 	inFlight bool     // the head is with a worker; false: retried, awaited from JetStream
 	waiting  []queued // each with held, when it began to wait
+	marked   bool     // a mark names head (marks)
+	// stale, for a head known from a mark only: when to stop awaiting it
+	// (it may have been settled before the mark could be removed).
+	stale time.Time
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, log func(full bool)) *orderer {
@@ -86,7 +104,105 @@ func (o *orderer) admit(q *queued) bool {
 		return true // the worker NAKs it
 	}
 	q.okey, q.seq = k, meta.Sequence.Stream
+	o.mu.Lock()
+	if !o.barrierUntil.IsZero() && meta.NumDelivered == 1 {
+		q.held = o.now()
+		o.barrier = append(o.barrier, *q)
+		o.mu.Unlock()
+		return false
+	}
+	o.mu.Unlock()
 	return o.enter(*q, k, q.seq)
+}
+
+// load reads the marks at start (floor: the consumer's ack floor, below
+// which every message is settled) and, if other couriers may hold messages
+// (pending: the consumer's ack-pending count), raises the barrier for
+// barrier (the ack wait and a margin). staleAfter bounds the wait for a
+// marked head.
+func (o *orderer) load(ctx context.Context, floor uint64, pending int, barrier, staleAfter time.Duration) error {
+	o.mu.Lock()
+	if pending > 0 {
+		o.barrierUntil = o.now().Add(barrier)
+	}
+	o.mu.Unlock()
+	if o.marks == nil {
+		return nil
+	}
+	marks, err := o.marks.store.Marks(ctx)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.staleAfter = staleAfter
+	for k, seq := range marks {
+		if seq <= floor {
+			o.marks.set(k, 0) // settled: left behind by a courier that died
+			continue
+		}
+		o.addMarked(k, seq)
+	}
+	return nil
+}
+
+// addMarked makes seq the awaited head of key k, known from a mark, unless
+// this courier has a line for k already. Called with mu held.
+func (o *orderer) addMarked(k string, seq uint64) {
+	if o.lines[k] != nil {
+		return
+	}
+	o.lines[k] = &keyLine{head: seq, marked: true, stale: o.now().Add(o.staleAfter)}
+	o.stale++
+}
+
+// reload reads the marks again after a takeover: those of the courier that
+// had the pin.
+func (o *orderer) reload(ctx context.Context) {
+	if o.marks == nil {
+		return
+	}
+	marks, err := o.marks.store.Marks(ctx)
+	if err != nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, seq := range marks {
+		o.addMarked(k, seq)
+	}
+}
+
+// lift lets the barrier down once its time is over, and gives up on marked
+// heads not seen by their stale time: their lines go on.
+func (o *orderer) lift() {
+	o.mu.Lock()
+	now := o.now()
+	var held []queued
+	if !o.barrierUntil.IsZero() && now.After(o.barrierUntil) {
+		o.barrierUntil, held, o.barrier = time.Time{}, o.barrier, nil
+	}
+	heads := map[string]uint64{}
+	if o.stale > 0 {
+		for k, l := range o.lines {
+			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
+				heads[k] = l.head
+			}
+		}
+	}
+	o.mu.Unlock()
+	for k, seq := range heads {
+		o.settled(k, seq)
+	}
+	for _, q := range held {
+		if o.enter(q, q.okey, q.seq) {
+			q.released = true
+			o.mu.Lock()
+			o.ready = append(o.ready, q)
+			o.mu.Unlock()
+			o.signal()
+		}
+	}
 }
 
 // enter reports whether q, of key k at stream sequence seq, may be
@@ -103,6 +219,10 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		// The head again: redelivered after a retry (or, held too long,
 		// after its ack wait).
 		l.inFlight = true
+		if !l.stale.IsZero() {
+			l.stale = time.Time{}
+			o.stale--
+		}
 		return true
 	case seq < l.head && !l.inFlight:
 		// An earlier message of the key, redelivered before the retried
@@ -122,6 +242,10 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		return false
 	}
 	l.waiting = slices.Insert(l.waiting, i, q)
+	if o.marks != nil && !l.marked {
+		l.marked = true
+		o.marks.set(k, l.head)
+	}
 	o.waiting++
 	o.bytes += q.size
 	if !o.full && o.bytes > maxWaitingBytes {
@@ -141,15 +265,30 @@ func (o *orderer) settled(k string, seq uint64) int {
 		o.mu.Unlock()
 		return 0
 	}
+	if !l.stale.IsZero() {
+		l.stale = time.Time{}
+		o.stale--
+	}
 	n := len(l.waiting)
 	if n == 0 {
 		delete(o.lines, k)
+		if l.marked {
+			o.marks.set(k, 0)
+		}
 		o.mu.Unlock()
 		return 0
 	}
 	next := l.waiting[0]
 	l.waiting = slices.Delete(l.waiting, 0, 1)
 	l.head, l.inFlight = next.seq, true
+	switch {
+	case o.marks != nil && len(l.waiting) > 0:
+		l.marked = true
+		o.marks.set(k, next.seq)
+	case l.marked:
+		l.marked = false
+		o.marks.set(k, 0)
+	}
 	next.released = true
 	o.waiting--
 	o.bytes -= next.size
@@ -174,6 +313,10 @@ func (o *orderer) retrying(k string, seq uint64) {
 	defer o.mu.Unlock()
 	if l := o.lines[k]; l != nil && l.head == seq {
 		l.inFlight = false
+		if o.marks != nil {
+			l.marked = true
+			o.marks.set(k, seq)
+		}
 	}
 }
 
@@ -215,7 +358,8 @@ func (o *orderer) signal() {
 func (o *orderer) drain() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	out := o.ready
+	out := append(o.ready, o.barrier...)
+	o.barrier = nil
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}
@@ -243,7 +387,10 @@ func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
 			longest = max(longest, now.Sub(w.held))
 		}
 	}
-	return keys, o.waiting, longest
+	for _, q := range o.barrier {
+		longest = max(longest, now.Sub(q.held))
+	}
+	return keys, o.waiting + len(o.barrier), longest
 }
 
 // registerOrderMetrics registers what the lines show, read at scrape.
@@ -262,4 +409,131 @@ func (r *Runner) registerOrderMetrics(reg prometheus.Registerer) {
 			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
 		}, func() float64 { _, _, d := r.order.stats(); return d.Seconds() }),
 	)
+}
+
+// OrderMarks keeps, durably and for every replica of the durable, the
+// stream sequence of the first unsettled message of each key that has later
+// messages waiting or is being retried (package ordermark). Safe for
+// concurrent use.
+type OrderMarks interface {
+	Mark(ctx context.Context, key string, seq uint64) error
+	Unmark(ctx context.Context, key string) error
+	Marks(ctx context.Context) (map[string]uint64, error)
+}
+
+// marker writes marks in the background, the latest wish per key first
+// come, so that a hot key costs a write now and then rather than one per
+// message. A crash loses at most the wishes not yet written: a few
+// milliseconds' worth.
+type marker struct {
+	store   OrderMarks
+	log     *slog.Logger
+	mu      sync.Mutex
+	want    map[string]uint64 // key → seq to mark; 0: unmark
+	wake    chan struct{}
+	done    chan struct{}
+	failing bool
+}
+
+func newMarker(store OrderMarks, log *slog.Logger) *marker {
+	return &marker{store: store, log: log, want: map[string]uint64{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// set asks for key's mark to be seq (0: none).
+func (m *marker) set(key string, seq uint64) {
+	m.mu.Lock()
+	m.want[key] = seq
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes what is asked until ctx ends, then what is left, and closes
+// done.
+func (m *marker) run(ctx context.Context) {
+	defer close(m.done)
+	for {
+		select {
+		case <-m.wake:
+			m.flush(ctx)
+		case <-ctx.Done():
+			m.flush(context.WithoutCancel(ctx))
+			return
+		}
+	}
+}
+
+func (m *marker) flush(ctx context.Context) {
+	m.mu.Lock()
+	want := m.want
+	m.want = map[string]uint64{}
+	m.mu.Unlock()
+	for key, seq := range want {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var err error
+		if seq == 0 {
+			err = m.store.Unmark(wctx, key)
+		} else {
+			err = m.store.Mark(wctx, key, seq)
+		}
+		cancel()
+		switch {
+		case err != nil && !m.failing:
+			m.failing = true
+			m.log.Warn("cannot record a key's first unsettled message; if courier dies now, its later messages may go first", "error", err)
+		case err == nil && m.failing:
+			m.failing = false
+			m.log.Info("recording keys' first unsettled messages again")
+		}
+	}
+}
+
+// orderBarrier is how long first deliveries of keyed messages wait after a
+// start or a takeover, given the ack wait: what another courier held comes
+// back within it.
+func orderBarrier(ackWait time.Duration) time.Duration { return ackWait + 2*time.Second }
+
+// startOrder reads the marks and raises the barrier (the consumer's state
+// decides), then runs the marker and the lifting of the barrier on loops
+// until it ends.
+func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	floor, pending := uint64(0), 1 // unknown: as if another courier held messages
+	if info, err := r.fetch.cons.Info(ictx); err == nil {
+		floor, pending = info.AckFloor.Stream, info.NumAckPending
+	}
+	stale := max(r.o.AckWait, r.o.BackoffMax, r.o.RetryAfterMax) + r.o.AckWait
+	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait), stale); err != nil {
+		r.log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
+	}
+	if r.order.marks != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.order.marks.run(loops) }()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-loops.Done():
+				return
+			case <-t.C:
+				r.order.lift()
+			}
+		}
+	}()
+}
+
+// takeover raises the barrier again when the pin of the consumer's
+// priority group moved to this courier: the replica that had it may have
+// held messages.
+func (o *orderer) takeover(barrier time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.barrierUntil = o.now().Add(barrier)
 }

@@ -176,7 +176,10 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 				r.log.Info("messages waiting behind their keys back under the bound: fetching again")
 			}
 		})
-		r.fetch.order = r.order
+		r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
+		if o.OrderMarks != nil {
+			r.order.marks = newMarker(o.OrderMarks, r.log)
+		}
 		r.registerOrderMetrics(o.Registerer)
 	}
 	if o.MaxRate > 0 {
@@ -283,6 +286,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
 	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
 	defer r.breaker.stop()
+	if r.order != nil {
+		r.startOrder(ctx, loops, &loopsDone)
+	}
 
 	workers := r.o.MaxInflight
 	if r.batcher != nil {

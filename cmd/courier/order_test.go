@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,6 +98,14 @@ func TestOrderThroughAKill(t *testing.T) {
 
 	c := start(t, env)
 	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	// courier status names the courier the durable is pinned to.
+	var out, errOut strings.Builder
+	if err := run(context.Background(), []string{"status"}, env, &out, &errOut); err != nil {
+		t.Fatalf("courier status: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "pinned (courier)") || strings.Contains(out.String(), "pinned (courier)  nobody") {
+		t.Errorf("courier status does not name the pinned courier:\n%s", out.String())
+	}
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)
 	}

@@ -173,5 +173,13 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	fmt.Fprintf(w, "redelivered\t%d\n", info.NumRedelivered)
 	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
+	for _, g := range info.PriorityGroups {
+		// Order per key pins the durable to one courier at a time.
+		pinned := "nobody (the next courier to pull takes it)"
+		if g.PinnedClientID != "" {
+			pinned = g.PinnedClientID + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "pinned (%s)\t%s\n", g.Group, pinned)
+	}
 	return w.Flush()
 }

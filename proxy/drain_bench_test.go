@@ -14,21 +14,24 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/proxy"
 )
 
 // BenchmarkDrain drains b.N preloaded 256-byte messages through the delivery
 // loop to an instant app, in one process (server, app and loop share the
-// CPUs), with dedup off and on, and on in batches of 32, at 16 in flight. `go run ./bench` measures
+// CPUs), with dedup off and on, on in batches of 32, and on with order per
+// key over the 1,000 subjects the messages are spread on, at 16 in flight. `go run ./bench` measures
 // courier as its own process against a minimal forwarder; this one is for
 // quick comparisons and profiles (-cpuprofile).
 func BenchmarkDrain(b *testing.B) {
 	for _, c := range []struct {
 		withDedup bool
 		batch     int
-	}{{false, 1}, {true, 1}, {true, 32}} {
+		order     string
+	}{{false, 1, ""}, {true, 1, ""}, {true, 32, ""}, {true, 1, "subject:2"}} {
 		withDedup := c.withDedup
-		b.Run(fmt.Sprintf("dedup=%v/batch=%d", withDedup, c.batch), func(b *testing.B) {
+		b.Run(fmt.Sprintf("dedup=%v/batch=%d/order=%s", withDedup, c.batch, c.order), func(b *testing.B) {
 			s := natstest.Start(b, natstest.Options{})
 			_, js := natstest.Connect(b, s)
 			ctx := context.Background()
@@ -43,7 +46,7 @@ func BenchmarkDrain(b *testing.B) {
 			defer app.Close()
 			body := make([]byte, 256)
 			for i := 0; i < b.N; i++ {
-				if _, err := js.PublishAsync(fmt.Sprint("s.", i%10), body); err != nil {
+				if _, err := js.PublishAsync(fmt.Sprint("s.", i%1000), body); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -59,7 +62,7 @@ func BenchmarkDrain(b *testing.B) {
 			}
 			r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), dd, proxy.Options{
 				AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 16, Registerer: prometheus.NewRegistry(),
-				BatchMax: c.batch, BatchWait: 2 * time.Millisecond,
+				BatchMax: c.batch, BatchWait: 2 * time.Millisecond, OrderKey: orderKeyOf(b, c.order),
 			})
 			if err != nil {
 				b.Fatal(err)
@@ -81,4 +84,16 @@ func BenchmarkDrain(b *testing.B) {
 			<-done
 		})
 	}
+}
+
+// orderKeyOf is the Key of spec, nil for "".
+func orderKeyOf(tb testing.TB, spec string) orderkey.Key {
+	if spec == "" {
+		return nil
+	}
+	k, err := orderkey.Parse(spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return k
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/verdict"
@@ -267,17 +268,17 @@ func (r *Runner) attempt(d *delivery) {
 		}
 		r.m.request(resultLabel(err), took.Seconds())
 
-		class := Classify(err, r.o.Retryable)
-		d.answered = class != Unavailable
+		class := apphttp.Classify(err, r.o.Retryable)
+		d.answered = class != apphttp.Unavailable
 		switch class {
-		case Success, Permanent:
+		case apphttp.Success, apphttp.Permanent:
 			r.breaker.success()
-		case Transient:
-			fromApp, _ := RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
+		case apphttp.Transient:
+			fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
 			r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
 		}
 		switch class {
-		case Success:
+		case apphttp.Success:
 			ok = true
 			span.setOutcome("delivered")
 			if r.o.Success != nil {
@@ -292,7 +293,7 @@ func (r *Runner) attempt(d *delivery) {
 			r.settleSuccess(d, took)
 			return
 
-		case Unavailable:
+		case apphttp.Unavailable:
 			// Hold the message (the tracker keeps it in progress) until the
 			// app is back, then try again: the outage spent nothing.
 			if r.ph.fetched.Err() == nil {
@@ -311,7 +312,7 @@ func (r *Runner) attempt(d *delivery) {
 			r.giveBack(d, "shutting down during an app outage")
 			return
 
-		case Transient:
+		case apphttp.Transient:
 			if d.last(r.o.MaxDeliver) && d.probe {
 				// A probe never spends a message's last allowed delivery:
 				// held again, it may be the next probe.
@@ -350,7 +351,7 @@ var errNotSent = errors.New("request not sent")
 // timeout and by the grace period (t: the worker's lane's timer). The answer
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
-func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, time.Duration, error) {
+func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
@@ -372,18 +373,16 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	}
 	began := time.Now()
 	if r.epErr != nil {
-		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
+		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
 	}
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	var a *Answer
-	var err error
-	if r.o.ownClient {
-		a, err = postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
-	} else {
-		a, err = postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
+	resp, err := r.app.Send(ctx, h, body)
+	if err != nil {
+		return nil, time.Since(began), err
 	}
+	a, err := apphttp.ReadAnswer(resp, keep)
 	return a, time.Since(began), err
 }
 

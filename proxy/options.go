@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/courierhq/courier/apphttp"
 )
 
 // Options configures a Runner. A zero value takes the documented default;
@@ -60,7 +62,7 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may finish after the
 	// run context ends; 0 means none (they are abandoned at once).
 	ShutdownGrace time.Duration
-	// Client sends requests to the app; default NewClient sized to
+	// Client sends requests to the app; default apphttp.NewClient sized to
 	// MaxInflight.
 	Client *http.Client
 	// Logger receives logs; default discards.
@@ -121,8 +123,8 @@ type Options struct {
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 
-	// ownClient: Client is the one NewClient made by default, whose
-	// requests the runner sends straight to its transport (roundTrip).
+	// ownClient: Client is the one apphttp.NewClient made by default, whose
+	// requests go straight to its transport (apphttp.NewEndpoint's own).
 	ownClient bool
 }
 
@@ -207,7 +209,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.IdempotencyHeader = HeaderIdempotencyKey
 	}
 	if o.Client == nil {
-		o.Client = NewClient(ClientOptions{MaxConns: o.MaxInflight})
+		o.Client = apphttp.NewClient(apphttp.ClientOptions{MaxConns: o.MaxInflight})
 		o.ownClient = true
 	}
 	if o.Logger == nil {

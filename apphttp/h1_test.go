@@ -1,4 +1,4 @@
-package proxy
+package apphttp
 
 import (
 	"bufio"
@@ -7,51 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// connCounter counts the connections an httptest server accepted and the
-// ones closed since.
-type connCounter struct{ opened, closed atomic.Int32 }
-
-func (c *connCounter) hook(_ net.Conn, s http.ConnState) {
-	switch s {
-	case http.StateNew:
-		c.opened.Add(1)
-	case http.StateClosed, http.StateHijacked:
-		c.closed.Add(1)
-	}
-}
-
-func newCountedApp(t *testing.T, h http.HandlerFunc) (*httptest.Server, *connCounter) {
-	t.Helper()
-	var cc connCounter
-	app := httptest.NewUnstartedServer(h)
-	app.Config.ConnState = cc.hook
-	app.Start()
-	t.Cleanup(app.Close)
-	return app, &cc
-}
-
-func h1Post(t *testing.T, c *http.Client, url string, body string) (int, string, error) {
-	t.Helper()
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{"Idempotency-Key": {"k"}}, []byte(body))
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
 
 // Requests one after another share one keep-alive connection, and the app
 // receives each whole, headers and body.
@@ -148,11 +109,7 @@ func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
 	}
 	waitUntil(t, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
 
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{}, []byte("x"))
+	resp, err, _ := exchange(context.Background(), c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,24 +173,16 @@ func TestH1ContextEndsRequest(t *testing.T) {
 	t.Cleanup(func() { close(release) }) // before app.Close, which waits for the handlers
 	c := NewClient(ClientOptions{MaxConns: 2})
 
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	time.AfterFunc(100*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
-	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	_, err, _ := exchange(ctx, c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
 	var ae *AppError
 	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
 		t.Fatalf("request ended by its context: %v, want a timeout", err)
 	}
 
-	ep, err = parseEndpoint(app.URL + "/?body=1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel2 := context.WithCancel(context.Background())
-	resp, err, _ := exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	resp, err, _ := exchange(ctx, c, c.Transport, app.URL+"/?body=1", http.Header{}, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,12 +301,12 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 		{"unix socket host", "unix:///run/app.sock/in", http.Header{}, "x", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ep, err := parseEndpoint(tc.url)
+			ep, err := NewEndpoint(nil, tc.url, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			read := func(write func(*bufio.Writer, *http.Request) error) (*http.Request, string) {
-				req := newRequest(context.Background(), ep, tc.header.Clone(), []byte(tc.body))
+				req := ep.newRequest(context.Background(), tc.header.Clone(), []byte(tc.body))
 				req.Close = tc.close
 				var buf strings.Builder
 				w := bufio.NewWriter(&buf)
@@ -408,10 +357,6 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 // messages and call the app unavailable), and without a connection.
 func TestH1ContextEndedBeforeSending(t *testing.T) {
 	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := NewClient(ClientOptions{MaxConns: 2})
 	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
 		ctx, cancel := context.WithCancelCause(context.Background())
@@ -424,7 +369,7 @@ func TestH1ContextEndedBeforeSending(t *testing.T) {
 			{"RoundTrip", nil},
 			{"net/http's Transport", c.Transport.(*h1Transport).next},
 		} {
-			_, err, resend := exchange(ctx, c, tc.rt, ep, http.Header{}, []byte("x"))
+			_, err, resend := exchange(ctx, c, tc.rt, app.URL+"/", http.Header{}, []byte("x"))
 			var ae *AppError
 			if !errors.As(err, &ae) || ae.Kind != KindTransport || resend || !errors.Is(err, cause) {
 				t.Errorf("%s, context ended (%v): %v (resend %v), want a transport error of the context's cause", tc.name, cause, err, resend)
@@ -434,30 +379,6 @@ func TestH1ContextEndedBeforeSending(t *testing.T) {
 	if n := cc.opened.Load(); n != 0 {
 		t.Errorf("%d connections for requests whose context had ended, want 0", n)
 	}
-}
-
-// rawApp serves each connection accepted on a TCP listener with serve, and
-// returns the listener's URL.
-func rawApp(t *testing.T, serve func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				serve(conn)
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String() + "/"
 }
 
 // An app may send interim answers (102 Processing) while it works, as many
@@ -477,13 +398,9 @@ func TestH1ManyInterimAnswers(t *testing.T) {
 		}
 	})
 	c := NewClient(ClientOptions{MaxConns: 2})
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, rt := range []http.RoundTripper{c.Transport, c.Transport.(*h1Transport).next} {
 		for i := range 2 {
-			resp, err, _ := exchange(context.Background(), c, rt, ep, http.Header{}, []byte("x"))
+			resp, err, _ := exchange(context.Background(), c, rt, url, http.Header{}, []byte("x"))
 			if err != nil {
 				t.Fatalf("%T, request %d: %v, want the 200 after 20 interim answers", rt, i, err)
 			}
@@ -514,13 +431,9 @@ func TestH1BoundsAnswerHeaders(t *testing.T) {
 		}
 	})
 	c := NewClient(ClientOptions{MaxConns: 2})
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	_, err, _ := exchange(ctx, c, c.Transport, url, http.Header{}, []byte("x"))
 	var ae *AppError
 	if !errors.As(err, &ae) || ae.Kind != KindTransport || !strings.Contains(err.Error(), "exceeded") {
 		t.Fatalf("an endless answer header: %v, want a transport error saying it exceeded the limit", err)

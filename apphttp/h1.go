@@ -1,4 +1,4 @@
-package proxy
+package apphttp
 
 import (
 	"bufio"
@@ -111,21 +111,21 @@ func h1RequestOf(req *http.Request) h1Request {
 	return r
 }
 
-// exchange is the runner's request to an http:// or unix:// app: POST body
-// with header h to ep, without an http.Request of its own nor httptrace
-// hooks (what they would learn, send records in a connTrace). It answers
-// as the package's exchange does.
-func (t *h1Transport) exchange(ctx context.Context, ep endpoint, h http.Header, body []byte) (*http.Response, error, bool) {
-	r := h1Request{method: http.MethodPost, uri: ep.uri, host: ep.tmpl.Host, addr: ep.addr,
-		header: h, length: int64(len(body)), body: body, req: ep.tmpl}
+// exchange is Send's request to an http:// or unix:// app: POST body with
+// header h to e, without an http.Request of its own nor httptrace hooks
+// (what they would learn, send records in a connTrace). It answers as
+// exchangeNetHTTP does.
+func (t *h1Transport) exchange(ctx context.Context, e *Endpoint, h http.Header, body []byte) (*http.Response, error, bool) {
+	r := h1Request{method: http.MethodPost, uri: e.uri, host: e.tmpl.Host, addr: e.addr,
+		header: h, length: int64(len(body)), body: body, req: e.tmpl}
 	var st connTrace
 	resp, err := t.send(ctx, &r, nil, &st)
 	if err != nil {
 		// As Client.Do reports it.
-		err, resend := exchangeError(ctx, &url.Error{Op: "Post", URL: ep.url.String(), Err: err}, &st)
+		err, resend := exchangeError(ctx, &url.Error{Op: "Post", URL: e.url.String(), Err: err}, &st)
 		return nil, err, resend
 	}
-	if err := badLocation(ep.url, r.length, resp); err != nil {
+	if err := badLocation(e.url, r.length, resp); err != nil {
 		resp.Body.Close()
 		err, resend := exchangeError(ctx, err, &st)
 		return nil, err, resend
@@ -137,20 +137,44 @@ func (t *h1Transport) exchange(ctx context.Context, ep endpoint, h http.Header, 
 // It records in st what it learned of the connection, and calls trace's
 // hooks (if any) as net/http's Transport would.
 func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (*http.Response, error) {
-	closeBody := func() {
+	pc, err := t.connect(ctx, r, trace, st)
+	if err != nil {
 		if r.bodyR != nil {
 			_ = r.bodyR.Close()
 		}
+		return nil, err
 	}
+	// The context ends the request at any point, its answer's body
+	// included: a blocked read or write returns at once.
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
+	resp, wrote, err := pc.roundTrip(ctx, r, trace, st)
+	if err != nil {
+		stop()
+		pc.close()
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
+	if resp.Body == http.NoBody || resp.Body == nil {
+		pc.done(stop, reuse)
+		resp.Body = http.NoBody
+		return resp, nil
+	}
+	resp.Body = &h1Body{ctx: ctx, rc: resp.Body, pc: pc, stop: stop, reuse: reuse}
+	return resp, nil
+}
+
+// connect returns a connection for r: an idle one, or a new one. It refuses
+// first, before a connection is sought, what net/http's Transport refuses
+// then: a header it would not send, a context already ended (which says
+// nothing of the app).
+func (t *h1Transport) connect(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (*h1Conn, error) {
 	if err := checkHeader(r.header); err != nil {
-		// Refused before a connection is sought, as net/http refuses it.
-		closeBody()
 		return nil, err
 	}
 	if err := context.Cause(ctx); err != nil {
-		// Ended before a connection was sought, as net/http's Transport
-		// checks it: this says nothing of the app.
-		closeBody()
 		return nil, err
 	}
 	st.askedConn = true
@@ -161,7 +185,6 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 	if pc == nil {
 		c, err := t.dial(ctx, "tcp", r.addr)
 		if err != nil {
-			closeBody()
 			if ctx.Err() != nil {
 				return nil, context.Cause(ctx)
 			}
@@ -174,75 +197,56 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: pc.c, Reused: reused, WasIdle: reused, IdleTime: idle})
 	}
-	// The context ends the request at any point, its answer's body
-	// included: a blocked read or write returns at once.
-	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		pc.close()
-		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
-		}
-		return nil, err
-	}
-
-	err := writeRequest(pc.bw, r)
-	if err == nil {
-		err = pc.bw.Flush()
-	}
-	st.wrote, st.wroteErr = true, err
-	if trace != nil && trace.WroteRequest != nil {
-		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
-	}
-	wrote := err
-	if err != nil {
-		if ctx.Err() != nil {
-			return fail(err)
-		}
-		// The app may have answered before reading the whole request (a
-		// 413) and closed its end: its answer is the outcome, as with
-		// net/http's Transport, which waits as long for it.
-		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	}
-	var resp *http.Response
-	pc.limit = maxHeaderBytes
-	for {
-		resp, err = http.ReadResponse(pc.br, r.req)
-		if err != nil {
-			if wrote != nil {
-				err = wrote
-			} else if pc.limit <= 0 {
-				err = fmt.Errorf("the app's answer headers exceeded %d bytes", maxHeaderBytes)
-			} else if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
-			}
-			return fail(err)
-		}
-		// An interim answer (100 Continue, 103 Early Hints) precedes the
-		// answer; 101 Switching Protocols is final, on a connection no
-		// longer HTTP.
-		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
-		}
-	}
-	pc.limit = math.MaxInt64
-	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
-	if resp.Body == http.NoBody || resp.Body == nil {
-		pc.done(stop, reuse)
-		resp.Body = http.NoBody
-		return resp, nil
-	}
-	resp.Body = &h1Body{ctx: ctx, rc: resp.Body, pc: pc, stop: stop, reuse: reuse}
-	return resp, nil
+	return pc, nil
 }
 
-// canonicalAddr is the host and port a request to u goes to, port 80 by
-// default.
-func canonicalAddr(u *url.URL) string {
-	if port := u.Port(); port != "" {
-		return u.Host
+// roundTrip writes r on pc and reads its answer's header. wrote is the
+// error of writing it: the app may have answered before reading the whole
+// request (a 413) and closed its end, and its answer is then the outcome,
+// as with net/http's Transport, which waits as long for it. err is the
+// error to report when there is no answer; pc is then unfit for reuse.
+func (pc *h1Conn) roundTrip(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (resp *http.Response, wrote, err error) {
+	wrote = writeRequest(pc.bw, r)
+	if wrote == nil {
+		wrote = pc.bw.Flush()
 	}
-	return net.JoinHostPort(u.Hostname(), "80")
+	st.wrote, st.wroteErr = true, wrote
+	if trace != nil && trace.WroteRequest != nil {
+		trace.WroteRequest(httptrace.WroteRequestInfo{Err: wrote})
+	}
+	if wrote != nil {
+		if ctx.Err() != nil {
+			return nil, wrote, wrote
+		}
+		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	}
+	resp, err = pc.readResponse(r.req)
+	if err != nil && wrote != nil {
+		err = wrote
+	}
+	return resp, wrote, err
+}
+
+// readResponse reads the final answer's header to req, after any interim
+// answers (100 Continue, 103 Early Hints), within maxHeaderBytes.
+func (pc *h1Conn) readResponse(req *http.Request) (*http.Response, error) {
+	pc.limit = maxHeaderBytes
+	for {
+		resp, err := http.ReadResponse(pc.br, req)
+		switch {
+		case err != nil && pc.limit <= 0:
+			return nil, fmt.Errorf("the app's answer headers exceeded %d bytes", maxHeaderBytes)
+		case errors.Is(err, io.EOF):
+			return nil, fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
+		case err != nil:
+			return nil, err
+		}
+		// 101 Switching Protocols is final, on a connection no longer HTTP.
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+			pc.limit = math.MaxInt64
+			return resp, nil
+		}
+	}
 }
 
 // take returns an idle connection to addr that the app has not closed, how
@@ -404,23 +408,6 @@ func (b *h1Body) Close() error {
 func (b *h1Body) end(whole bool) {
 	b.ended = true
 	b.pc.done(b.stop, b.reuse && whole)
-}
-
-// checkHeader refuses a header net/http would refuse to send: a name that is
-// not a token, a value with a control character (a line break would split
-// the request).
-func checkHeader(h http.Header) error {
-	for k, vs := range h {
-		if !validFieldName(k) {
-			return fmt.Errorf("net/http: invalid header field name %q", k)
-		}
-		for _, v := range vs {
-			if !validFieldValue(v) {
-				return fmt.Errorf("net/http: invalid header field value for %q", k)
-			}
-		}
-	}
-	return nil
 }
 
 // writeRequest writes r to w as (*http.Request).Write writes a request with

@@ -80,6 +80,8 @@ type h1Request struct {
 	req *http.Request
 }
 
+// RoundTrip is Client.Do's way to the transport: a plain-HTTP request is
+// sent here, on the calling goroutine; any other goes to next.
 func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || req.URL.User != nil {
 		return t.next.RoundTrip(req)
@@ -218,6 +220,7 @@ func (pc *h1Conn) roundTrip(ctx context.Context, r *h1Request, trace *httptrace.
 		if ctx.Err() != nil {
 			return nil, wrote, wrote
 		}
+		// An answer sent before the app closed its end is on its way.
 		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	}
 	resp, err = pc.readResponse(r.req)

@@ -1,10 +1,11 @@
 // Package apphttp is courier's HTTP client for the app it sits beside: the
 // client and its transport (NewClient), the app's URL parsed once with the
 // client that sends to it (Endpoint), the one call that sends a request
-// (Endpoint.Send) and the one that reads its answer (ReadAnswer), what an
-// outcome means (AppError, Classify, RetryAfter), and what HTTP can carry of
-// a NATS message's headers (AppHeaders). proxy (the delivery loop) and reply
-// (request/reply) both send through it.
+// (Endpoint.Send) and the one that reads its answer (ReadAnswer; Post does
+// both, for the delivery loop), what an outcome means (AppError, Classify,
+// RetryAfter), and what HTTP can carry of a NATS message's headers
+// (AppHeaders). proxy (the delivery loop) and reply (request/reply) both
+// send through it.
 //
 // What it bounds:
 //   - idle connections: at most ClientOptions.MaxConns kept alive per client,

@@ -20,18 +20,14 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 func retryable(s int) bool { return s == 408 || s == 429 || s == 500 || (s >= 502 && s <= 599) }
 
-// post sends one request to url with c, as the delivery loop does, and
-// reads its answer (not kept): nil for a 2xx, else the *AppError.
+// post sends one request to url with c (through Client.Do) and reads its
+// answer, not kept: nil for a 2xx, else the *AppError.
 func post(ctx context.Context, c *http.Client, url string, h http.Header, body []byte) error {
 	e, err := NewEndpoint(c, url, false)
 	if err != nil {
 		return err
 	}
-	resp, err := e.Send(ctx, h, body)
-	if err != nil {
-		return err
-	}
-	_, err = ReadAnswer(resp, 0)
+	_, err = e.Post(ctx, h, body, 0)
 	return err
 }
 

@@ -35,6 +35,16 @@ func (e *Endpoint) Send(ctx context.Context, h http.Header, body []byte) (*http.
 	}
 }
 
+// Post is Send, then ReadAnswer with limit: the request of a delivery (or
+// a batch of them), whose answer is a typed outcome.
+func (e *Endpoint) Post(ctx context.Context, h http.Header, body []byte, limit int64) (*Answer, error) {
+	resp, err := e.Send(ctx, h, body)
+	if err != nil {
+		return nil, err
+	}
+	return ReadAnswer(resp, limit)
+}
+
 // Answer is the app's answer to a 2xx, as far as it was read.
 type Answer struct {
 	Status int

@@ -57,11 +57,7 @@ func TestPostDirectAnswersAsClientDo(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				resp, err := e.Send(context.Background(), http.Header{"Idempotency-Key": {"k"}}, tc.body)
-				if err != nil {
-					return nil, err
-				}
-				return ReadAnswer(resp, 1<<10)
+				return e.Post(context.Background(), http.Header{"Idempotency-Key": {"k"}}, tc.body, 1<<10)
 			}
 			viaDo, errDo := send(false)
 			direct, errDirect := send(true)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -85,6 +86,25 @@ func (t *tally) receive(body []byte, now time.Time) {
 	}
 }
 
+// receiveBatch records each entry of a batch request (courier's
+// COURIER_BATCH_MAX), as an app written for batches reads them: the
+// benchmark's bodies are binary, so each is dataBase64. It reports whether
+// the body was a batch.
+func (t *tally) receiveBatch(body []byte, now time.Time) bool {
+	var b struct {
+		Entries []struct {
+			DataBase64 []byte `json:"dataBase64"` // encoding/json decodes base64 into []byte
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return false
+	}
+	for _, e := range b.Entries {
+		t.receive(e.DataBase64, now)
+	}
+	return true
+}
+
 // latencies returns the recorded latencies of messages [from, n).
 func (t *tally) latencies(from int) []time.Duration {
 	out := make([]time.Duration, 0, t.n-from)
@@ -148,7 +168,14 @@ func (a *app) handle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t := a.current.Load(); t != nil {
-		t.receive(body, now)
+		if r.Header.Get("Courier-Batch") != "" {
+			if !t.receiveBatch(body, now) {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+		} else {
+			t.receive(body, now)
+		}
 	}
 	if d := a.delay.Load(); d > 0 {
 		time.Sleep(time.Duration(d))

@@ -11,11 +11,12 @@
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared
 // store on one durable, draining to an app that takes 20 ms a request (see
-// replicas.go).
+// replicas.go). Then publishing: courier's HTTP publish API at 16 callers
+// against nats.go's synchronous js.Publish at 16 (see publish.go).
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000]
+//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-publish-n 20000]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -71,6 +72,8 @@ type options struct {
 	only     *regexp.Regexp // variants measured, by name; nil: all
 	// replicasN messages per drain of the replicas scenario; 0 skips it.
 	replicasN int
+	// publishN messages per phase of the publish scenario; 0 skips it.
+	publishN int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -85,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.latencyN, "latency-n", 2000, "messages published in the latency phase")
 	fs.IntVar(&o.repeat, "repeat", 3, "drains per variant and in-flight limit (the median is shown)")
 	fs.IntVar(&o.replicasN, "replicas-n", 3000, "messages per drain of the replicas scenario (0 skips it)")
+	fs.IntVar(&o.publishN, "publish-n", 20000, "messages per phase of the publish scenario (0 skips it; -only publish runs it alone)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
 	fs.StringVar(&only, "only", "", `measure only the variants whose name matches this regexp (e.g. "baseline|dedup on$")`)
@@ -108,8 +112,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
 		return o, errors.New("-n, -latency-n and -repeat must be positive")
-	case o.replicasN < 0:
-		return o, errors.New("-replicas-n must not be negative")
+	case o.replicasN < 0 || o.publishN < 0:
+		return o, errors.New("-replicas-n and -publish-n must not be negative")
 	case o.size < bodyFixed:
 		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
 	case o.rate <= 0:
@@ -135,16 +139,20 @@ const (
 	dedupOnInfo                // dedupOn logging at debug (a line per message) to /dev/null
 	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
 	dedupSocket                // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
+	dedupBatch                 // dedupOn with batches of benchBatch (COURIER_BATCH_MAX)
 )
+
+// benchBatch is the batch size of the batches variant.
+const benchBatch = 32
 
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
-		"courier, dedup shared", "courier, dedup on, unix socket"}[v]
+		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline }
 func (v variant) dedup() bool {
-	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket
+	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket || v == dedupBatch
 }
 func (v variant) info() bool { return v == dedupOnInfo }
 
@@ -210,7 +218,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	variants := func(inflight int) []variant {
 		vs := []variant{baseline, dedupOff, dedupOn}
 		if inflight == focusInflight {
-			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket)
+			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch)
 		}
 		return slices.DeleteFunc(vs, o.skip)
 	}
@@ -253,8 +261,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
+	// Publishing: through courier's HTTP API and with nats.go directly,
+	// alternately (bench/publish.go).
+	if o.publishN > 0 {
+		for round := range o.repeat {
+			rs, err := b.publishRound(ctx, round)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				rep.publishes = append(rep.publishes, r)
+				fmt.Fprintf(stderr, "bench: %-30s %d callers: %8.0f msgs/s%s\n", r.name, publishConcurrency, r.rate(), noteIf(r.err))
+			}
+		}
+	}
+
 	// Latency at a paced rate well below capacity.
-	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn}, o.skip) {
+	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn, dedupBatch}, o.skip) {
 		r, err := b.latency(ctx, v, focusInflight)
 		if err != nil {
 			return err
@@ -385,6 +408,9 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 		}
 		if v == dedupSocket {
 			env = append(env, "COURIER_APP_URL="+b.app.SocketURL()) // the later value wins
+		}
+		if v == dedupBatch {
+			env = append(env, "COURIER_BATCH_MAX="+strconv.Itoa(benchBatch))
 		}
 	}
 	var logPath string

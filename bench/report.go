@@ -14,12 +14,13 @@ import (
 
 // report gathers the measurements and prints them.
 type report struct {
-	o        options
-	machine  []string
-	idle     []idleResult
-	drains   []drainResult
-	latency  []latencyResult
-	replicas []replicasResult
+	o         options
+	machine   []string
+	idle      []idleResult
+	drains    []drainResult
+	latency   []latencyResult
+	replicas  []replicasResult
+	publishes []publishResult
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -284,7 +285,17 @@ func (rep *report) print(w io.Writer) {
 			focusInflight, spread(ratios(us, on, drainResult.rate), "%.2f"), spread(ratios(us, on, cpuPerMsg), "%.2f"))
 	}
 
+	if bt, ok := find(rows, dedupBatch, focusInflight); ok && okOn {
+		fmt.Fprintf(w, "batches of %d / one message a request (dedup on) at %d in flight: msgs/s %s× (target >= 3), CPU per message %s×\n",
+			benchBatch, focusInflight, spread(ratios(bt, on, drainResult.rate), "%.2f"), spread(ratios(bt, on, cpuPerMsg), "%.2f"))
+		if base, ok := find(rows, baseline, focusInflight); ok {
+			fmt.Fprintf(w, "batches of %d / the per-message forwarder at %d in flight: msgs/s %s× (target >= 3)\n",
+				benchBatch, focusInflight, spread(ratios(bt, base, drainResult.rate), "%.2f"))
+		}
+	}
+
 	rep.printReplicas(w)
+	rep.printPublish(w)
 
 	if len(rep.latency) > 0 {
 		fmt.Fprintf(w, "\nLatency, publish to app, paced at %.0f msgs/s (%d messages after %d of warm-up)\n",

@@ -145,9 +145,11 @@ func (c *checker) check(cfg *Config) {
 	c.checkDLQ(cfg)
 	c.checkDedup(cfg)
 	c.checkBreaker(cfg)
+	c.checkBatch(cfg)
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
 	c.checkStandards(cfg)
+	c.checkPublish(cfg)
 	c.checkOperations(cfg)
 	c.checkTracing(cfg)
 }
@@ -453,6 +455,22 @@ func (c *checker) checkBreaker(cfg *Config) {
 	}
 }
 
+// maxBatch bounds COURIER_BATCH_MAX: each entry is a message held in
+// progress while its batch runs, and a worker waits on it.
+const maxBatch = 1000
+
+func (c *checker) checkBatch(cfg *Config) {
+	if c.ok("COURIER_BATCH_MAX") && (cfg.BatchMax < 1 || cfg.BatchMax > maxBatch) {
+		c.add("COURIER_BATCH_MAX", "must be from 1 (one message per request) to %d", maxBatch)
+	}
+	if c.ok("COURIER_BATCH_WAIT") && (cfg.BatchWait < 0 || cfg.BatchWait > time.Minute) {
+		c.add("COURIER_BATCH_WAIT", "must be from 0 (a batch goes with what has come) to 1m")
+	}
+	if c.ok("COURIER_BATCH_BYTES") && cfg.BatchBytes < 1024 {
+		c.add("COURIER_BATCH_BYTES", "must be at least 1024")
+	}
+}
+
 func (c *checker) checkSuccess(cfg *Config) {
 	const name = "COURIER_SUCCESS_SUBJECT"
 	if cfg.SuccessSubject == "" {
@@ -516,6 +534,36 @@ func (c *checker) checkReplies(cfg *Config) {
 	if cfg.ReplyURL == "" && len(cfg.ReplySubjects) > 0 && cfg.AppURL != "" {
 		cfg.ReplyURL = cfg.AppURL
 		c.derived["COURIER_REPLY_URL"] = redactHTTPURL(cfg.AppURL)
+	}
+}
+
+// checkPublish checks the publish API's address and subjects.
+func (c *checker) checkPublish(cfg *Config) {
+	const addr, subjects = "COURIER_PUBLISH_ADDR", "COURIER_PUBLISH_SUBJECTS"
+	if cfg.PublishAddr == "" {
+		if len(cfg.PublishSubjects) > 0 {
+			c.add(subjects, "is set but COURIER_PUBLISH_ADDR is not: the publish API is off; set COURIER_PUBLISH_ADDR (such as :7416) to turn it on")
+		}
+		return
+	}
+	_, port, err := net.SplitHostPort(cfg.PublishAddr)
+	switch {
+	case err != nil || port == "":
+		c.add(addr, "not a listen address: expected :port (on %s) or host:port, such as :7416 or 0.0.0.0:7416", DefaultPublishHost)
+	case port != "0":
+		if _, adminPort, err := net.SplitHostPort(cfg.AdminAddr); err == nil && adminPort == port {
+			c.add(addr, "the same port as COURIER_ADMIN_ADDR (%s): choose another, such as 7416", cfg.AdminAddr)
+		}
+	}
+	if len(cfg.PublishSubjects) == 0 {
+		c.note(subjects, subjects+" is required with COURIER_PUBLISH_ADDR: the subjects the app may publish to, NATS wildcards allowed, such as orders.>")
+	}
+	for _, s := range cfg.PublishSubjects {
+		if msg := checkSubject(s); msg != "" {
+			c.add(subjects, "%q %s", s, msg)
+		} else if p := reservedPrefix(s); p != "" {
+			c.add(subjects, "%q: subjects starting with %s are reserved by NATS", s, p)
+		}
 	}
 }
 

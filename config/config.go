@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -97,6 +98,14 @@ type Config struct {
 	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
 	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
+	// Batches (package batch): BatchMax messages per request to the app
+	// (1 = one message per request); a batch goes when it holds BatchMax
+	// entries or BatchBytes of message data, or BatchWait after its first
+	// entry.
+	BatchMax   int           `env:"COURIER_BATCH_MAX" envDefault:"1"`
+	BatchWait  time.Duration `env:"COURIER_BATCH_WAIT" envDefault:"2ms"`
+	BatchBytes int           `env:"COURIER_BATCH_BYTES" envDefault:"1048576"`
+
 	// What the app learns of each request: CloudEvents attributes, a
 	// signature, a token (packages cloudevents and appauth).
 	// CloudEvents is CloudEventsBinary (requests carry CloudEvents 1.0
@@ -109,6 +118,13 @@ type Config struct {
 	// AppTokenFile holds the token sent as Authorization: Bearer to the
 	// app (and asked of callers of the publish API); "" = none.
 	AppTokenFile string `env:"COURIER_APP_TOKEN_FILE"`
+
+	// Publishing through courier (package publish). PublishAddr is where the
+	// publish API listens, as given ("" = off); PublishListenAddr fills
+	// in the default host. PublishSubjects are those the app may publish
+	// to, NATS wildcards allowed; required with PublishAddr.
+	PublishAddr     string   `env:"COURIER_PUBLISH_ADDR"`
+	PublishSubjects []string `env:"COURIER_PUBLISH_SUBJECTS"`
 
 	// Operations.
 	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
@@ -366,6 +382,26 @@ func formatDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// ServesPublishes reports whether the app publishes through courier's HTTP
+// API (COURIER_PUBLISH_ADDR is set).
+func (c Config) ServesPublishes() bool { return c.PublishAddr != "" }
+
+// DefaultPublishHost is the host the publish API binds when
+// COURIER_PUBLISH_ADDR names only a port: loopback, so that only the app
+// beside courier (its pod, its host) can publish. Name a host, such as
+// 0.0.0.0, to listen beyond it.
+const DefaultPublishHost = "127.0.0.1"
+
+// PublishListenAddr is COURIER_PUBLISH_ADDR with DefaultPublishHost filled
+// in when it names no host (":7416" is "127.0.0.1:7416"); "" when off.
+func (c Config) PublishListenAddr() string {
+	host, port, err := net.SplitHostPort(c.PublishAddr)
+	if err != nil || host != "" {
+		return c.PublishAddr
+	}
+	return net.JoinHostPort(DefaultPublishHost, port)
 }
 
 // EffectiveReplyMaxWaiting is ReplyMaxWaiting, or its default when unset:

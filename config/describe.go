@@ -85,9 +85,14 @@ func specs() []spec {
 		{"COURIER_REPLY_SUBJECTS", "subjects courier answers as a NATS service: request → POST → reply; unset = none", "unset", false, func(c Config) string { return strings.Join(c.ReplySubjects, ",") }},
 		{"COURIER_REPLY_URL", "where requests on COURIER_REPLY_SUBJECTS are POSTed", "COURIER_APP_URL", false, func(c Config) string { return c.ReplyURL }},
 		{"COURIER_REPLY_MAX_WAITING", "requests that may wait for a free COURIER_MAX_INFLIGHT slot; beyond it a request is answered 503 busy at once", "64 × COURIER_MAX_INFLIGHT", false, func(c Config) string { return strconv.Itoa(c.EffectiveReplyMaxWaiting()) }},
+		{"COURIER_BATCH_MAX", "messages per request to the app (a JSON batch, answered per entry); 1 = one message per request", "1", false, func(c Config) string { return strconv.Itoa(c.BatchMax) }},
+		{"COURIER_BATCH_WAIT", "how long a batch waits to fill after its first entry", "2ms", false, func(c Config) string { return formatDuration(c.BatchWait) }},
+		{"COURIER_BATCH_BYTES", "the most message data one batch carries (a larger message goes alone)", "1048576", false, func(c Config) string { return strconv.Itoa(c.BatchBytes) }},
 		{"COURIER_CLOUDEVENTS", "binary: requests carry CloudEvents 1.0 attributes as ce-* headers; unset = off", "unset", false, func(c Config) string { return c.CloudEvents }},
 		{"COURIER_SIGNING_SECRETS_FILE", "file of Standard Webhooks secrets (whsec_..., one a line): every request to the app is signed; re-read when it changes", "unset", false, func(c Config) string { return c.SigningSecretsFile }},
 		{"COURIER_APP_TOKEN_FILE", "file holding a token sent as Authorization: Bearer <token> to the app; re-read when it changes", "unset", false, func(c Config) string { return c.AppTokenFile }},
+		{"COURIER_PUBLISH_ADDR", "where the app publishes through courier: POST /v1/publish/<subject>; a bare :port listens on " + DefaultPublishHost + "; unset = off", "unset", false, func(c Config) string { return c.PublishAddr }},
+		{"COURIER_PUBLISH_SUBJECTS", "subjects (NATS wildcards allowed) the app may publish to; required with COURIER_PUBLISH_ADDR", "unset", false, func(c Config) string { return strings.Join(c.PublishSubjects, ",") }},
 		{"COURIER_ADMIN_ADDR", "address of /healthz, /readyz, /metrics", DefaultAdminAddr, false, func(c Config) string { return c.AdminAddr }},
 		{"COURIER_LOG_LEVEL", "debug, info, warn or error", "info", false, func(c Config) string { return c.LogLevel }},
 		{"COURIER_LOG_FORMAT", "text (tint) or json", "text on a terminal, else json", false, func(c Config) string { return c.LogFormat }},
@@ -180,6 +185,7 @@ func (c Config) Redacted() Config {
 	c.OTLPTracesHeaders = redactSecret(c.OTLPTracesHeaders)
 	c.Subjects = slices.Clone(c.Subjects) // the copy shares nothing mutable
 	c.ReplySubjects = slices.Clone(c.ReplySubjects)
+	c.PublishSubjects = slices.Clone(c.PublishSubjects)
 	return c
 }
 

@@ -1,6 +1,9 @@
 package config
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Warning is something in a valid configuration that is most likely a
 // mistake, or will be one: the sidecar logs it at start, `courier config`
@@ -75,6 +78,10 @@ func Warnings(cfg Config, environ map[string]string) []Warning {
 		case 2:
 			ws = append(ws, Warning{Variable: "COURIER_MAX_DELIVER",
 				Text: "COURIER_MAX_DELIVER=2 allows one retry, which a restart while courier holds a message (a rollout, an app outage) may already spend; keep it at 3 or more"})
+		}
+		if n := cfg.MaxInflight * cfg.BatchMax; cfg.BatchMax > 1 && n > cfg.MaxAckPending {
+			ws = append(ws, Warning{Variable: "COURIER_BATCH_MAX",
+				Text: fmt.Sprintf("COURIER_MAX_INFLIGHT × COURIER_BATCH_MAX = %d messages may be in batches at once, more than COURIER_MAX_ACK_PENDING=%d lets the server hand out: batches will not fill; raise COURIER_MAX_ACK_PENDING", n, cfg.MaxAckPending)})
 		}
 	}
 	return ws

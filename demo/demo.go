@@ -79,11 +79,15 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	}
 
 	app := newSampleApp(say)
+	invoices := &invoiceApp{say: say}
+	mux := http.NewServeMux()
+	mux.Handle("/", app)
+	mux.Handle("/invoices", invoices)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: app, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	appURL := "http://" + ln.Addr().String() + "/orders"
@@ -179,6 +183,9 @@ wait:
 	stop()
 	if err := <-done; err != nil && result == nil {
 		result = err
+	}
+	if result == nil && ctx.Err() == nil {
+		result = runBatches(ctx, sidecar, js, ns.ClientURL(), dir, "http://"+ln.Addr().String()+"/invoices", invoices, o.Timeout)
 	}
 	say("stopped")
 	return result

@@ -59,7 +59,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	}
 	d := r.newDelivery(m, meta, ln, wait)
 	d.probe, d.arrived = probe, q.at
-	// Not only a delivery that starts as the probe: one held again (rehold)
+	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once.
 	defer func() {
@@ -150,7 +150,7 @@ func (r *Runner) checkOnce(ctx context.Context, skey string) (verdict.Verdict, e
 // checkAgain holds d (in progress, spending nothing) and asks the store
 // again with backoff until it answers, or d's wait ends.
 func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
-	r.hold(func() {
+	r.countHeld(func() {
 		err = retry.Do(d.wait, checkWait, func(ctx context.Context) error {
 			var cerr error
 			v, cerr = r.checkOnce(ctx, d.skey)
@@ -210,12 +210,13 @@ func (r *Runner) yieldProbe(d *delivery) {
 	}
 }
 
-// attempt sends the message to the app, waiting out app outages without
-// spending the attempt, and settles it by the answer. After a 2xx with dedup
-// on, recording the key and the ack are handed to the recorder, so the
-// worker takes the next message while the key commits.
+// attempt sends the message to the app and settles it by the answer:
+// decide says what the answer makes of the delivery, settleAnswer does it.
+// An attempt that spent nothing (the app unreachable, a failed probe on the
+// last allowed delivery) holds the message and sends it again. After a 2xx
+// with dedup on, recording the key and the ack are handed to the recorder,
+// so the worker takes the next message while the key commits.
 func (r *Runner) attempt(d *delivery) {
-	ok := false
 	h, dropped := BuildHeaders(d.m, d.meta, d.key)
 	for _, dh := range dropped {
 		r.m.dropped.Inc()
@@ -223,124 +224,167 @@ func (r *Runner) attempt(d *delivery) {
 	}
 	span := r.startSpan(d, h)
 	var lastErr error
+	delivered := false
 	defer func() {
 		span.end(lastErr)
-		if !ok {
+		if !delivered {
 			r.unclaim(d)
 		}
 	}()
-	for {
-		if !d.probe && !r.open() && r.ph.fetched.Err() == nil {
-			// The gate closed while d waited for its key or the store
-			// (or it was the probe and handed that on): held until it
-			// opens or d is the probe. (While stopping, d goes out as
-			// the worker decided.)
-			if !r.holdAgain(d, span, "deliveries were held") {
-				return
-			}
-			continue
-		}
+	for r.mayStart(d, span) {
 		span.request()
-		answer, took, err := r.post(d.timer, h, d.m.Data())
+		answer, took, err := r.send(d, h)
 		lastErr = err
-		if errors.Is(err, errNotSent) {
-			// Never sent: on its last allowed delivery a NAK would let
-			// JetStream give up on it unseen, so giveBack dead-letters it.
-			span.setOutcome("released")
-			r.giveBack(d, "shutdown grace period over while waiting for the rate limit")
-			return
-		}
-		if err != nil && r.ph.requests.Err() != nil {
-			// Abandoned at the end of the grace period: the app may have
-			// acted, so the attempt is spent; a message on its last
-			// delivery is dead-lettered, as a timeout would be. (A 2xx
-			// that came in, its body cut off by the cancel, is still acked
-			// below.)
-			if d.last(r.o.MaxDeliver) {
-				span.setOutcome("dead_lettered")
-				r.deadLetter(d, failure{reason: dlq.ReasonExhausted,
-					err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
-				return
-			}
-			span.setOutcome("released")
-			r.release(d.m, "shutdown grace period over")
-			return
-		}
-		r.m.request(resultLabel(err), took.Seconds())
-
-		class := apphttp.Classify(err, r.o.Retryable)
-		d.answered = class != apphttp.Unavailable
-		switch class {
-		case apphttp.Success, apphttp.Permanent:
-			r.breaker.success()
-		case apphttp.Transient:
-			fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
-			r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
-		}
-		switch class {
-		case apphttp.Success:
-			ok = true
-			span.setOutcome("delivered")
-			if r.o.Success != nil {
-				if answer != nil {
-					answer.Header = r.inject(span, answer.Header)
-				}
-				// The record is stored before the key and the ack; if it
-				// cannot be yet, the message is held while it is retried.
-				r.publishSuccess(d, answer, func() { r.settleSuccess(d, took) })
-				return
-			}
-			r.settleSuccess(d, took)
-			return
-
-		case apphttp.Unavailable:
-			// Hold the message (the tracker keeps it in progress) until the
-			// app is back, then try again: the outage spent nothing.
-			if r.ph.fetched.Err() == nil {
-				r.gate.hold(causeApp, err.Error())
-				if d.probe {
-					// The breaker's token reached no app: another one
-					// comes after its wait.
-					r.breaker.retryProbe()
-				}
-				if r.holdAgain(d, span, "the app was unavailable") {
-					continue
-				}
-				return
-			}
-			span.setOutcome("released")
-			r.giveBack(d, "shutting down during an app outage")
-			return
-
-		case apphttp.Transient:
-			if d.last(r.o.MaxDeliver) && d.probe {
-				// A probe never spends a message's last allowed delivery:
-				// held again, it may be the next probe.
-				d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
-					statusAttr(err), "error", err.Error())
-				if r.holdAgain(d, span, "the breaker was open") {
-					continue
-				}
-				return
-			}
-			if d.last(r.o.MaxDeliver) {
-				span.setOutcome("dead_lettered")
-				r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
-				return
-			}
-			span.setOutcome("retried")
-			delay, fromApp := r.retryDelay(err, d.attempt)
-			r.nak(d.m, delay)
-			d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
-				"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
-			return
-
-		default: // Permanent
-			span.setOutcome("dead_lettered")
-			r.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
+		out := r.decide(d, err, took)
+		delivered = out == outDelivered
+		if !r.settleAnswer(d, span, out, err, answer, took) {
 			return
 		}
 	}
+}
+
+// mayStart reports whether d may be sent now: the gate is open, d is the
+// breaker's probe, or courier is stopping (d then goes out as its worker
+// decided). Otherwise (the gate closed while d waited for its key or the
+// store, or d was the probe and handed that on) d is held until it may; it
+// reports false if d was settled meanwhile.
+func (r *Runner) mayStart(d *delivery, span *attemptSpan) bool {
+	for !d.probe && !r.open() && r.ph.fetched.Err() == nil {
+		if !r.holdAgain(d, span, "deliveries were held") {
+			return false
+		}
+	}
+	return true
+}
+
+// outcome is what one attempt makes of a delivery.
+type outcome int
+
+const (
+	outDelivered   outcome = iota // a 2xx: success record, key, ack
+	outRetry                      // a transient failure: NAK with a delay
+	outExhausted                  // a transient failure on the last allowed delivery: dead letter
+	outRejected                   // a permanent failure: dead letter
+	outUnavailable                // the app unreachable: held until it answers, then sent again
+	outProbeHeld                  // a probe failed on the last allowed delivery: held for the next probe
+	outNotSent                    // the grace period ended while it waited for the rate limit
+	outAbandoned                  // the grace period ended during the request
+)
+
+// decide classifies the result of one request (Classify, the one place an
+// answer is judged), tells the breaker, and says what it makes of d.
+func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
+	if errors.Is(err, errNotSent) {
+		return outNotSent
+	}
+	if err != nil && r.ph.requests.Err() != nil {
+		return outAbandoned
+	}
+	r.m.request(resultLabel(err), took.Seconds())
+	class := r.classify(err)
+	d.answered = class != apphttp.Unavailable
+	switch class {
+	case apphttp.Success:
+		r.breaker.success()
+		return outDelivered
+	case apphttp.Unavailable:
+		return outUnavailable
+	case apphttp.Transient:
+		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
+		r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
+		switch {
+		case d.last(r.o.MaxDeliver) && d.probe:
+			// A probe never spends a message's last allowed delivery.
+			return outProbeHeld
+		case d.last(r.o.MaxDeliver):
+			return outExhausted
+		}
+		return outRetry
+	}
+	r.breaker.success()
+	return outRejected
+}
+
+// settleAnswer does what decide said, and reports whether to send d again.
+func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err error, answer *apphttp.Answer, took time.Duration) (again bool) {
+	switch out {
+	case outDelivered:
+		span.setOutcome("delivered")
+		r.succeeded(d, span, answer, took)
+	case outRetry:
+		span.setOutcome("retried")
+		delay, fromApp := r.retryDelay(err, d.attempt)
+		r.nak(d.m, delay)
+		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
+			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
+	case outExhausted:
+		span.setOutcome("dead_lettered")
+		r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
+	case outRejected:
+		span.setOutcome("dead_lettered")
+		r.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
+	case outUnavailable:
+		return r.heldForApp(d, span, err)
+	case outProbeHeld:
+		d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
+			statusAttr(err), "error", err.Error())
+		return r.holdAgain(d, span, "the breaker was open")
+	case outNotSent:
+		// On its last allowed delivery a NAK would let JetStream give up
+		// on it unseen, so giveBack dead-letters it.
+		span.setOutcome("released")
+		r.giveBack(d, "shutdown grace period over while waiting for the rate limit")
+	case outAbandoned:
+		r.abandoned(d, span, err)
+	}
+	return false
+}
+
+// succeeded settles a 2xx: the success record (if configured) is stored
+// before the key and the ack; if it cannot be yet, the message is held
+// while it is retried.
+func (r *Runner) succeeded(d *delivery, span *attemptSpan, answer *apphttp.Answer, took time.Duration) {
+	if r.o.Success == nil {
+		r.settleSuccess(d, took)
+		return
+	}
+	if answer != nil {
+		answer.Header = r.inject(span, answer.Header)
+	}
+	r.publishSuccess(d, answer, func() { r.settleSuccess(d, took) })
+}
+
+// heldForApp holds d after its request found the app unreachable (the
+// tracker keeps it in progress): the outage spent nothing. It reports
+// whether to send d again once the app is back.
+func (r *Runner) heldForApp(d *delivery, span *attemptSpan, err error) bool {
+	if r.ph.fetched.Err() != nil {
+		span.setOutcome("released")
+		r.giveBack(d, "shutting down during an app outage")
+		return false
+	}
+	r.gate.hold(causeApp, err.Error())
+	if d.probe {
+		// The breaker's go-ahead reached no app: another one comes
+		// after its wait.
+		r.breaker.retryProbe()
+	}
+	return r.holdAgain(d, span, "the app was unavailable")
+}
+
+// abandoned settles d after the grace period ended during its request: the
+// app may have acted, so the attempt is spent; a message on its last
+// delivery is dead-lettered, as a timeout would be. (A 2xx that came in,
+// its body cut off by the cancel, is not abandoned: decide finds no error.)
+func (r *Runner) abandoned(d *delivery, span *attemptSpan, err error) {
+	if d.last(r.o.MaxDeliver) {
+		span.setOutcome("dead_lettered")
+		r.deadLetter(d, failure{reason: dlq.ReasonExhausted,
+			err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
+		return
+	}
+	span.setOutcome("released")
+	r.release(d.m, "shutdown grace period over")
 }
 
 // errNotSent: the request was not sent (the grace period ended while it
@@ -378,12 +422,18 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Ans
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	resp, err := r.app.Send(ctx, h, body)
-	if err != nil {
-		return nil, time.Since(began), err
-	}
-	a, err := apphttp.ReadAnswer(resp, keep)
+	a, err := r.app.Post(ctx, h, body, keep)
 	return a, time.Since(began), err
+}
+
+// send sends d with headers h: on its own (post), or in a batch (batcher)
+// when batches are on.
+func (r *Runner) send(d *delivery, h http.Header) (*apphttp.Answer, time.Duration, error) {
+	if r.batcher != nil {
+		res := r.batcher.submit(d, h)
+		return res.answer, res.took, res.err
+	}
+	return r.post(d.timer, h, d.m.Data())
 }
 
 // settleSuccess hands a 2xx'd delivery to the recorder, which records its
@@ -412,16 +462,22 @@ func (r *Runner) unclaim(d *delivery) {
 	}
 }
 
-// holdAgain holds d after an attempt that spent nothing (rehold) and
-// reports whether to send it again. Otherwise d is settled: dead-lettered if
-// it outlived COURIER_MAX_AGE meanwhile, given back if courier stopped;
-// while says what held it, for the dead letter and the log.
+// holdAgain holds d (in progress, spending nothing) as a worker holds a
+// message it took while the gate is closed: until the gate opens, or, while
+// the breaker alone holds, until d is its probe. It reports whether to send
+// d again. Otherwise d is settled: dead-lettered if it outlived
+// COURIER_MAX_AGE meanwhile, given back if courier stopped fetching; while
+// says what held it, for the dead letter and the log.
 func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
-	if !r.rehold(d) {
+	var probe bool
+	r.countHeld(func() { probe = r.waitToSend(r.ph.fetched, d.attempt == 1) })
+	if r.ph.fetched.Err() != nil {
 		span.setOutcome("released")
 		r.giveBack(d, "shutting down while "+while)
 		return false
 	}
+	// A new go-ahead: no answer has reached the breaker for it yet.
+	d.probe, d.answered = probe, false
 	f, expired := r.expired(d)
 	if !expired {
 		return true
@@ -430,21 +486,4 @@ func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
 	span.setOutcome("dead_lettered")
 	r.deadLetter(d, f)
 	return false
-}
-
-// rehold holds d after an attempt that spent nothing (the app unreachable,
-// a failed probe on its last delivery), as a worker holds a message it
-// took while the gate is closed: until the gate opens, or, while the
-// breaker alone holds, until d is its probe (no other message may be left
-// to be one). It reports false when courier stopped fetching meanwhile: d
-// is then to be given back.
-func (r *Runner) rehold(d *delivery) bool {
-	var probe bool
-	r.hold(func() { probe = r.waitToSend(r.ph.fetched, d.attempt == 1) })
-	if r.ph.fetched.Err() != nil {
-		return false
-	}
-	// A new token: no answer has reached the breaker for it yet.
-	d.probe, d.answered = probe, false
-	return true
 }

@@ -19,12 +19,16 @@ import (
 
 // BenchmarkDrain drains b.N preloaded 256-byte messages through the delivery
 // loop to an instant app, in one process (server, app and loop share the
-// CPUs), with dedup off and on, at 16 in flight. `go run ./bench` measures
+// CPUs), with dedup off and on, and on in batches of 32, at 16 in flight. `go run ./bench` measures
 // courier as its own process against a minimal forwarder; this one is for
 // quick comparisons and profiles (-cpuprofile).
 func BenchmarkDrain(b *testing.B) {
-	for _, withDedup := range []bool{false, true} {
-		b.Run(fmt.Sprint("dedup=", withDedup), func(b *testing.B) {
+	for _, c := range []struct {
+		withDedup bool
+		batch     int
+	}{{false, 1}, {true, 1}, {true, 32}} {
+		withDedup := c.withDedup
+		b.Run(fmt.Sprintf("dedup=%v/batch=%d", withDedup, c.batch), func(b *testing.B) {
 			s := natstest.Start(b, natstest.Options{})
 			_, js := natstest.Connect(b, s)
 			ctx := context.Background()
@@ -55,6 +59,7 @@ func BenchmarkDrain(b *testing.B) {
 			}
 			r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), dd, proxy.Options{
 				AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 16, Registerer: prometheus.NewRegistry(),
+				BatchMax: c.batch, BatchWait: 2 * time.Millisecond,
 			})
 			if err != nil {
 				b.Fatal(err)

@@ -146,6 +146,9 @@ func resultLabel(err error) string {
 		return "2xx"
 	}
 	ae, ok := err.(*apphttp.AppError)
+	if ee, entry := err.(*entryError); entry {
+		ae, ok = ee.app, true // the batch's answer
+	}
 	if !ok {
 		return "transport"
 	}

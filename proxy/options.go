@@ -43,6 +43,14 @@ type Options struct {
 	MaxInflight int
 	// HTTPTimeout bounds one request. Default 30s.
 	HTTPTimeout time.Duration
+	// BatchMax is how many messages one request carries (batcher.go): 1,
+	// the default, sends each alone. BatchBytes bounds a batch's message
+	// data (default 1 MiB; a larger message goes alone), and a batch goes
+	// BatchWait after its first entry if it is not full by then (default
+	// 0: as soon as it has what has come).
+	BatchMax   int
+	BatchBytes int
+	BatchWait  time.Duration
 	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
 	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
 	// must be at least 1).
@@ -186,6 +194,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxInflight == 0 {
 		o.MaxInflight = 8
+	}
+	if o.BatchMax == 0 {
+		o.BatchMax = 1
+	}
+	if o.BatchBytes == 0 {
+		o.BatchBytes = 1 << 20
 	}
 	if o.MaxPayload == 0 {
 		o.MaxPayload = 1 << 20

@@ -90,6 +90,7 @@ type Runner struct {
 	prober     *prober
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
+	batcher    *batcher      // nil: each message alone
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
@@ -109,12 +110,12 @@ type Runner struct {
 	storeDown atomic.Bool  // the dedup store failed its last check
 	released  atomic.Int64 // messages given back (NAK'd without delay)
 
-	// Dead letters the stream would not store yet, retried in the
-	// background while their messages are held in progress.
-	dlRetries sync.WaitGroup
-	pendingDL atomic.Int64
-	dlqErr    atomic.Pointer[error] // the last failure to store one
-	// Likewise success records.
+	// Dead letters and success records the streams would not store yet,
+	// retried in the background (inBackground) while their messages are
+	// held in progress.
+	background     sync.WaitGroup
+	pendingDL      atomic.Int64
+	dlqErr         atomic.Pointer[error] // the last failure to store one
 	pendingSuccess atomic.Int64
 	successErr     atomic.Pointer[error]
 }
@@ -164,6 +165,9 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
 	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.probers.Load() == 0 }
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
+	if o.BatchMax > 1 {
+		r.batcher = newBatcher(r)
+	}
 	if o.MaxRate > 0 {
 		// Burst 1: the cap holds over any window, not just on average.
 		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
@@ -269,8 +273,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
 	defer r.breaker.stop()
 
-	r.workers.Add(r.o.MaxInflight)
-	for range r.o.MaxInflight {
+	workers := r.o.MaxInflight
+	if r.batcher != nil {
+		// A worker per entry of every batch in flight (batcher.go).
+		workers *= r.o.BatchMax
+		r.batcher.start()
+	}
+	r.workers.Add(workers)
+	for range workers {
 		go r.worker()
 	}
 	r.recorders.Add(1)
@@ -299,10 +309,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		ph.abandon()
 		<-done
 	}
+	if r.batcher != nil {
+		r.batcher.stop() // every entry is answered: no batch is in flight
+	}
 	// Dead letters and success records still being retried give their
 	// messages back (fetched has ended); the recorder finishes what it was
 	// given; then the loops stop, the summary last.
-	r.dlRetries.Wait() // may still hand a delivery to the recorder
+	r.background.Wait() // may still hand a delivery to the recorder
 	close(r.recs)
 	r.recorders.Wait()
 	stopLoops()

@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/courierhq/courier/apphttp"
-	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/success"
 )
 
@@ -45,19 +44,10 @@ func (r *Runner) publishSuccess(d *delivery, a *apphttp.Answer, then func()) {
 		then()
 		return
 	}
-	r.pendingSuccess.Add(1)
-	r.dlRetries.Add(1)
-	go func() {
-		defer r.dlRetries.Done()
-		defer r.pendingSuccess.Add(-1)
-		err := retry.Do(r.ph.fetched, retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * time.Second}, once, nil)
-		if err == nil {
-			then()
-			return
-		}
+	r.inBackground(&r.pendingSuccess, once, then, func() {
 		r.unclaim(d)
 		r.release(d.m, "shutting down before its success record could be stored")
-	}()
+	})
 }
 
 // recordTrace is the trace context a success record keeps, as a dead letter

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -149,22 +150,37 @@ func (r *Runner) deadLetter(d *delivery, f failure) {
 	if ok {
 		return
 	}
-	r.pendingDL.Add(1)
-	r.dlRetries.Add(1)
+	r.inBackground(&r.pendingDL, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if r.deadLetterOnce(ctx, d, f) {
+			return nil
+		}
+		return errors.New("not stored")
+	}, nil, func() { r.release(d.m, "shutting down before its dead letter could be stored") })
+}
+
+// backgroundRetry is the schedule on which a dead letter or a success
+// record that could not be stored is tried again, in the background, while
+// its message is held.
+var backgroundRetry = retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * time.Second}
+
+// inBackground tries store again on backgroundRetry while the message is
+// held (pending counts it, for /readyz), until it succeeds (then stored runs,
+// if not nil) or courier stops fetching (then gaveUp runs). Run waits for it
+// (background) before it hands the last deliveries to the recorder.
+func (r *Runner) inBackground(pending *atomic.Int64, store func(context.Context) error, stored, gaveUp func()) {
+	pending.Add(1)
+	r.background.Add(1)
 	go func() {
-		defer r.dlRetries.Done()
-		defer r.pendingDL.Add(-1)
-		err := retry.Do(r.ph.fetched, retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * time.Second},
-			func(ctx context.Context) error {
-				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if r.deadLetterOnce(ctx, d, f) {
-					return nil
-				}
-				return errors.New("not stored")
-			}, nil)
-		if err != nil {
-			r.release(d.m, "shutting down before its dead letter could be stored")
+		defer r.background.Done()
+		defer pending.Add(-1)
+		if retry.Do(r.ph.fetched, backgroundRetry, store, nil) != nil {
+			gaveUp()
+			return
+		}
+		if stored != nil {
+			stored()
 		}
 	}()
 }

@@ -25,7 +25,7 @@ func (r *Runner) worker() {
 		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
-			r.hold(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
+			r.countHeld(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
 		}
 		if r.ph.noStart.Err() == nil {
 			r.deliver(q, meta, merr, ln, ln.noStart, probe)
@@ -79,8 +79,9 @@ func lastDelivery(meta *jetstream.MsgMetadata, maxDeliver int) bool {
 // open reports whether the gate lets deliveries go.
 func (r *Runner) open() bool { return r.gate.open.Load() }
 
-// hold runs wait counted among the held messages.
-func (r *Runner) hold(wait func()) {
+// countHeld runs wait counted among the held messages
+// (courier_held_messages).
+func (r *Runner) countHeld(wait func()) {
 	r.parked.Add(1)
 	defer r.parked.Add(-1)
 	wait()

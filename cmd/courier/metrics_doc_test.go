@@ -17,7 +17,8 @@ func TestMetricsDocumented(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
-	c := start(t, h.env(a.URL))
+	// The publish API on too, so that its metrics are served.
+	c := start(t, h.env(a.URL, "COURIER_PUBLISH_ADDR=127.0.0.1:0", "COURIER_PUBLISH_SUBJECTS=orders.>"))
 	admin := adminAddr(t, c)
 	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
 

@@ -20,6 +20,7 @@ import (
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/publish"
 	"github.com/courierhq/courier/reply"
 	"github.com/courierhq/courier/success"
 	"github.com/courierhq/courier/tracing"
@@ -71,13 +72,14 @@ type sidecar struct {
 	tracing     *tracing.Provider // nil: tracing off
 	auth        *appauth.Auth     // signing secrets and token (inactive without their files)
 
-	replies *reply.Service // nil unless COURIER_REPLY_SUBJECTS is set
+	replies   *reply.Service  // nil unless COURIER_REPLY_SUBJECTS is set
+	publisher *publish.Server // nil unless COURIER_PUBLISH_ADDR is set
 
 	// connLost stops run when the NATS connection closes for good.
 	connLost context.CancelCauseFunc
 
 	// What undoes each step; nil until the step ran.
-	stopReplies, stopGiveup, closeStore, drainConn, stopTracing, stopAdmin func()
+	stopReplies, stopGiveup, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -107,6 +109,14 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.stopTracing, err = s.startTracing(ctx); err != nil {
 		return err
 	}
+	// The publish API (package publish), before NATS: a publish waits for the
+	// connection within its time; close keeps the API up through the
+	// grace period.
+	if s.cfg.ServesPublishes() {
+		if s.stopPublish, err = s.startPublish(ctx); err != nil {
+			return err
+		}
+	}
 	// The embedded store before anything touches the server: a second
 	// courier on a locked store stops here, having changed nothing.
 	if s.cfg.ConsumesStream() {
@@ -120,6 +130,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
 	}
+	s.connectPublish()
 	// Request/reply (README, "Results out"): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
@@ -170,14 +181,15 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // needs (README, "Operating it"). By now the delivery loop has stopped
 // fetching and finished or NAK'd what it held. Then: the request/reply
 // service has answered every request it took, the max-deliveries catch stops (finishing the
-// advisory in hand), the dedup store closes, the NATS connection drains (so
+// advisory in hand), the dedup store closes, the publish API stops once the grace period
+// since the stop signal is over (publish.go), the NATS connection drains (so
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
 // end.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.drainConn, s.stopTracing, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}
@@ -366,6 +378,9 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		MaxDeliver:        cfg.MaxDeliver,
 		AckWait:           cfg.AckWait,
 		MaxInflight:       cfg.MaxInflight,
+		BatchMax:          cfg.BatchMax,
+		BatchWait:         cfg.BatchWait,
+		BatchBytes:        cfg.BatchBytes,
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,

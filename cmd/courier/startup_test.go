@@ -77,7 +77,9 @@ func TestDemoRunsAndStops(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{"→ 200", "→ 429 Retry-After: 1", "→ 422", "sent to the app 1 time(s)", "every message settled",
-		"4 success records on orders-done.ORDERS", "request on quotes.get → reply {"} {
+		"4 success records on orders-done.ORDERS", "request on quotes.get → reply {",
+		"app got a batch of 4 in one request (Courier-Batch: 4)", "invoice-3 (attempt 1) RETRY", "invoice-3 (attempt 2) SUCCESS",
+		"all 4 invoices stored"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

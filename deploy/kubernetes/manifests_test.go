@@ -30,7 +30,21 @@ func (o object) kind() string { return str(o.doc["kind"]) }
 func (o object) name() string { return str(dig(o.doc, "metadata", "name")) }
 
 func TestManifests(t *testing.T) {
-	objs := loadManifests(t)
+	checkManifests(t, loadManifests(t))
+}
+
+// checked is what checkManifests found: courier's configuration by
+// Deployment name, and its scrape targets.
+type checked struct {
+	configs map[string]config.Config
+	targets []scrapeTarget
+}
+
+// checkManifests runs the checks of this file on a set of objects: these
+// manifests, or what the Helm chart and the kustomize component render
+// (helm_test.go, kustomize_test.go).
+func checkManifests(t *testing.T, objs []object) checked {
+	t.Helper()
 	byKind := map[string]map[string]object{}
 	for _, o := range objs {
 		if byKind[o.kind()] == nil {
@@ -100,6 +114,7 @@ func TestManifests(t *testing.T) {
 	for _, pm := range byKind["PodMonitor"] {
 		t.Run("PodMonitor/"+pm.name(), func(t *testing.T) { checkPodMonitor(t, pm, targets) })
 	}
+	return checked{configs: configs, targets: targets}
 }
 
 // scrapeTarget is what a scrape of courier's metrics must find in one pod

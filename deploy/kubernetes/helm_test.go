@@ -1,0 +1,493 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/courierhq/courier/config"
+)
+
+const (
+	// helmModule is the helm the chart is rendered with: a Go module,
+	// built from the module proxy once per run of this package's tests
+	// (minutes on a cold build cache, seconds after), never a dependency in
+	// courier's go.mod.
+	helmModule = "helm.sh/helm/v3/cmd/helm@v3.22.0"
+	// kubeVersion is the cluster helm template renders for: its default
+	// (1.20) predates native sidecars, which the charts require (1.29).
+	kubeVersion = "1.29.0"
+	chartsDir   = "../helm"
+	libChart    = chartsDir + "/courier"
+)
+
+// helm runs a helm binary with its cache, configuration and data in a
+// temporary directory, so that nothing of the user's is read or written.
+type helm struct {
+	bin  string
+	home string
+}
+
+// buildHelm installs helmModule into a temporary directory.
+func buildHelm(t *testing.T) helm {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: building %s takes minutes on a cold build cache", helmModule)
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command on PATH to build %s with: %v", helmModule, err)
+	}
+	bin := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), goBin, "install", helmModule)
+	// Outside courier's module: helm's own go.mod decides its dependencies.
+	cmd.Dir = bin
+	cmd.Env = append(os.Environ(), "GOBIN="+bin)
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install %s: %v\n%s", helmModule, err, out)
+	}
+	t.Logf("go install %s: %v", helmModule, time.Since(start).Round(time.Second))
+	return helm{bin: filepath.Join(bin, "helm"), home: t.TempDir()}
+}
+
+// run runs helm and returns its standard output, or an error holding its
+// standard error.
+func (h helm) run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), h.bin, args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(h.home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(h.home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(h.home, "data"),
+	)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+func (h helm) must(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := h.run(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestHelmChart renders deploy/helm/example, the app chart using the courier
+// library chart, with the real helm, and puts the result through the checks
+// the manifests of this directory pass.
+func TestHelmChart(t *testing.T) {
+	h := buildHelm(t)
+	// helm dependency update writes charts/ and Chart.lock beside
+	// Chart.yaml: into a copy, not the source tree.
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(chartsDir)); err != nil {
+		t.Fatal(err)
+	}
+	example := filepath.Join(dir, "example")
+	h.must(t, "dependency", "update", "--skip-refresh", example)
+	for _, chart := range []string{filepath.Join(dir, "courier"), example} {
+		if out, err := h.run(t, "lint", "--strict", "--kube-version", kubeVersion, chart); err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+	}
+	render := func(t *testing.T, args ...string) []object {
+		t.Helper()
+		out := h.must(t, append([]string{"template", "orders", example, "--kube-version", kubeVersion}, args...)...)
+		return renderedObjects(t, "helm template", out)
+	}
+	appVersion := chartAppVersion(t)
+
+	t.Run("defaults", func(t *testing.T) {
+		objs := render(t)
+		got := checkManifests(t, withSecrets(objs, "orders-courier-nats"))
+		if len(got.configs) != 1 {
+			t.Fatalf("%d Deployments with courier, want the example's one", len(got.configs))
+		}
+		checkImage(t, objs, "ghcr.io/courierhq/courier:"+appVersion)
+		checkRules(t, find(t, objs, "PrometheusRule", "orders-courier"))
+	})
+
+	t.Run("everything", func(t *testing.T) {
+		// Every Secret, every optional object, a port and a grace other
+		// than the defaults: the probes, the PodMonitor, the NetworkPolicy
+		// and terminationGracePeriodSeconds must follow.
+		objs := render(t,
+			"--set", "courier.adminPort=9415",
+			"--set", "courier.shutdownGraceSeconds=50",
+			"--set", "courier.secrets.natsTLS.secretName=orders-courier-tls",
+			"--set", "courier.secrets.signingSecrets.secretName=orders-courier-signing",
+			"--set", "courier.secrets.appToken.secretName=orders-courier-token",
+			"--set", "courier.dashboard.enabled=true",
+			"--set", "courier.keda.enabled=true",
+			"--set", "courier.networkPolicy.enabled=true",
+			"--set", `courier.env.NATS_URL=nats://nats-0.nats:4222\,tls://nats-1.nats:4443`,
+		)
+		got := checkManifests(t, withSecrets(objs, "orders-courier-nats", "orders-courier-tls", "orders-courier-signing", "orders-courier-token"))
+		cfg := got.configs["orders"]
+		if cfg.AdminAddr != ":9415" || cfg.ShutdownGrace != 50*time.Second {
+			t.Errorf("COURIER_ADMIN_ADDR %q, COURIER_SHUTDOWN_GRACE %v: want the values' :9415 and 50s", cfg.AdminAddr, cfg.ShutdownGrace)
+		}
+		dep := find(t, objs, "Deployment", "orders")
+		c, _ := findCourier(t, asMap(t, dig(dep.doc, "spec", "template", "spec"), "pod spec"))
+		for _, name := range []string{"NATS_CA", "NATS_CERT", "NATS_KEY", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE"} {
+			if !slices.ContainsFunc(asList(t, c["env"], "env"), func(e any) bool { return str(dig(e, "name")) == name }) {
+				t.Errorf("no %s with its Secret set", name)
+			}
+		}
+		for _, kind := range []string{"ScaledObject", "PodMonitor", "NetworkPolicy", "PrometheusRule"} {
+			find(t, objs, kind, "orders-courier")
+		}
+		checkDashboard(t, find(t, objs, "ConfigMap", "orders-courier-dashboard"))
+		checkNetworkPolicy(t, find(t, objs, "NetworkPolicy", "orders-courier"), got)
+	})
+
+	t.Run("values rendered as courier reads them", func(t *testing.T) {
+		// From a values file, YAML numbers reach the templates as float64,
+		// which print 1000000 as 1e+06.
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		err := os.WriteFile(values, []byte("courier:\n  env:\n    COURIER_MAX_ACK_PENDING: 1000000\n    COURIER_BACKOFF_MULTIPLIER: 1.5\n    OTEL_SDK_DISABLED: true\n    COURIER_BACKOFF_MAX: 1h30m\n"), 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := checkManifests(t, withSecrets(render(t, "-f", values), "orders-courier-nats"))
+		cfg := got.configs["orders"]
+		if cfg.MaxAckPending != 1000000 || cfg.BackoffMultiplier != 1.5 || !cfg.OTELSDKDisabled || cfg.BackoffMax != 90*time.Minute {
+			t.Errorf("courier read COURIER_MAX_ACK_PENDING %d, COURIER_BACKOFF_MULTIPLIER %v, OTEL_SDK_DISABLED %v, COURIER_BACKOFF_MAX %v", cfg.MaxAckPending, cfg.BackoffMultiplier, cfg.OTELSDKDisabled, cfg.BackoffMax)
+		}
+	})
+
+	// Each of these is refused by helm before anything is rendered, let
+	// alone applied: by values.schema.json, or by the templates for what a
+	// schema cannot say.
+	for _, tc := range []struct {
+		set  string
+		want string // in helm's error
+	}{
+		{"courier.podMonitor.enable=true", "additional properties 'enable' not allowed"},
+		{"courier.adminPort=0", "at '/adminPort'"},
+		{"courier.adminPort=admin", "at '/adminPort'"},
+		{"courier.shutdownGraceSeconds=-1", "at '/shutdownGraceSeconds'"},
+		{"courier.env.COURIER_ACK_WAIT=30", "at '/env/COURIER_ACK_WAIT'"},
+		{"courier.env.COURIER_HTTP_TIMEOUT=10 seconds", "at '/env/COURIER_HTTP_TIMEOUT'"},
+		{"courier.env.COURIER_MAX_DELIVER=five", "at '/env/COURIER_MAX_DELIVER'"},
+		{"courier.env.COURIER_MAX_RATE=fast", "at '/env/COURIER_MAX_RATE'"},
+		{"courier.env.OTEL_SDK_DISABLED=yes", "at '/env/OTEL_SDK_DISABLED'"},
+		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "at '/env/COURIER_SHUTDOWN_GRACE'"},
+		{"courier.env.NATS_CREDS=/creds", "at '/env/NATS_CREDS'"},
+		{"courier.env.NATS_PASSWORD=hunter2", "at '/env/NATS_PASSWORD'"},
+		{"courier.env.not-a-name=1", "invalid propertyName 'not-a-name'"},
+		{"courier.image.digest=latest", "at '/image/digest'"},
+		{"courier.image.pullPolicy=Sometimes", "at '/image/pullPolicy'"},
+		{"courier.resources.limits.memory=lots", "at '/resources/limits/memory'"},
+		{"courier.secrets.natsCreds.secretName=Not_A_Name", "at '/secrets/natsCreds/secretName'"},
+		{"courier.keda.natsServerMonitoringEndpoint=http://nats:8222", "at '/keda/natsServerMonitoringEndpoint'"},
+		{"courier.keda.enabled=true,courier.keda.minReplicaCount=20", "keda.minReplicaCount 20 is above keda.maxReplicaCount 12"},
+		{"courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "set env.COURIER_DEDUP_STORE: shared"},
+		{"courier.keda.enabled=true,courier.keda.natsServerMonitoringEndpoint=", "keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required"},
+	} {
+		t.Run("refuses "+tc.set, func(t *testing.T) {
+			out, err := h.run(t, "template", "orders", example, "--kube-version", kubeVersion, "--set", tc.set)
+			if err == nil {
+				t.Fatalf("helm accepted %s and rendered:\n%.500s", tc.set, out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm refused %s, but its error does not say %q:\n%v", tc.set, tc.want, err)
+			}
+		})
+	}
+}
+
+// renderedObjects parses a tool's multi-document output.
+func renderedObjects(t *testing.T, what, out string) []object {
+	t.Helper()
+	docs, err := parseYAML(out)
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", what, err, out)
+	}
+	var objs []object
+	for i, d := range docs {
+		m, ok := d.(map[string]any)
+		if !ok {
+			t.Fatalf("%s: document %d is not a mapping", what, i+1)
+		}
+		o := object{file: what, doc: m}
+		if str(m["apiVersion"]) == "" || o.kind() == "" || o.name() == "" {
+			t.Fatalf("%s: document %d lacks apiVersion, kind or metadata.name", what, i+1)
+		}
+		objs = append(objs, o)
+	}
+	return objs
+}
+
+// withSecrets adds the Secrets the charts expect to exist beforehand (they
+// never create one: credentials do not belong in values), with every key
+// the templates mount.
+func withSecrets(objs []object, names ...string) []object {
+	for _, name := range names {
+		objs = append(objs, object{file: "test", doc: map[string]any{
+			"apiVersion": "v1",
+			"kind":       "Secret",
+			"metadata":   map[string]any{"name": name},
+			"stringData": map[string]any{
+				"user.creds":      "-----BEGIN NATS USER JWT-----\nplaceholder\n------END NATS USER JWT------\n",
+				"ca.crt":          "placeholder CA\n",
+				"tls.crt":         "placeholder certificate\n",
+				"tls.key":         "placeholder key\n",
+				"signing-secrets": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+				"app-token":       "placeholder token\n",
+			},
+		}})
+	}
+	return objs
+}
+
+func find(t *testing.T, objs []object, kind, name string) object {
+	t.Helper()
+	for _, o := range objs {
+		if o.kind() == kind && o.name() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %q rendered", kind, name)
+	return object{}
+}
+
+// chartAppVersion is the library chart's appVersion, which must also be its
+// version (the release workflow publishes both from one tag).
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	var chart struct {
+		Version    string `yaml:"version"`
+		AppVersion string `yaml:"appVersion"`
+		Type       string `yaml:"type"`
+	}
+	b, err := os.ReadFile(libChart + "/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil {
+		t.Fatalf("%s/Chart.yaml: %v", libChart, err)
+	}
+	if chart.Type != "library" {
+		t.Errorf("%s/Chart.yaml: type %q, want library", libChart, chart.Type)
+	}
+	if chart.AppVersion == "" || chart.AppVersion != chart.Version {
+		t.Errorf("%s/Chart.yaml: version %q and appVersion %q: the release workflow publishes both from one tag", libChart, chart.Version, chart.AppVersion)
+	}
+	return chart.AppVersion
+}
+
+// checkImage: courier's container runs want.
+func checkImage(t *testing.T, objs []object, want string) {
+	t.Helper()
+	for _, o := range objs {
+		if o.kind() != "Deployment" {
+			continue
+		}
+		c, _ := findCourier(t, asMap(t, dig(o.doc, "spec", "template", "spec"), "pod spec"))
+		if c != nil && str(c["image"]) != want {
+			t.Errorf("%s %s: courier's image %q, want %q", o.kind(), o.name(), str(c["image"]), want)
+		}
+	}
+}
+
+// checkRules: the PrometheusRule carries deploy/prometheus's groups.
+func checkRules(t *testing.T, o object) {
+	t.Helper()
+	docs, err := parseYAML(string(readFile(t, "../prometheus/courier-rules.yaml")))
+	if err != nil || len(docs) != 1 {
+		t.Fatalf("courier-rules.yaml: %v", err)
+	}
+	if !reflect.DeepEqual(o.doc["spec"], docs[0]) {
+		t.Errorf("PrometheusRule %s: its spec is not deploy/prometheus/courier-rules.yaml", o.name())
+	}
+}
+
+// checkDashboard: the ConfigMap holds deploy/grafana/courier.json.
+func checkDashboard(t *testing.T, o object) {
+	t.Helper()
+	var got, want any
+	if err := json.Unmarshal([]byte(str(dig(o.doc, "data", "courier.json"))), &got); err != nil {
+		t.Fatalf("ConfigMap %s: data.courier.json: %v", o.name(), err)
+	}
+	if err := json.Unmarshal(readFile(t, "../grafana/courier.json"), &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ConfigMap %s: data.courier.json is not deploy/grafana/courier.json", o.name())
+	}
+}
+
+// checkNetworkPolicy: the policy selects the pods of a Deployment with
+// courier and lets through what that courier needs: scrapes of its admin
+// port, every server of its NATS_URL, and DNS.
+func checkNetworkPolicy(t *testing.T, np object, got checked) {
+	t.Helper()
+	sel, _ := dig(np.doc, "spec", "podSelector", "matchLabels").(map[string]any)
+	var target *scrapeTarget
+	for i, st := range got.targets {
+		match := len(sel) > 0
+		for k, v := range sel {
+			match = match && st.labels[k] == v
+		}
+		if match {
+			target = &got.targets[i]
+		}
+	}
+	if target == nil {
+		t.Fatalf("NetworkPolicy %s: podSelector %v selects no pods with courier", np.name(), sel)
+	}
+	cfg := got.configs[strings.TrimPrefix(target.workload, "Deployment/")]
+	allows := func(field string, port int, proto string) bool {
+		for _, r := range asList(t, dig(np.doc, "spec", field), field) {
+			for _, p := range asList(t, dig(r, "ports"), "ports") {
+				if num(dig(p, "port")) == port && orDefault(str(dig(p, "protocol")), "TCP") == proto {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if !allows("ingress", target.adminPort, "TCP") {
+		t.Errorf("NetworkPolicy %s: no ingress to the admin port %d: no scrape of /metrics", np.name(), target.adminPort)
+	}
+	for u := range strings.SplitSeq(cfg.NATSURL, ",") {
+		port := natsPort(t, strings.TrimSpace(u))
+		if !allows("egress", port, "TCP") {
+			t.Errorf("NetworkPolicy %s: no egress to port %d of NATS_URL's %s", np.name(), port, u)
+		}
+	}
+	if !allows("egress", 53, "UDP") {
+		t.Errorf("NetworkPolicy %s: no egress to DNS (53/UDP): courier could not resolve NATS_URL", np.name())
+	}
+}
+
+// natsPort is the port a NATS URL connects to (nats.go's defaults).
+func natsPort(t *testing.T, s string) int {
+	t.Helper()
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatalf("NATS_URL %q: %v", s, err)
+	}
+	if _, p, err := net.SplitHostPort(u.Host); err == nil {
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	switch u.Scheme {
+	case "ws":
+		return 80
+	case "wss":
+		return 443
+	}
+	return 4222
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestHelmChartFiles: the library chart carries copies of the rule file and
+// the dashboard (helm reads no file outside a chart), kept equal here.
+func TestHelmChartFiles(t *testing.T) {
+	for dup, orig := range map[string]string{
+		libChart + "/files/courier-rules.yaml": "../prometheus/courier-rules.yaml",
+		libChart + "/files/courier.json":       "../grafana/courier.json",
+	} {
+		if !bytes.Equal(readFile(t, dup), readFile(t, orig)) {
+			t.Errorf("%s differs from %s: cp %s %s", dup, orig, orig, dup)
+		}
+	}
+}
+
+// TestHelmSchemaVariables: the variables values.schema.json types or refuses
+// in env are courier's, and it types each as config.Config parses it.
+func TestHelmSchemaVariables(t *testing.T) {
+	var schema struct {
+		Properties struct {
+			Env struct {
+				Properties map[string]map[string]any `json:"properties"`
+			} `json:"env"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(readFile(t, libChart+"/values.schema.json"), &schema); err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]reflect.Type{} // courier's variables, by name
+	ct := reflect.TypeFor[config.Config]()
+	for i := range ct.NumField() {
+		if name := ct.Field(i).Tag.Get("env"); name != "" {
+			kinds[name] = ct.Field(i).Type
+		}
+	}
+	defs := map[reflect.Type]string{
+		reflect.TypeFor[time.Duration](): "#/$defs/duration",
+		reflect.TypeFor[int]():           "#/$defs/integerString",
+		reflect.TypeFor[float64]():       "#/$defs/numberString",
+		reflect.TypeFor[bool]():          "#/$defs/booleanString",
+		reflect.TypeFor[*bool]():         "#/$defs/booleanString",
+	}
+	// Not courier's configuration, or not yet in config.Config: Go's
+	// runtime reads GOMEMLIMIT; the two files come with request signing.
+	outside := []string{"GOMEMLIMIT", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE"}
+	env := schema.Properties.Env.Properties
+	if len(env) == 0 {
+		t.Fatal("values.schema.json names no variable under env")
+	}
+	for name, s := range env {
+		typ, ok := kinds[name]
+		if _, refused := s["not"]; refused {
+			if !ok && !slices.Contains(outside, name) {
+				t.Errorf("values.schema.json refuses env.%s, which courier does not read", name)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("values.schema.json types env.%s, which courier does not read", name)
+			continue
+		}
+		if want := defs[typ]; s["$ref"] != want {
+			t.Errorf("values.schema.json: env.%s is %v, but courier parses a %v (want %s)", name, s["$ref"], typ, want)
+		}
+	}
+	// Every typed variable of courier is typed in the schema, but the ones
+	// the chart derives (refused above).
+	for name, typ := range kinds {
+		if _, ok := defs[typ]; ok && env[name] == nil {
+			t.Errorf("values.schema.json does not type env.%s (%v): a bad value would pass helm and fail only when courier starts", name, typ)
+		}
+	}
+}

@@ -1,0 +1,351 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/batch"
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/proxy"
+)
+
+// batchEntry is an entry of a batch request as the app reads it.
+type batchEntry struct {
+	EntryID        string              `json:"entryId"`
+	IdempotencyKey string              `json:"idempotencyKey"`
+	Attempt        int                 `json:"attempt"`
+	Subject        string              `json:"subject"`
+	Sequence       uint64              `json:"sequence"`
+	Headers        map[string][]string `json:"headers"`
+	Data           json.RawMessage     `json:"data"`
+	DataBase64     string              `json:"dataBase64"`
+}
+
+// batchApp answers every batch request with answer(entries, call number),
+// which returns a status and a body. It records the batches it was sent.
+type batchApp struct {
+	mu      sync.Mutex
+	batches [][]batchEntry
+	headers []http.Header
+	answer  func(entries []batchEntry, n int) (int, http.Header, string)
+}
+
+func newBatchApp(t *testing.T, e *env, answer func([]batchEntry, int) (int, http.Header, string)) *batchApp {
+	t.Helper()
+	a := &batchApp{answer: answer}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return a
+}
+
+func (a *batchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Entries []batchEntry `json:"entries"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.batches = append(a.batches, body.Entries)
+	a.headers = append(a.headers, r.Header.Clone())
+	n := len(a.batches)
+	a.mu.Unlock()
+	status, h, text := a.answer(body.Entries, n)
+	for k, vs := range h {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(text))
+}
+
+// sent returns how many times each key was sent, and the attempts it was
+// sent with.
+func (a *batchApp) sent() map[string][]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string][]int{}
+	for _, b := range a.batches {
+		for _, e := range b {
+			out[e.IdempotencyKey] = append(out[e.IdempotencyKey], e.Attempt)
+		}
+	}
+	return out
+}
+
+func statuses(entries []batchEntry, status func(batchEntry) string) string {
+	var b []byte
+	b = append(b, `{"statuses":[`...)
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = fmt.Appendf(b, `{"entryId":%q,"status":%q}`, e.EntryID, status(e))
+	}
+	return string(append(b, "]}"...))
+}
+
+func publishKeys(t *testing.T, e *env, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		m := nats.NewMsg("s.batch")
+		m.Header.Set(proxy.HeaderIdempotencyKey, k)
+		m.Header.Set("Content-Type", "application/json")
+		m.Header.Set("X-Tenant", "t-"+k)
+		m.Data = []byte(`{"key":"` + k + `"}`)
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func batchOptions() proxy.Options {
+	return proxy.Options{
+		MaxDeliver: 3, MaxInflight: 2, BatchMax: 8, BatchWait: 50 * time.Millisecond,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, AckWait: 5 * time.Second,
+	}
+}
+
+// Dapr's answer shape decides each entry: SUCCESS acked, RETRY retried
+// through JetStream on the entry's own budget (exhausted, dead-lettered on
+// its own), DROP dead-lettered as rejected, an entry left out retried. A
+// duplicate of a processed key is acked and never sent.
+func TestBatchDaprStatuses(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func(entries []batchEntry, _ int) (int, http.Header, string) {
+		return 200, nil, statuses(entries, func(e batchEntry) string {
+			switch {
+			case e.IdempotencyKey == "drop":
+				return "DROP"
+			case e.IdempotencyKey == "retry-always":
+				return "RETRY"
+			case e.IdempotencyKey == "retry-once" && e.Attempt == 1:
+				return "RETRY"
+			case e.IdempotencyKey == "missing-once" && e.Attempt == 1:
+				return "LEAVE-OUT"
+			}
+			return "SUCCESS"
+		})
+	})
+	// An unknown status is retried too: "LEAVE-OUT" stands for a missing
+	// entry here, placed as RETRY with a log line.
+	st := openStore(t)
+	if err := st.Record(context.Background(), "dup"); err != nil {
+		t.Fatal(err)
+	}
+	publishKeys(t, e, "ok-1", "drop", "retry-once", "ok-2", "retry-always", "dup", "missing-once", "ok-3")
+	e.runWith(t, st, batchOptions())
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+
+	sent := a.sent()
+	for key, want := range map[string][]int{
+		"ok-1": {1}, "ok-2": {1}, "ok-3": {1}, "drop": {1}, "retry-once": {1, 2}, "missing-once": {1, 2},
+		"retry-always": {1, 2, 3},
+	} {
+		if fmt.Sprint(sent[key]) != fmt.Sprint(want) {
+			t.Errorf("%s sent with attempts %v, want %v", key, sent[key], want)
+		}
+	}
+	if _, ok := sent["dup"]; ok {
+		t.Error("a duplicate was sent in a batch")
+	}
+	if got := e.deadLetters(t); got != 2 {
+		t.Errorf("%d dead letters, want 2 (drop: rejected, retry-always: exhausted)", got)
+	}
+	reasons := deadLetterReasons(t, e)
+	if reasons["drop"] != dlq.ReasonRejected || reasons["retry-always"] != dlq.ReasonExhausted {
+		t.Errorf("dead letter reasons %v", reasons)
+	}
+	a.mu.Lock()
+	first, h := a.batches[0], a.headers[0]
+	a.mu.Unlock()
+	if len(first) < 2 {
+		t.Errorf("the first batch carried %d entries, want several", len(first))
+	}
+	if h.Get("Content-Type") != "application/json" || h.Get(batch.HeaderBatch) != strconv.Itoa(len(first)) {
+		t.Errorf("batch headers: Content-Type %q, %s %q for %d entries", h.Get("Content-Type"), batch.HeaderBatch, h.Get(batch.HeaderBatch), len(first))
+	}
+	for _, en := range first {
+		if string(en.Data) != `{"key":"`+en.IdempotencyKey+`"}` || en.Headers["X-Tenant"][0] != "t-"+en.IdempotencyKey {
+			t.Errorf("entry %+v: data or headers not the message's", en)
+		}
+		if _, ok := en.Headers[proxy.HeaderIdempotencyKey]; ok {
+			t.Errorf("entry headers carry courier's own %s", proxy.HeaderIdempotencyKey)
+		}
+	}
+}
+
+// deadLetterReasons maps the idempotency key of each dead letter to its
+// reason.
+func deadLetterReasons(t *testing.T, e *env) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, dlq.StreamName("dlq.s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		out[m.Header.Get(proxy.HeaderIdempotencyKey)] = m.Header.Get(dlq.HeaderReason)
+	}
+	return out
+}
+
+// Lambda's shape: the entries listed are retried, the rest succeeded. A 2xx
+// with neither shape: every entry succeeded.
+func TestBatchLambdaAndPlainAnswers(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer func([]batchEntry) string
+		want   map[string][]int
+	}{
+		{"lambda", func(entries []batchEntry) string {
+			var b []byte
+			b = append(b, `{"batchItemFailures":[`...)
+			first := true
+			for _, e := range entries {
+				if e.IdempotencyKey == "b" && e.Attempt == 1 {
+					if !first {
+						b = append(b, ',')
+					}
+					b = fmt.Appendf(b, `{"itemIdentifier":%q}`, e.EntryID)
+					first = false
+				}
+			}
+			return string(append(b, "]}"...))
+		}, map[string][]int{"a": {1}, "b": {1, 2}, "c": {1}}},
+		{"plain 2xx", func([]batchEntry) string { return "thanks" }, map[string][]int{"a": {1}, "b": {1}, "c": {1}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t)
+			a := newBatchApp(t, e, func(entries []batchEntry, _ int) (int, http.Header, string) { return 200, nil, c.answer(entries) })
+			publishKeys(t, e, "a", "b", "c")
+			e.runWith(t, nil, batchOptions())
+			poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+			if got := a.sent(); fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("sent %v, want %v", got, c.want)
+			}
+			if got := e.deadLetters(t); got != 0 {
+				t.Errorf("%d dead letters", got)
+			}
+		})
+	}
+}
+
+// A non-2xx answer is every entry's, Retry-After included; an answer that
+// cannot be read retries every entry.
+func TestBatchWholeAnswers(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first func() (int, http.Header, string)
+		want  string // the dead-letter reason of every entry, "" for none
+	}{
+		{"503 with Retry-After", func() (int, http.Header, string) {
+			return 503, http.Header{"Retry-After": {"1"}}, "busy"
+		}, ""},
+		{"malformed answer", func() (int, http.Header, string) { return 200, nil, `{"statuses":[{` }, ""},
+		{"400", func() (int, http.Header, string) { return 400, nil, "bad batch" }, dlq.ReasonRejected},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t)
+			var firstAt, secondAt time.Time
+			a := newBatchApp(t, e, func(entries []batchEntry, n int) (int, http.Header, string) {
+				if n == 1 {
+					firstAt = time.Now()
+					return c.first()
+				}
+				if secondAt.IsZero() {
+					secondAt = time.Now()
+				}
+				return 200, nil, ""
+			})
+			publishKeys(t, e, "a", "b", "c")
+			e.runWith(t, nil, batchOptions())
+			poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+			sent := a.sent()
+			for _, k := range []string{"a", "b", "c"} {
+				want := "[1 2]"
+				if c.want != "" {
+					want = "[1]"
+				}
+				if fmt.Sprint(sent[k]) != want {
+					t.Errorf("%s sent with attempts %v, want %s", k, sent[k], want)
+				}
+			}
+			reasons := deadLetterReasons(t, e)
+			for _, k := range []string{"a", "b", "c"} {
+				if reasons[k] != c.want {
+					t.Errorf("%s dead letter reason %q, want %q", k, reasons[k], c.want)
+				}
+			}
+			if c.name == "503 with Retry-After" && secondAt.Sub(firstAt) < 900*time.Millisecond {
+				t.Errorf("retried after %s, want the app's Retry-After of 1s", secondAt.Sub(firstAt))
+			}
+		})
+	}
+}
+
+// A batch goes when full: eight messages in flight slots of 2 × 4 go in
+// batches of at most BatchMax, all of them settled.
+func TestBatchFullGoesAtOnce(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) { return 204, nil, "" })
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.BatchMax, o.BatchWait = 4, time.Hour // only a full batch goes
+	e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, b := range a.batches {
+		if len(b) != 4 {
+			t.Errorf("batch %d carried %d entries, want 4 (BatchMax, the wait an hour)", i, len(b))
+		}
+	}
+	if len(a.batches) != 10 {
+		t.Errorf("%d batches for 40 messages, want 10", len(a.batches))
+	}
+}
+
+// A body that is not JSON goes as dataBase64.
+func TestBatchBinaryEntry(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) { return 200, nil, "" })
+	m := nats.NewMsg("s.bin")
+	m.Data = []byte{0, 0xff, 'x'}
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	e.runWith(t, nil, batchOptions())
+	poll.Until(t, 20*time.Second, "settled", func() bool { return e.settled(t) })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	got, err := base64.StdEncoding.DecodeString(a.batches[0][0].DataBase64)
+	if err != nil || string(got) != string(m.Data) || a.batches[0][0].Data != nil {
+		t.Errorf("entry data %q / dataBase64 %q", a.batches[0][0].Data, a.batches[0][0].DataBase64)
+	}
+}

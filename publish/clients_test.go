@@ -1,0 +1,97 @@
+package publish
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natstest"
+)
+
+// TestPublishFromOtherLanguages: an app in Python or Node, with its
+// standard library only, publishes through the API (testdata/client.py,
+// testdata/client.mjs, run as subprocesses): its message is stored with its
+// headers, a retry with the same Idempotency-Key is reported as the
+// duplicate it is, and the refusals reach it as statuses with a JSON error.
+func TestPublishFromOtherLanguages(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{Token: func() string { return "t0ken" }})
+
+	for _, tt := range []struct{ lang, bin, script string }{
+		{"python", "python3", "testdata/client.py"},
+		{"node", "node", "testdata/client.mjs"},
+	} {
+		t.Run(tt.lang, func(t *testing.T) {
+			bin, err := exec.LookPath(tt.bin)
+			if err != nil {
+				t.Skipf("%s not installed (%v): the %s client is not tried", tt.bin, err, tt.lang)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var stderr bytes.Buffer
+			cmd := exec.CommandContext(ctx, bin, tt.script, a.url, "t0ken")
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%s %s: %v\n%s", tt.bin, tt.script, err, stderr.String())
+			}
+			got := map[string]clientAnswer{}
+			sc := bufio.NewScanner(bytes.NewReader(out))
+			for sc.Scan() {
+				var ca clientAnswer
+				if err := json.Unmarshal(sc.Bytes(), &ca); err != nil {
+					t.Fatalf("client output %q: %v", sc.Text(), err)
+				}
+				got[ca.Name] = ca
+			}
+
+			first, again := got["first"], got["again"]
+			if first.Status != 200 || first.Answer.Stream != "ORDERS" || first.Answer.Duplicate {
+				t.Errorf("first publish: %+v", first)
+			}
+			if again.Status != 200 || !again.Answer.Duplicate || again.Answer.Seq != first.Answer.Seq {
+				t.Errorf("the retry: %+v, want a duplicate of seq %d", again, first.Answer.Seq)
+			}
+			if f := got["forbidden"]; f.Status != 403 || f.Answer.Error == "" {
+				t.Errorf("outside the subjects: %+v", f)
+			}
+			if n := got["no-token"]; n.Status != 401 || n.Answer.Error == "" {
+				t.Errorf("without the token: %+v", n)
+			}
+			m := stored(t, js, "ORDERS", first.Answer.Seq)
+			if m.Subject != "orders."+tt.lang || m.Header.Get(nats.MsgIdHdr) != tt.lang+"-7" ||
+				m.Header.Get("X-Client") != tt.lang || m.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("stored on %s with headers %v", m.Subject, m.Header)
+			}
+			var body struct {
+				Order int    `json:"order"`
+				From  string `json:"from"`
+			}
+			if err := json.Unmarshal(m.Data, &body); err != nil || body.Order != 7 || body.From != tt.lang {
+				t.Errorf("stored body %q (%v)", m.Data, err)
+			}
+		})
+	}
+}
+
+// clientAnswer is a line of the clients' output.
+type clientAnswer struct {
+	Name       string  `json:"name"`
+	Status     int     `json:"status"`
+	RetryAfter *string `json:"retry_after"`
+	Answer     struct {
+		Stream    string `json:"stream"`
+		Seq       uint64 `json:"seq"`
+		Duplicate bool   `json:"duplicate"`
+		Error     string `json:"error"`
+	} `json:"answer"`
+}

@@ -1,0 +1,79 @@
+package publish
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+)
+
+// TestMessageHeaders: what of a request's headers a message keeps, and how
+// its Nats-* headers are spelt.
+func TestMessageHeaders(t *testing.T) {
+	src := http.Header{}
+	for k, v := range map[string]string{
+		"Connection": "keep-alive, X-Per-Hop", "X-Per-Hop": "1", "Keep-Alive": "timeout=5", "Te": "trailers",
+		"Accept": "*/*", "Accept-Encoding": "gzip", "User-Agent": "curl/8", "Sec-Fetch-Mode": "cors",
+		"Authorization": "Bearer t", "Expect": "100-continue", "Content-Length": "3",
+		"Content-Type": "text/plain", "X-Order": "7",
+		"Nats-Ttl": "1m", "Nats-Expected-Last-Subject-Sequence": "4",
+		"Tracestate": "a=1", "Baggage": "k=v",
+	} {
+		src.Set(k, v)
+	}
+	h, generated, err := messageHeaders(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"Content-Type": "text/plain", "X-Order": "7", "Nats-TTL": "1m", "Nats-Expected-Last-Subject-Sequence": "4",
+		"tracestate": "a=1", "baggage": "k=v",
+	}
+	if !generated || !strings.HasPrefix(h.Get(nats.MsgIdHdr), generatedIDPrefix) {
+		t.Errorf("generated %v, Nats-Msg-Id %q", generated, h.Get(nats.MsgIdHdr))
+	}
+	delete(h, nats.MsgIdHdr)
+	for k, v := range want {
+		if got := h[k]; len(got) != 1 || got[0] != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if len(h) != len(want) {
+		t.Errorf("headers %v, want only %v", h, want)
+	}
+
+	// The app's own Nats-Msg-Id, alone, is the id.
+	h, generated, err = messageHeaders(http.Header{"Nats-Msg-Id": {"m-1"}})
+	if err != nil || generated || h.Get(nats.MsgIdHdr) != "m-1" {
+		t.Errorf("Nats-Msg-Id alone: %v %v %v", h, generated, err)
+	}
+	// The same id twice is one id.
+	if h, _, err = messageHeaders(http.Header{"Idempotency-Key": {"m-1"}, "Nats-Msg-Id": {"m-1"}}); err != nil || h.Get(nats.MsgIdHdr) != "m-1" {
+		t.Errorf("the same id twice: %v %v", h, err)
+	}
+	for _, bad := range []http.Header{
+		{"Nats-Batch-Id": {"b"}},
+		{"Nats-Expected-Something-New": {"1"}},
+		{"Idempotency-Key": {"a", "b"}},
+		{"Idempotency-Key": {""}},
+	} {
+		var ref *refusal
+		if _, _, err := messageHeaders(bad); !errors.As(err, &ref) || ref.status != http.StatusBadRequest {
+			t.Errorf("%v: %v, want a 400", bad, err)
+		}
+	}
+}
+
+// TestHeaderSize: the size counted against max_payload is what NATS sends.
+func TestHeaderSize(t *testing.T) {
+	h := nats.Header{"A": {"1", "22"}}
+	// NATS/1.0\r\n A: 1\r\n A: 22\r\n \r\n
+	if got, want := headerSize(h), 10+6+7+2; got != want {
+		t.Errorf("headerSize = %d, want %d", got, want)
+	}
+	if headerSize(nil) != 0 {
+		t.Error("no headers count")
+	}
+}

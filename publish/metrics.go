@@ -1,0 +1,54 @@
+package publish
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the server's collectors, registered on the registry the
+// caller passes in.
+type metrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	inflight prometheus.Gauge
+	retries  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "courier_publish_requests_total",
+			Help: "Publishes through courier's HTTP API, by outcome: stored and duplicate (200, acknowledged by a stream), unauthorized (401), forbidden (403), invalid (400), no_stream (404), too_large (413), expectation_failed (412), unavailable (503, no acknowledgement in time), busy (503, too many at once), canceled (the caller went away).",
+		}, []string{"outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "courier_publish_duration_seconds",
+			Help:    "Time from a publish request's arrival to its answer, by outcome.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "courier_publish_inflight_requests",
+			Help: "Publishes waiting for a stream's acknowledgement now.",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_publish_retries_total",
+			Help: "Publish attempts courier made again within a request's time (NATS unreachable, no quorum, a leader election).",
+		}),
+	}
+	for _, o := range outcomes {
+		m.requests.WithLabelValues(o)
+		m.latency.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("publish: registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// observe counts one answered request.
+func (m *metrics) observe(outcome string, seconds float64) {
+	m.requests.WithLabelValues(outcome).Inc()
+	m.latency.WithLabelValues(outcome).Observe(seconds)
+}

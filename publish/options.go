@@ -1,0 +1,87 @@
+package publish
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/courierhq/courier/internal/subject"
+)
+
+// Options tunes a Server. Subjects is required; every other zero value means
+// the default stated on the field.
+type Options struct {
+	// Subjects are those the app may publish to, NATS wildcards allowed
+	// (COURIER_PUBLISH_SUBJECTS). A subject no entry matches is refused 403.
+	Subjects []string
+	// Token returns the bearer token callers must send as
+	// "Authorization: Bearer <token>"; "" asks for none. It is called on
+	// every request, so a token re-read from a file takes effect at once;
+	// it must be fast and safe for concurrent use. Nil asks for none.
+	Token func() string
+	// Timeout bounds one publish, from its arrival to the stream's
+	// acknowledgement, courier's own retries included; past it the caller
+	// gets 503 with Retry-After. The sidecar passes COURIER_HTTP_TIMEOUT.
+	// Default 10s.
+	Timeout time.Duration
+	// MaxConcurrent bounds the publishes in progress at once; one beyond
+	// it is answered 503 busy at once (with Retry-After), so that memory
+	// stays bounded however many requests arrive. Default 256.
+	MaxConcurrent int
+	// RetryAfter is what a 503 tells the caller to wait, rounded up to
+	// whole seconds. Default 1s.
+	RetryAfter time.Duration
+	// Tracer, when set, makes a producer span of each publish whose parent
+	// is the request's traceparent and whose context the message carries.
+	// Nil: no spans, and traceparent passes as any other header.
+	Tracer trace.Tracer
+	// Propagator reads the request's trace context and writes the
+	// message's. Default W3C Trace Context.
+	Propagator propagation.TextMapPropagator
+	// Logger receives logs, narrowed with component=publish; default
+	// discards. Publishes are logged at debug only.
+	Logger *slog.Logger
+	// Registerer receives the metrics; default a private registry.
+	Registerer prometheus.Registerer
+}
+
+// maxHeaderBytes bounds a request's header block: JetStream refuses a
+// message whose headers exceed 64 KiB (JSStreamHeaderExceedsMaximumErr in
+// nats-server's server/errors.json), so a larger block could never be
+// published. net/http answers 431 beyond it.
+const maxHeaderBytes = 64 << 10
+
+func (o *Options) defaults() error {
+	if len(o.Subjects) == 0 {
+		return errors.New("publish: Subjects are required")
+	}
+	for _, s := range o.Subjects {
+		if err := subject.Check(s); err != nil {
+			return fmt.Errorf("publish: subject %w", err)
+		}
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 256
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = time.Second
+	}
+	if o.Propagator == nil {
+		o.Propagator = propagation.TraceContext{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	return nil
+}

@@ -1,0 +1,423 @@
+// Package publish is courier's HTTP publish API: an app publishes to
+// JetStream with plain HTTP, `POST /v1/publish/<subject>`, the body as the
+// message data and the request's headers as its headers, and gets its answer
+// only once a stream has acknowledged the message (200 with the stream, the
+// sequence and whether it was a duplicate), or a status saying why not: 401
+// without the bearer token, 403 a subject outside Options.Subjects, 400 an
+// invalid subject or header, 404 no stream captures it, 413 too large, 412 a
+// Nats-Expected-* header did not hold, 503 with Retry-After when no
+// acknowledgement came within Options.Timeout (courier retried meanwhile:
+// NATS unreachable, no quorum, a leader election) or when too many publishes
+// are in progress.
+//
+// Idempotency-Key becomes the message's Nats-Msg-Id, so a publish the app
+// retries is stored once within the stream's duplicate window; a request
+// without one gets a Nats-Msg-Id of courier's own, so that courier's retries
+// of that one request never store it twice.
+package publish
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/subject"
+)
+
+// PathPrefix is where the API is served: POST PathPrefix + subject.
+const PathPrefix = "/v1/publish/"
+
+// attemptTimeout bounds one publish attempt within a request's time: an
+// acknowledgement takes milliseconds, so one this late went to a server that
+// is gone or has no quorum, and the next attempt (same Nats-Msg-Id, so
+// stored once) may reach one that answers.
+const attemptTimeout = 3 * time.Second
+
+// retryPolicy spaces the attempts within one request's time: soon at
+// first (a leader election takes a moment), at most a second apart.
+var retryPolicy = retry.Policy{Initial: 50 * time.Millisecond, Max: time.Second, Multiplier: 2}
+
+// reservedPrefixes start subjects NATS itself acts on (its API, key-value
+// and object stores, system account, inboxes): never published to through
+// courier, whatever Options.Subjects allows.
+var reservedPrefixes = [...]string{"$JS.", "$KV.", "$O.", "$SYS.", "$SRV.", "_INBOX."}
+
+// Server is the publish API. Create it with Listen, call Start once (it
+// serves from then on), Connect once the NATS connection is made, and
+// Shutdown to stop it; its methods are safe for concurrent use. Until
+// Connect, a publish waits for the connection within its time, then is
+// answered 503: an app that starts before courier has reached NATS gets a
+// Retry-After, not a refused connection.
+type Server struct {
+	// nc and js are set once, by Connect, before connected is closed.
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	connected chan struct{}
+	connect   sync.Once
+
+	o     Options
+	log   *slog.Logger
+	m     *metrics
+	slots chan struct{} // a token per publish in progress
+
+	ln  net.Listener
+	srv *http.Server
+	// base is every request's context; cancelled when Shutdown gives up
+	// waiting, so that publishes still retrying answer 503 at once.
+	base       context.Context
+	cancelBase context.CancelFunc
+	start      sync.Once
+	done       chan error
+}
+
+// Listen binds addr (host:port; the sidecar makes ":7416" 127.0.0.1:7416)
+// and prepares the API. It registers the metrics on opts.Registerer;
+// nothing is served before Start.
+func Listen(addr string, opts Options) (*Server, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("publish API cannot listen on COURIER_PUBLISH_ADDR %q: %w", addr, err)
+	}
+	base, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		connected: make(chan struct{}),
+		o:         opts, m: m,
+		log:   opts.Logger.With("component", "publish"),
+		slots: make(chan struct{}, opts.MaxConcurrent),
+		ln:    ln, base: base, cancelBase: cancel,
+		done: make(chan error, 1),
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+PathPrefix+"{subject...}", s.servePublish)
+	s.srv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		// The body must arrive within the publish's own time.
+		ReadTimeout:    opts.Timeout,
+		WriteTimeout:   opts.Timeout + 5*time.Second,
+		IdleTimeout:    time.Minute,
+		MaxHeaderBytes: maxHeaderBytes,
+		BaseContext:    func(net.Listener) context.Context { return base },
+		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+	}
+	return s, nil
+}
+
+// Connect hands the server the NATS connection and its JetStream to
+// publish on; they stay the caller's to drain and close after Shutdown.
+// Publishes waiting for it go on at once. Only the first call counts.
+func (s *Server) Connect(nc *nats.Conn, js jetstream.JetStream) {
+	s.connect.Do(func() {
+		s.nc, s.js = nc, js
+		close(s.connected)
+	})
+}
+
+// Addr is the address actually bound (useful with port 0).
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Start serves in a goroutine owned by the server; Shutdown stops and waits
+// for it. A second call does nothing.
+func (s *Server) Start() {
+	s.start.Do(func() {
+		go func() {
+			err := s.srv.Serve(s.ln)
+			if errors.Is(err, http.ErrServerClosed) {
+				err = nil
+			}
+			s.done <- err
+		}()
+		s.log.Info("publish API listening", "addr", s.Addr(), "subjects", strings.Join(s.o.Subjects, ","),
+			"timeout", s.o.Timeout.String(), "max_concurrent", s.o.MaxConcurrent)
+	})
+}
+
+// Shutdown stops accepting requests and waits, until ctx ends, for those
+// in progress to be answered (each within Options.Timeout); when ctx ends
+// first, the publishes still retrying are answered 503 and the connections
+// closed. It returns ctx's error in that case. Call it once, after Start.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		s.cancelBase()
+		_ = s.srv.Close()
+	}
+	s.cancelBase()
+	s.start.Do(func() { // never started: nothing to wait for
+		_ = s.ln.Close()
+		s.done <- nil
+	})
+	if serr := <-s.done; err == nil {
+		err = serr
+	}
+	return err
+}
+
+// result is what a request is answered.
+type result struct {
+	status  int
+	outcome string
+	msg     string // why, for a refusal
+	ack     *jetstream.PubAck
+	dup     bool // the ack's duplicate flag, as the app should read it
+}
+
+func fail(err error) result {
+	var ref *refusal
+	if errors.As(err, &ref) {
+		return result{status: ref.status, outcome: ref.outcome, msg: ref.msg}
+	}
+	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: err.Error()}
+}
+
+func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	subj := r.PathValue("subject")
+	res := s.handle(r, subj)
+	s.answer(w, res)
+	s.m.observe(res.outcome, time.Since(start).Seconds())
+	if !s.log.Enabled(r.Context(), slog.LevelDebug) {
+		return // spare building the line's attributes
+	}
+	if res.ack != nil {
+		s.log.Debug("published", "subject", subj, "stream", res.ack.Stream, "seq", res.ack.Sequence, "duplicate", res.dup)
+	} else {
+		s.log.Debug("publish refused", "subject", subj, "status", res.status, "outcome", res.outcome, "reason", res.msg)
+	}
+}
+
+// handle decides a request, in the order its checks cost: the token, the
+// subject, a slot, the body, the headers, then the publish.
+func (s *Server) handle(r *http.Request, subj string) result {
+	if !s.authorized(r) {
+		return result{status: http.StatusUnauthorized, outcome: outcomeUnauthorized, msg: "a bearer token is required: Authorization: Bearer <token>"}
+	}
+	if err := s.allowed(subj); err != nil {
+		return fail(err)
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		return result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
+			msg: fmt.Sprintf("courier busy: %d publishes in progress", s.o.MaxConcurrent)}
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+
+	// The request's time, courier's retries included, runs from here.
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
+	defer cancel()
+	select {
+	case <-s.connected:
+	case <-ctx.Done():
+		return s.timedOut(r.Context(), errNotConnected)
+	}
+	maxPayload := s.nc.MaxPayload()
+	data, err := readBody(r, maxPayload)
+	if err != nil {
+		return fail(err)
+	}
+	h, generated, err := messageHeaders(r.Header)
+	if err != nil {
+		return fail(err)
+	}
+	m := &nats.Msg{Subject: subj, Header: h, Data: data}
+	sp := s.startSpan(r, m)
+	res := s.publishMsg(ctx, r.Context(), m, generated, maxPayload)
+	sp.end(res)
+	return res
+}
+
+// authorized reports whether the request carries the token, when one is
+// asked for. Both sides are hashed first, so that the comparison takes the
+// same time whatever the token's length.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.o.Token == nil {
+		return true
+	}
+	want := s.o.Token()
+	if want == "" {
+		return true
+	}
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	a, b := sha256.Sum256([]byte(strings.TrimSpace(got))), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// allowed checks the subject: a valid literal (400), outside NATS's own
+// subjects and matched by one of Options.Subjects (403).
+func (s *Server) allowed(subj string) error {
+	if err := subject.CheckLiteral(subj); err != nil {
+		return refuse(http.StatusBadRequest, outcomeInvalid, "%s", err.Error())
+	}
+	for _, p := range reservedPrefixes {
+		if strings.HasPrefix(subj, p) {
+			return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
+		}
+	}
+	for _, f := range s.o.Subjects {
+		if subject.Matches(f, subj) {
+			return nil
+		}
+	}
+	return refuse(http.StatusForbidden, outcomeForbidden, "subject %q is not among the subjects the app may publish to (COURIER_PUBLISH_SUBJECTS)", subj)
+}
+
+// readBody reads the message data, refusing (413) a body larger than the
+// server's max_payload before reading it when its length is declared.
+func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
+	tooLarge := func() error {
+		return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the body is larger than the server's max_payload (%d bytes)", maxPayload)
+	}
+	if r.ContentLength > maxPayload {
+		return nil, tooLarge()
+	}
+	body := http.MaxBytesReader(nil, r.Body, maxPayload)
+	var data []byte
+	var err error
+	if r.ContentLength >= 0 {
+		data = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(body, data)
+	} else {
+		data, err = io.ReadAll(body)
+	}
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, tooLarge()
+	case err != nil:
+		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
+	}
+	return data, nil
+}
+
+// publishMsg publishes m, retrying until ctx (the request's time) ends,
+// and returns the answer; reqCtx tells whether the caller went away.
+func (s *Server) publishMsg(ctx, reqCtx context.Context, m *nats.Msg, generated bool, maxPayload int64) result {
+	if size := int64(len(m.Data) + headerSize(m.Header)); size > maxPayload {
+		return fail(refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge,
+			"the message is %d bytes with its headers, more than the server's max_payload (%d bytes)", size, maxPayload))
+	}
+	var (
+		ack         *jetstream.PubAck
+		last        error
+		maybeStored bool // an earlier attempt may have been stored
+	)
+	err := retry.Do(ctx, retryPolicy, func(ctx context.Context) error {
+		if !s.nc.IsConnected() {
+			last = errNotConnected
+			return last
+		}
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		defer cancel()
+		a, err := s.js.PublishMsg(actx, m, jetstream.WithRetryAttempts(0))
+		if err == nil {
+			ack = a
+			return nil
+		}
+		err = classify(ctx, err, func(ctx context.Context) (bool, error) {
+			_, err := s.js.StreamNameBySubject(actx, m.Subject)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return true, nil
+			}
+			return false, err
+		})
+		var tr *transient
+		if !errors.As(err, &tr) {
+			return retry.Permanent(err)
+		}
+		// A request that timed out may have been stored; one no
+		// stream answered, or that the server turned down, was not.
+		var apiErr *jetstream.APIError
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.As(err, &apiErr) {
+			maybeStored = true
+		}
+		last = err
+		return err
+	}, func(error, time.Duration) { s.m.retries.Inc() })
+
+	switch {
+	case err == nil:
+		res := result{status: http.StatusOK, outcome: outcomeStored, ack: ack}
+		// A duplicate of courier's own id, or of an attempt of this very
+		// request, is this request's message: not a duplicate to the app.
+		if ack.Duplicate && !generated && !maybeStored {
+			res.outcome, res.dup = outcomeDuplicate, true
+		}
+		return res
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return s.timedOut(reqCtx, last)
+	}
+	return fail(err)
+}
+
+// timedOut is the answer when the request's time ran out (or the caller
+// went away) before an acknowledgement; last is the last attempt's error.
+func (s *Server) timedOut(reqCtx context.Context, last error) result {
+	if reqCtx.Err() != nil {
+		return result{status: http.StatusServiceUnavailable, outcome: outcomeCanceled, msg: "the request ended before an acknowledgement"}
+	}
+	why := "no acknowledgement within " + s.o.Timeout.String()
+	if last != nil {
+		why += ": " + last.Error()
+	}
+	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: why}
+}
+
+// answer writes the result as JSON: {"stream","seq","duplicate"} on
+// success, {"error"} otherwise, with Retry-After on a 503 and the scheme on
+// a 401.
+func (s *Server) answer(w http.ResponseWriter, res result) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	var body any
+	switch res.status {
+	case http.StatusOK:
+		body = struct {
+			Stream    string `json:"stream"`
+			Seq       uint64 `json:"seq"`
+			Duplicate bool   `json:"duplicate"`
+		}{res.ack.Stream, res.ack.Sequence, res.dup}
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", strconv.Itoa(int((s.o.RetryAfter+time.Second-1)/time.Second)))
+		body = errorBody{res.msg}
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", `Bearer realm="courier"`)
+		body = errorBody{res.msg}
+	default:
+		body = errorBody{res.msg}
+	}
+	w.WriteHeader(res.status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}

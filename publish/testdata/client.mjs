@@ -1,0 +1,35 @@
+// A publisher in Node with the standard library only (node:http), as an app
+// would write one: POST the message, read the JSON answer. It prints one
+// JSON line per publish: {"name", "status", "retry_after", "answer"}.
+//
+// Usage: node client.mjs BASE_URL TOKEN
+import http from "node:http";
+
+const [base, token] = process.argv.slice(2);
+
+function publish(name, subject, body, headers) {
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${base}/v1/publish/${subject}`, { method: "POST", headers }, (res) => {
+      const chunks = [];
+      res.on("data", (c) => chunks.push(c));
+      res.on("end", () => {
+        console.log(JSON.stringify({
+          name, status: res.statusCode, retry_after: res.headers["retry-after"] ?? null,
+          answer: JSON.parse(Buffer.concat(chunks).toString()),
+        }));
+        resolve();
+      });
+    });
+    req.setTimeout(10000, () => req.destroy(new Error("timeout")));
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+const auth = { Authorization: `Bearer ${token}` };
+const order = JSON.stringify({ order: 7, from: "node" });
+await publish("first", "orders.node", order,
+  { ...auth, "Content-Type": "application/json", "Idempotency-Key": "node-7", "X-Client": "node" });
+await publish("again", "orders.node", order, { ...auth, "Idempotency-Key": "node-7" });
+await publish("forbidden", "billing.node", "x", auth);
+await publish("no-token", "orders.node", "x", {});

@@ -16,6 +16,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/courierhq/courier/internal/appurl"
+	"github.com/courierhq/courier/internal/orderkey"
 )
 
 // problem is one line of an *Error, with the position of its variable in
@@ -146,6 +147,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkDedup(cfg)
 	c.checkBreaker(cfg)
 	c.checkBatch(cfg)
+	c.checkOrder(cfg)
 	c.checkSuccess(cfg)
 	c.checkReplies(cfg)
 	c.checkStandards(cfg)
@@ -458,6 +460,15 @@ func (c *checker) checkBreaker(cfg *Config) {
 // maxBatch bounds COURIER_BATCH_MAX: each entry is a message held in
 // progress while its batch runs, and a worker waits on it.
 const maxBatch = 1000
+
+func (c *checker) checkOrder(cfg *Config) {
+	if cfg.OrderKey == "" {
+		return
+	}
+	if _, err := orderkey.Parse(cfg.OrderKey); err != nil {
+		c.add("COURIER_ORDER_KEY", "%s", err.Error())
+	}
+}
 
 func (c *checker) checkBatch(cfg *Config) {
 	if c.ok("COURIER_BATCH_MAX") && (cfg.BatchMax < 1 || cfg.BatchMax > maxBatch) {

@@ -98,6 +98,10 @@ type Config struct {
 	// 0 = 64 × MaxInflight (EffectiveReplyMaxWaiting).
 	ReplyMaxWaiting int `env:"COURIER_REPLY_MAX_WAITING"`
 
+	// OrderKey orders the messages of one key (internal/orderkey):
+	// "subject:N" or "header:NAME"; "" = no order.
+	OrderKey string `env:"COURIER_ORDER_KEY"`
+
 	// Batches (package batch): BatchMax messages per request to the app
 	// (1 = one message per request); a batch goes when it holds BatchMax
 	// entries or BatchBytes of message data, or BatchWait after its first

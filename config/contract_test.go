@@ -20,6 +20,8 @@ func TestNewVariablesBadValues(t *testing.T) {
 		{"breaker probe unit", with(map[string]string{"COURIER_BREAKER_PROBE": "5"}), `COURIER_BREAKER_PROBE="5": missing a unit`},
 		{"max rate negative", with(map[string]string{"COURIER_MAX_RATE": "-1"}), `COURIER_MAX_RATE="-1": must not be negative`},
 		{"max rate word", with(map[string]string{"COURIER_MAX_RATE": "fast"}), `COURIER_MAX_RATE="fast": not a number`},
+		{"order key of nothing", with(map[string]string{"COURIER_ORDER_KEY": "subject:0"}), `COURIER_ORDER_KEY="subject:0": subject:0: the token's position must be a whole number from 1`},
+		{"order key of a body", with(map[string]string{"COURIER_ORDER_KEY": "body:id"}), `COURIER_ORDER_KEY="body:id": "body": the key is "subject:N" or "header:NAME"`},
 		{"batch of none", with(map[string]string{"COURIER_BATCH_MAX": "0"}), `COURIER_BATCH_MAX="0": must be from 1 (one message per request) to 1000`},
 		{"batch too large", with(map[string]string{"COURIER_BATCH_MAX": "5000"}), `COURIER_BATCH_MAX="5000": must be from 1`},
 		{"batch wait negative", with(map[string]string{"COURIER_BATCH_WAIT": "-1ms"}), `COURIER_BATCH_WAIT="-1ms": must be from 0`},

@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/batch"
@@ -38,7 +41,8 @@ const batchAnswerLimit = 4 << 20
 // batchEntry is one delivery waiting for its part of a batch.
 type batchEntry struct {
 	d    *delivery
-	h    http.Header // the headers it would have been sent with alone
+	h    http.Header  // the headers it would have been sent with alone
+	span *attemptSpan // nil: tracing off
 	done chan batchResult
 }
 
@@ -107,8 +111,8 @@ func newBatcher(r *Runner) *batcher {
 
 // submit hands d, with the headers h it would be sent with alone, to the
 // next batch and returns its part of the answer.
-func (b *batcher) submit(d *delivery, h http.Header) batchResult {
-	e := &batchEntry{d: d, h: h, done: make(chan batchResult, 1)}
+func (b *batcher) submit(d *delivery, h http.Header, span *attemptSpan) batchResult {
+	e := &batchEntry{d: d, h: h, span: span, done: make(chan batchResult, 1)}
 	select {
 	case b.in <- e:
 	case <-b.r.ph.requests.Done():
@@ -221,6 +225,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	}
 	body := batch.Encode(make([]byte, 0, 512*len(entries)), es)
 	h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
+	span := r.startBatchSpan(entries, h)
 	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
 	defer cancel()
 	r.m.inflight.Inc()
@@ -237,6 +242,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	}
 	took := time.Since(began)
 	r.m.inflight.Dec()
+	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
 	b.entries.Observe(float64(len(entries)))
 	if err != nil {
@@ -292,4 +298,34 @@ func (r *Runner) classify(err error) apphttp.Class {
 		return apphttp.Transient
 	}
 	return apphttp.Classify(err, r.o.Retryable)
+}
+
+// startBatchSpan starts the span of a batch request when tracing is on: a
+// client span linked to each entry's attempt span, each of them linked to
+// it in turn, whose context the request carries (traceparent on h). It
+// returns nil when tracing is off.
+func (r *Runner) startBatchSpan(entries []*batchEntry, h http.Header) *attemptSpan {
+	if r.o.Tracer == nil {
+		return nil
+	}
+	links := make([]trace.Link, 0, len(entries))
+	for _, e := range entries {
+		if e.span != nil {
+			links = append(links, trace.LinkFromContext(e.span.ctx))
+		}
+	}
+	ctx, span := r.o.Tracer.Start(context.Background(), "send "+r.o.Stream+" batch",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.Int("messaging.batch.message_count", len(entries)),
+			attribute.String("courier.stream", r.o.Stream),
+		))
+	for _, e := range entries {
+		if e.span != nil {
+			e.span.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
+		}
+	}
+	r.propagator().Inject(ctx, propagation.HeaderCarrier(h))
+	return &attemptSpan{span: span, ctx: ctx}
 }

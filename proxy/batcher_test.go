@@ -8,11 +8,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/courierhq/courier/batch"
 	"github.com/courierhq/courier/dlq"
@@ -265,6 +269,10 @@ func TestBatchWholeAnswers(t *testing.T) {
 		}, ""},
 		{"malformed answer", func() (int, http.Header, string) { return 200, nil, `{"statuses":[{` }, ""},
 		{"400", func() (int, http.Header, string) { return 400, nil, "bad batch" }, dlq.ReasonRejected},
+		{"no answer in time", func() (int, http.Header, string) {
+			time.Sleep(700 * time.Millisecond) // past the HTTP timeout: real time is what is tested
+			return 200, nil, ""
+		}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := setup(t)
@@ -280,7 +288,9 @@ func TestBatchWholeAnswers(t *testing.T) {
 				return 200, nil, ""
 			})
 			publishKeys(t, e, "a", "b", "c")
-			e.runWith(t, nil, batchOptions())
+			o := batchOptions()
+			o.HTTPTimeout = 300 * time.Millisecond
+			e.runWith(t, nil, o)
 			poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
 			sent := a.sent()
 			for _, k := range []string{"a", "b", "c"} {
@@ -347,5 +357,114 @@ func TestBatchBinaryEntry(t *testing.T) {
 	got, err := base64.StdEncoding.DecodeString(a.batches[0][0].DataBase64)
 	if err != nil || string(got) != string(m.Data) || a.batches[0][0].Data != nil {
 		t.Errorf("entry data %q / dataBase64 %q", a.batches[0][0].Data, a.batches[0][0].DataBase64)
+	}
+}
+
+// A storm with batches on costs nothing: the failed batches open the
+// breaker, it probes with a batch of one, and once the app recovers every
+// message is delivered; none is dead-lettered.
+func TestBatchStormCostsNothing(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+		if storming.Load() {
+			return 503, nil, "database down"
+		}
+		return 200, nil, ""
+	})
+	var keys []string
+	for i := range 24 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.BreakerFailures, o.BreakerProbe = 4, 100*time.Millisecond
+	r, _ := e.runWith(t, nil, o)
+	waitBreakerOpen(t, r)
+	poll.Until(t, 10*time.Second, "a probe during the storm", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.batches) >= 3 && len(a.batches[len(a.batches)-1]) == 1
+	})
+	storming.Store(false)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm", got)
+	}
+	for _, k := range keys {
+		if len(a.sent()[k]) == 0 {
+			t.Errorf("%s never sent", k)
+		}
+	}
+}
+
+// With tracing on, each entry's attempt span links to the span of its batch
+// request, which links back to each entry and whose traceparent the
+// request carries.
+func TestBatchSpans(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) { return 200, nil, "" })
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	publishKeys(t, e, "a", "b", "c")
+	o := batchOptions()
+	o.Tracer, o.BatchWait = tp.Tracer("test"), time.Second // the three in one batch
+	e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "four spans ended", func() bool { return len(rec.Ended()) >= 4 })
+	var batchSpan sdktrace.ReadOnlySpan
+	var entries []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "send S batch" {
+			batchSpan = s
+		} else {
+			entries = append(entries, s)
+		}
+	}
+	if batchSpan == nil || len(entries) != 3 {
+		t.Fatalf("spans: batch %v, %d entries; want a batch span and 3", batchSpan != nil, len(entries))
+	}
+	if len(batchSpan.Links()) != 3 {
+		t.Errorf("the batch span links %d entries, want 3", len(batchSpan.Links()))
+	}
+	for _, s := range entries {
+		if len(s.Links()) != 1 || s.Links()[0].SpanContext.SpanID() != batchSpan.SpanContext().SpanID() {
+			t.Errorf("entry span %s links %v, want the batch span", s.Name(), s.Links())
+		}
+	}
+	a.mu.Lock()
+	tp0 := a.headers[0].Get("Traceparent")
+	a.mu.Unlock()
+	if want := batchSpan.SpanContext().SpanID().String(); !strings.Contains(tp0, want) {
+		t.Errorf("the batch request's traceparent %q is not the batch span's (%s)", tp0, want)
+	}
+}
+
+// SIGTERM with a batch in flight: the batch finishes within the grace
+// period and each of its entries is acked.
+func TestBatchInFlightAtShutdown(t *testing.T) {
+	e := setup(t)
+	inFlight := make(chan struct{}, 1)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+		select {
+		case inFlight <- struct{}{}:
+		default:
+		}
+		time.Sleep(300 * time.Millisecond) // still running when courier is told to stop
+		return 200, nil, ""
+	})
+	publishKeys(t, e, "a", "b", "c")
+	o := batchOptions()
+	o.ShutdownGrace, o.BatchWait = 5*time.Second, time.Second
+	_, stop := e.runWith(t, nil, o)
+	<-inFlight
+	stop()
+	if !e.settled(t) {
+		t.Error("the batch in flight at shutdown was not acked")
+	}
+	if got := a.sent(); len(got) != 3 {
+		t.Errorf("sent %v, want a, b and c once", got)
 	}
 }

@@ -233,7 +233,7 @@ func (r *Runner) attempt(d *delivery) {
 	}()
 	for r.mayStart(d, span) {
 		span.request()
-		answer, took, err := r.send(d, h)
+		answer, took, err := r.send(d, h, span)
 		lastErr = err
 		out := r.decide(d, err, took)
 		delivered = out == outDelivered
@@ -427,10 +427,10 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Ans
 }
 
 // send sends d with headers h: on its own (post), or in a batch (batcher)
-// when batches are on.
-func (r *Runner) send(d *delivery, h http.Header) (*apphttp.Answer, time.Duration, error) {
+// when batches are on; span is d's attempt span (nil: tracing off).
+func (r *Runner) send(d *delivery, h http.Header, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
 	if r.batcher != nil {
-		res := r.batcher.submit(d, h)
+		res := r.batcher.submit(d, h, span)
 		return res.answer, res.took, res.err
 	}
 	return r.post(d.timer, h, d.m.Data())

@@ -1,5 +1,6 @@
 // Package admin serves courier's operator endpoints: /healthz (liveness,
-// never dependent on NATS or the app), /readyz (readiness) and /metrics.
+// never dependent on NATS or the app), /readyz (readiness) and /metrics
+// (docs/behaviour.md#liveness-is-not-readiness).
 package admin
 
 import (

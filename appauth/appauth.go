@@ -11,7 +11,7 @@
 // secret or the token is rotated without a restart, and one that becomes
 // unreadable or invalid keeps the last good value and says so once. The
 // formats are in secrets.go and token.go. No secret or token is ever put in
-// a log line or an error.
+// a log line or an error (docs/behaviour.md#signed-requests-and-a-token).
 package appauth
 
 import (

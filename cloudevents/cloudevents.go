@@ -2,7 +2,7 @@
 // the binary mode of the CloudEvents 1.0 HTTP binding
 // (github.com/cloudevents/spec, cloudevents/bindings/http-protocol-binding.md):
 // the body untouched, the attributes as ce-* headers, which is what Knative
-// and Dapr apps read (COURIER_CLOUDEVENTS=binary).
+// and Dapr apps read (COURIER_CLOUDEVENTS=binary; docs/behaviour.md#cloudevents).
 //
 // The attributes come from the headers courier already gives a delivery
 // (proxy.BuildHeaders), so that one call maps them:

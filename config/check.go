@@ -20,7 +20,8 @@ import (
 )
 
 // problem is one line of an *Error, with the position of its variable in
-// the SPEC's table so that the lines come out in that order.
+// the configuration table (README.md#configuration) so that the lines come
+// out in that order.
 type problem struct {
 	order int
 	name  string // the variable it is about, "" if none
@@ -33,7 +34,7 @@ type checker struct {
 	fields   map[string]string // Go field name → variable, to name env's ParseErrors
 	defaults map[string]string // variable → envDefault, for variables that have one
 	derived  map[string]string // variable → value Load filled in when it was unset
-	order    map[string]int    // variable → position in the SPEC's table
+	order    map[string]int    // variable → position in the configuration table
 	bad      map[string]bool   // variables that did not parse: not checked further
 	problems []problem
 }

@@ -223,7 +223,7 @@ type Error struct {
 	// Problems are one line each, each naming the variable, its value (a
 	// secret redacted) and what is expected, e.g.
 	// COURIER_MAX_DELIVER="abc": not an integer. They are in the order of
-	// the variables in the SPEC's table.
+	// the variables in the README's configuration table.
 	Problems []string
 }
 
@@ -249,7 +249,7 @@ func Environ(kv []string) map[string]string {
 }
 
 // Load parses courier's configuration from environ (see Environ), applies
-// the defaults of the SPEC's table, fills in the derived ones
+// the defaults of the README's configuration table, fills in the derived ones
 // (COURIER_DLQ_SUBJECT) and checks every value and the relations between
 // them. It reads nothing but environ and, to check that they are readable,
 // the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT, NATS_KEY,

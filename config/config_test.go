@@ -75,7 +75,8 @@ func tempFile(t *testing.T, name string) string {
 	return p
 }
 
-// specOrder returns the SPEC's environment table, in order.
+// specOrder returns the variables of the README's configuration table
+// (README.md#configuration), in order.
 func specOrder() []string {
 	return []string{
 		"NATS_URL", "NATS_CREDS", "NATS_NKEY", "NATS_USER", "NATS_PASSWORD", "NATS_TOKEN",
@@ -89,7 +90,7 @@ func specOrder() []string {
 		"COURIER_DEDUP_TTL", "COURIER_DEDUP_STORE", "COURIER_DEDUP_BUCKET",
 		"COURIER_BREAKER_FAILURES", "COURIER_BREAKER_PROBE", "COURIER_MAX_RATE",
 		"COURIER_SUCCESS_SUBJECT", "COURIER_REPLY_SUBJECTS", "COURIER_REPLY_URL",
-		"COURIER_REPLY_MAX_WAITING", // courier's own addition to the SPEC's table
+		"COURIER_REPLY_MAX_WAITING", // the bound on requests waiting for a reply slot
 		"COURIER_ORDER_KEY", "COURIER_BATCH_MAX", "COURIER_BATCH_WAIT", "COURIER_BATCH_BYTES",
 		"COURIER_CLOUDEVENTS", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE",
 		"COURIER_PUBLISH_ADDR", "COURIER_PUBLISH_SUBJECTS",
@@ -157,8 +158,9 @@ func TestLoadDefaults(t *testing.T) {
 	}
 }
 
-// TestDefaultsAsSpecStates checks Describe's Value column against the SPEC's
-// defaults, in the SPEC's words where those are values.
+// TestDefaultsAsSpecStates checks Describe's Value column against the
+// defaults the README's configuration table states, in its words where
+// those are values.
 func TestDefaultsAsSpecStates(t *testing.T) {
 	spec := map[string]string{
 		"NATS_URL":                   "nats://127.0.0.1:4222",
@@ -193,16 +195,17 @@ func TestDefaultsAsSpecStates(t *testing.T) {
 			continue
 		}
 		if v.Value != want {
-			t.Errorf("%s: Value %q, want the SPEC's default %q", v.Name, v.Value, want)
+			t.Errorf("%s: Value %q, want the documented default %q", v.Name, v.Value, want)
 		}
 		if v.Name != "COURIER_DLQ_SUBJECT" && v.Default != want {
-			t.Errorf("%s: Default %q, want the SPEC's %q", v.Name, v.Default, want)
+			t.Errorf("%s: Default %q, want the documented %q", v.Name, v.Default, want)
 		}
 	}
 }
 
-// TestDescribeCoversConfig keeps Describe, the SPEC's order and the struct's
-// tags in step: a variable added to one must be added to all.
+// TestDescribeCoversConfig keeps Describe, the configuration table's order
+// and the struct's tags in step: a variable added to one must be added to
+// all.
 func TestDescribeCoversConfig(t *testing.T) {
 	vars := Describe(mustLoad(t, minimal()))
 	var names []string
@@ -224,7 +227,7 @@ func TestDescribeCoversConfig(t *testing.T) {
 		tags[name] = f.Tag.Get("envDefault")
 	}
 	if got := slices.Sorted(maps.Keys(tags)); !slices.Equal(got, slices.Sorted(slices.Values(specOrder()))) {
-		t.Errorf("Config's env tags %q differ from the SPEC's variables", got)
+		t.Errorf("Config's env tags %q differ from the configuration table's variables", got)
 	}
 	// Where the struct has a default, Describe must state the same one.
 	for _, v := range vars {
@@ -512,7 +515,7 @@ func TestUnreadableFile(t *testing.T) {
 }
 
 // TestAllProblemsAtOnce: parse errors of several variables and cross-field
-// problems come back together, in the SPEC's order.
+// problems come back together, in the configuration table's order.
 func TestAllProblemsAtOnce(t *testing.T) {
 	got := problems(t, map[string]string{
 		"COURIER_SHUTDOWN_GRACE":     "soon",

@@ -15,9 +15,9 @@ import (
 type Var struct {
 	// Name is the environment variable, such as COURIER_MAX_DELIVER.
 	Name string
-	// Meaning is a short description, as in the SPEC's table.
+	// Meaning is a short description, as in the README's configuration table.
 	Meaning string
-	// Default is the default as the SPEC states it: a value, or words such
+	// Default is the default as that table states it: a value, or words such
 	// as "required", "unset" or "dlq.<stream>.<consumer>".
 	Default string
 	// Value is the value in effect, formatted as it could be set. Secrets
@@ -35,7 +35,8 @@ type Var struct {
 	Problems []string
 }
 
-// spec is one row of the SPEC's table: the single list that orders
+// spec is one row of the README's configuration table
+// (README.md#configuration): the single list that orders
 // Describe's output and the problems of an *Error.
 type spec struct {
 	name, meaning, def string
@@ -120,7 +121,8 @@ func specs() []spec {
 }
 
 // Describe returns one Var per environment variable, in the order of the
-// SPEC's table, with the values of cfg in effect and its secrets redacted.
+// README's configuration table, with the values of cfg in effect and its
+// secrets redacted.
 func Describe(cfg Config) []Var {
 	r := cfg.Redacted()
 	ss := specs()

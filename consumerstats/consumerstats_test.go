@@ -7,8 +7,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/courierhq/courier/consumerstats"
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 )
 
@@ -57,8 +59,8 @@ func TestCollector(t *testing.T) {
 	}
 	fresh := prometheus.NewRegistry()
 	fresh.MustRegister(consumerstats.New(cons, consumerstats.Options{}))
-	if got := gather(t, fresh); len(got) != 0 {
-		t.Errorf("samples for a deleted consumer: %v, want none", got)
+	if n, err := testutil.GatherAndCount(fresh); err != nil || n != 0 {
+		t.Errorf("%d samples for a deleted consumer (%v), want none", n, err)
 	}
 }
 
@@ -75,44 +77,22 @@ func fetch(t *testing.T, cons jetstream.Consumer) jetstream.Msg {
 	return nil
 }
 
-// expect checks the three gauges gathered from reg.
+// expect checks the three gauges gathered from reg, each labelled with the
+// stream and the consumer, and that reg serves nothing else.
 func expect(t *testing.T, reg *prometheus.Registry, pending, ackPending, redelivered float64) {
 	t.Helper()
-	got := gather(t, reg)
 	want := map[string]float64{
 		"courier_consumer_pending_messages":     pending,
 		"courier_consumer_ack_pending_messages": ackPending,
 		"courier_consumer_redelivered_messages": redelivered,
 	}
-	if len(got) != len(want) {
-		t.Errorf("gathered %v, want %v", got, want)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != len(want) {
+		t.Errorf("%d series gathered (%v), want %d", n, err, len(want))
 	}
 	for name, v := range want {
-		if g, ok := got[name]; !ok || g != v {
-			t.Errorf("%s = %v (served %v), want %v", name, g, ok, v)
+		v2, ok := metricstest.Lookup(t, reg, name, "stream", "ORDERS", "consumer", "courier")
+		if !ok || v2 != v {
+			t.Errorf("%s{stream=\"ORDERS\",consumer=\"courier\"} = %v (served %v), want %v", name, v2, ok, v)
 		}
 	}
-}
-
-// gather returns each gauge in reg by name.
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["stream"] != "ORDERS" || labels["consumer"] != "courier" || len(labels) != 2 {
-				t.Errorf("%s labelled %v, want stream ORDERS and consumer courier", mf.GetName(), labels)
-			}
-			out[mf.GetName()] = m.GetGauge().GetValue()
-		}
-	}
-	return out
 }

@@ -5,7 +5,8 @@
 // Store keeps the keys in an embedded Badger database sized for a sidecar, with
 // a TTL per key. Record takes many keys at once and commits them together, so
 // a caller that gathers the keys of concurrent deliveries (group commit) pays
-// for one commit, and returns only once they are all committed.
+// for one commit, and returns only once they are all committed: the caller
+// acks a message only then (docs/behaviour.md#ack-only-after-the-key-is-recorded).
 //
 // Shared (shared.go) puts a replicated JetStream key-value bucket behind the
 // same methods, with a Store as its local cache, so that several couriers of

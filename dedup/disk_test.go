@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
 // TestDiskLow fakes the free space (a full disk cannot be made in a test):
@@ -36,7 +38,7 @@ func TestDiskLow(t *testing.T) {
 		return errors.Is(s.Healthy(), ErrDiskLow)
 	})
 	t.Logf("Healthy: %v", s.Healthy())
-	if got := gather(t, reg)["courier_dedup_disk_free_bytes"]; got != 10<<20 {
+	if got := metricstest.Value(t, reg, "courier_dedup_disk_free_bytes"); got != 10<<20 {
 		t.Errorf("courier_dedup_disk_free_bytes = %v, want %d", got, 10<<20)
 	}
 	if err := s.Record(ctx, "during"); !errors.Is(err, ErrDiskLow) {

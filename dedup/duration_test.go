@@ -6,40 +6,30 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
-// durationCounts returns the sample count of courier_dedup_duration_seconds
-// by op.
-func durationCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+// durationCounts returns the sample counts of courier_dedup_duration_seconds
+// {op="check"} and {op="record"}, failing t unless those are its only two
+// series.
+func durationCounts(t *testing.T, reg *prometheus.Registry) (check, record float64) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if n, err := testutil.GatherAndCount(reg, "courier_dedup_duration_seconds"); err != nil || n != 2 {
+		t.Fatalf("courier_dedup_duration_seconds has %d series (%v), want check and record", n, err)
 	}
-	out := map[string]uint64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "courier_dedup_duration_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "op" {
-					out[l.GetValue()] = m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-	}
-	return out
+	return metricstest.Value(t, reg, "courier_dedup_duration_seconds", "op", "check"),
+		metricstest.Value(t, reg, "courier_dedup_duration_seconds", "op", "record")
 }
 
 // checkDurations uses a store (seen: its Seen; record: its Record) and
 // checks that both ops are served from the start and count each call.
 func checkDurations(t *testing.T, reg *prometheus.Registry, seen func(string) (bool, error), record func(...string) error) {
 	t.Helper()
-	if got := durationCounts(t, reg); len(got) != 2 || got["check"] != 0 || got["record"] != 0 {
-		t.Fatalf("durations before use = %v, want check and record at 0", got)
+	if check, record := durationCounts(t, reg); check != 0 || record != 0 {
+		t.Fatalf("durations before use: %v checks, %v records; want 0", check, record)
 	}
 	if _, err := seen("k"); err != nil {
 		t.Fatal(err)
@@ -50,8 +40,8 @@ func checkDurations(t *testing.T, reg *prometheus.Registry, seen func(string) (b
 	if _, err := seen("k"); err != nil {
 		t.Fatal(err)
 	}
-	if got := durationCounts(t, reg); got["check"] != 2 || got["record"] != 1 {
-		t.Errorf("durations = %v, want 2 checks and 1 record", got)
+	if check, record := durationCounts(t, reg); check != 2 || record != 1 {
+		t.Errorf("durations: %v checks, %v records; want 2 and 1", check, record)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
 // TestFilterAnswersNewKeys: once loaded, the filter answers checks of new
@@ -18,17 +20,17 @@ func TestFilterAnswersNewKeys(t *testing.T) {
 	for i := range 100 {
 		mustSeen(t, s, fmt.Sprint("new-", i), false)
 	}
-	if got := gather(t, reg)["courier_dedup_filter_absent_total"]; got < 95 {
+	if got := metricstest.Value(t, reg, "courier_dedup_filter_absent_total"); got < 95 {
 		t.Errorf("filter answered %v of 100 checks of new keys, want nearly all", got)
 	}
 	for i := range 100 {
 		mustRecord(t, s, fmt.Sprint("new-", i))
 	}
-	before := gather(t, reg)["courier_dedup_filter_absent_total"]
+	before := metricstest.Value(t, reg, "courier_dedup_filter_absent_total")
 	for i := range 100 {
 		mustSeen(t, s, fmt.Sprint("new-", i), true)
 	}
-	if got := gather(t, reg)["courier_dedup_filter_absent_total"]; got != before {
+	if got := metricstest.Value(t, reg, "courier_dedup_filter_absent_total"); got != before {
 		t.Errorf("filter answered %v checks of recorded keys", got-before)
 	}
 }

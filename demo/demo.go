@@ -30,6 +30,11 @@ type Options struct {
 	Out io.Writer
 	// Timeout stops the demo if it has not finished; default 30s.
 	Timeout time.Duration
+	// Environ is the environment courier was started with ("KEY=value"):
+	// its COURIER_LOG_* variables are passed on to the demo's sidecar, the
+	// rest is not. The demo reads no environment of its own (config alone
+	// does).
+	Environ []string
 }
 
 // Run starts the embedded server and the sample app, publishes the demo
@@ -131,12 +136,14 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 		"COURIER_REPLY_URL=" + quoteURL,
 	}
 	// Text logs unless the user asks otherwise: the demo is read by people.
-	environ = append(environ, "COURIER_LOG_FORMAT=text")
-	for _, kv := range os.Environ() {
+	// The user's COURIER_LOG_* come first, since the first of duplicate
+	// names wins (config.Environ).
+	for _, kv := range o.Environ {
 		if strings.HasPrefix(kv, "COURIER_LOG_") {
 			environ = append(environ, kv)
 		}
 	}
+	environ = append(environ, "COURIER_LOG_FORMAT=text")
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)

@@ -1,7 +1,11 @@
 // Package dlq owns courier's dead letters: the envelope of headers a dead
-// letter carries, publishing it with a JetStream acknowledgement, and making
-// sure a stream captures the dead-letter subject and will keep what it
-// receives. It does not decide what is terminal; callers hand it a Letter.
+// letter carries (envelope.go, deadletter.go), publishing it with a
+// JetStream acknowledgement (publish.go), making sure a stream captures the
+// dead-letter subject and will keep what it receives (stream.go), the tools
+// that list, show, replay and purge them (tools.go, replay.go), and the
+// gauge of those waiting (depth.go). It does not decide what is terminal;
+// callers hand it a Letter. A message is terminated only once its dead
+// letter is stored (docs/behaviour.md#every-message-ends-one-way).
 package dlq
 
 import (
@@ -30,6 +34,11 @@ const (
 	HeaderError = "Courier-Error"
 	// HeaderAttempts is the number of delivery attempts made.
 	HeaderAttempts = "Courier-Attempts"
+	// HeaderOrderKey is the original's ordering key (COURIER_ORDER_KEY),
+	// and HeaderOrderWaiting how many later messages of that key waited
+	// for it; both only on an ordered message's dead letter.
+	HeaderOrderKey     = "Courier-Order-Key"
+	HeaderOrderWaiting = "Courier-Order-Waiting"
 	// HeaderSubject is the original message's subject, made a readable
 	// header value (see HeaderSubjectBase64 for the exact one).
 	HeaderSubject = "Courier-Subject"
@@ -150,6 +159,11 @@ type Letter struct {
 	//
 	// Fields may be added (trace context); those above keep their names.
 	FailedAt time.Time
+	// OrderKey is the original's ordering key (COURIER_ORDER_KEY), "" when
+	// it has none; OrderWaiting is how many later messages of that key were
+	// waiting for it when it was dead-lettered (they go on now).
+	OrderKey     string
+	OrderWaiting int
 }
 
 // Envelope returns the headers of l's dead letter:
@@ -187,6 +201,10 @@ func Envelope(l Letter) nats.Header {
 		h.Set(HeaderError, cleanValue(l.Error, MaxErrorLen))
 	}
 	h.Set(HeaderAttempts, strconv.Itoa(l.Attempts))
+	if l.OrderKey != "" {
+		h.Set(HeaderOrderKey, l.OrderKey)
+		h.Set(HeaderOrderWaiting, strconv.Itoa(l.OrderWaiting))
+	}
 	subject := cleanValue(l.Subject, 0)
 	h.Set(HeaderSubject, subject)
 	if subject != l.Subject {

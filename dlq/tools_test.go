@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 )
 
@@ -478,16 +479,7 @@ func TestPurge(t *testing.T) {
 // was there.
 func gauge(t *testing.T, reg *prometheus.Registry) (float64, bool) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("Gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "courier_dead_letters_stored" && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
+	return metricstest.Lookup(t, reg, "courier_dead_letters_stored")
 }
 
 func TestDepthCollector(t *testing.T) {

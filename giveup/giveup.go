@@ -7,7 +7,8 @@
 // stream, consumes them durably (so one fired while courier was down is
 // handled after it starts), fetches each message by sequence and
 // dead-letters it as dlq.ReasonMaxDeliveries; on a work-queue stream it then
-// removes the original, as a Term would have.
+// removes the original, as a Term would have
+// (docs/behaviour.md#messages-jetstream-gave-up-on-are-dead-lettered).
 package giveup
 
 import (

@@ -21,6 +21,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
@@ -88,6 +89,7 @@ func newEnvOn(t *testing.T, srv *server.Server, js jetstream.JetStream, retentio
 // catcher is a Catcher set up and its registry.
 type catcher struct {
 	*giveup.Catcher
+	t    testing.TB
 	reg  *prometheus.Registry
 	stop func()
 }
@@ -114,7 +116,7 @@ func (e *env) newCatcher(dl giveup.DeadLetterer, adjust ...func(*giveup.Options)
 	if err := c.Setup(ctx(e.t, 5*time.Second)); err != nil {
 		e.t.Fatalf("Setup: %v", err)
 	}
-	return &catcher{Catcher: c, reg: reg, stop: func() {}}
+	return &catcher{Catcher: c, t: e.t, reg: reg, stop: func() {}}
 }
 
 // run runs c until the test ends (or stop), failing the test if Run errs.
@@ -141,25 +143,11 @@ func (c *catcher) run(t *testing.T) *catcher {
 	return c
 }
 
-// handled returns courier_giveup_advisories_total{result} of c.
+// handled returns courier_giveup_advisories_total{result} of c (every
+// result is served from the start, at 0).
 func (c *catcher) handled(result string) int {
-	mfs, err := c.reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "courier_giveup_advisories_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "result" && lp.GetValue() == result {
-					return int(m.GetCounter().GetValue())
-				}
-			}
-		}
-	}
-	return 0
+	c.t.Helper()
+	return int(metricstest.Value(c.t, c.reg, "courier_giveup_advisories_total", "result", result))
 }
 
 // publish stores a message on ORDERS and returns its sequence.

@@ -25,6 +25,7 @@ type delivery struct {
 	attempt int     // JetStream's delivery count, 1-based
 	key     string  // the resolved dedup key, as the app sees it
 	skey    string  // the key as the dedup store holds it
+	okey    string  // the ordering key (order.go); "" when not ordered
 	fl      *flight // own while this delivery holds the key's flight, else nil
 	own     flight
 	claimed bool // the dedup store holds a claim of ours on skey
@@ -58,7 +59,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	d := r.newDelivery(m, meta, ln, wait)
-	d.probe, d.arrived = probe, q.at
+	d.probe, d.arrived, d.okey = probe, q.at, q.okey
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once.
@@ -314,6 +315,7 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 	case outRetry:
 		span.setOutcome("retried")
 		delay, fromApp := r.retryDelay(err, d.attempt)
+		r.orderRetrying(d)
 		r.nak(d.m, delay)
 		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
 			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)

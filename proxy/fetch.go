@@ -49,6 +49,13 @@ type queued struct {
 	m    jetstream.Msg
 	size int64
 	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
+	// With order per key (order.go): the message's key, its stream
+	// sequence and when it began to wait in its key's line; released: the
+	// line let it go, it is its key's head.
+	okey     string
+	seq      uint64
+	held     time.Time
+	released bool
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -76,6 +83,12 @@ type fetcher struct {
 	// worker holds a message that may be its probe (nil: never). Set once,
 	// before run.
 	noProbe func() bool
+	// order, with order per key, admits each message as it arrives and
+	// keeps those whose key is busy (nil: no order). Set once, before run.
+	order *orderer
+	// group is the priority group pulls name ("": none); pin, the pin id
+	// last seen on a message (the fetcher's own).
+	group, pin string
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -157,6 +170,11 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if err := f.waitToFetch(ctx); err != nil {
 		return err
 	}
+	if f.order != nil {
+		if err := f.waitPinned(ctx, f.order.roomToFetch()); err != nil {
+			return err
+		}
+	}
 	room, byteRoom, ok := f.room(ctx)
 	if !ok {
 		return ctx.Err()
@@ -168,6 +186,9 @@ func (f *fetcher) pull(ctx context.Context) error {
 		return errDisconnected
 	}
 	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(fetchWait)}
+	if f.group != "" {
+		opts = append(opts, jetstream.FetchPriorityGroup(f.group))
+	}
 	if f.pullsByCount() {
 		// A replicated consumer sends a pull's messages once their
 		// delivery is replicated, but its 409 Batch Completed (count
@@ -189,9 +210,15 @@ func (f *fetcher) pull(ctx context.Context) error {
 		// sends to the queue, and room() left room for the whole pull.
 		for m := range batch.Messages() {
 			f.track.add(m)
+			if f.group != "" && f.order != nil {
+				f.checkPin(ctx, m, room)
+			}
 			q := queued{m: m, size: queueSize(m)}
 			if f.stamp {
 				q.at = time.Now()
+			}
+			if f.order != nil && !f.order.admit(&q) {
+				continue // waits behind its key
 			}
 			f.bytes.Add(q.size)
 			f.queue <- q
@@ -223,7 +250,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 // The messages such a pull brings are held, as any queued while the gate is
 // closed, and the first is the next probe.
 func (f *fetcher) waitToFetch(ctx context.Context) error {
-	if f.noProbe == nil {
+	if f.noProbe == nil && f.group == "" {
 		return f.gate.waitUp(ctx)
 	}
 	select {
@@ -233,8 +260,11 @@ func (f *fetcher) waitToFetch(ctx context.Context) error {
 	}
 	var tick <-chan time.Time
 	for {
-		if len(f.queue) == 0 && f.noProbe() {
+		if f.noProbe != nil && len(f.queue) == 0 && f.noProbe() {
 			return nil
+		}
+		if f.group != "" && tick != nil {
+			f.keepPin(ctx)
 		}
 		if tick == nil {
 			t := time.NewTicker(fetchWait)
@@ -260,6 +290,7 @@ func (f *fetcher) waitToFetch(ctx context.Context) error {
 // once.
 func endsNormally(err error) bool {
 	return err == nil ||
+		errors.Is(err, jetstream.ErrPinIDMismatch) || // the pin moved: the next pull asks anew
 		errors.Is(err, jetstream.ErrBatchCompleted) ||
 		errors.Is(err, jetstream.ErrMaxBytesExceeded) ||
 		errors.Is(err, jetstream.ErrNoMessages) ||
@@ -278,9 +309,7 @@ func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 			n, bytes = cap(f.queue)-queued, f.maxBytes-b
 			break
 		}
-		select {
-		case <-f.taken:
-		case <-ctx.Done():
+		if f.waitPinned(ctx, f.taken) != nil {
 			return 0, 0, false
 		}
 	}
@@ -392,4 +421,87 @@ func queueSize(m jetstream.Msg) int64 {
 		}
 	}
 	return int64(n)
+}
+
+// checkPin notes the pin id m carries: when it is new, the pin of the
+// priority group has just moved to this courier (its start, or another
+// replica gone quiet), and if the consumer has more messages out than this
+// pull asked for, another courier may hold some of them: order per key
+// waits for them as after a restart (orderer.takeover).
+func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
+	p := m.Headers().Get("Nats-Pin-Id")
+	if p == "" || p == f.pin {
+		return
+	}
+	f.pin = p
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := f.cons.Info(ictx)
+	if err == nil && info.NumAckPending <= asked {
+		return
+	}
+	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
+		"for", orderBarrier(f.ackWaitNow()).String())
+	f.order.takeover(orderBarrier(f.ackWaitNow()))
+	f.order.reload(ictx)
+}
+
+// ackWaitNow is the consumer's ack wait as last read.
+func (f *fetcher) ackWaitNow() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ackWait
+}
+
+// keepPin keeps this courier pinned (the priority group's PinnedTTL) while
+// deliveries are held and nothing is fetched: a pull no message fits in
+// (one byte) counts as the pinned client pulling, and delivers nothing. A
+// pinned courier that held messages through an app outage and lost the pin
+// would deliver them beside the replica that took it, out of order.
+func (f *fetcher) keepPin(ctx context.Context) {
+	if f.connected != nil && !f.connected() {
+		return
+	}
+	batch, err := f.cons.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
+		jetstream.FetchPriorityGroup(f.group))
+	if err != nil {
+		return
+	}
+	for m := range batch.Messages() {
+		// Not expected (no message is one byte), but never dropped.
+		f.track.add(m)
+		q := queued{m: m, size: queueSize(m)}
+		if f.order != nil && !f.order.admit(&q) {
+			continue
+		}
+		f.bytes.Add(q.size)
+		select {
+		case f.queue <- q:
+		case <-ctx.Done():
+			f.track.remove(m)
+			_ = m.Nak()
+			return
+		}
+	}
+}
+
+// waitPinned waits until ready yields or ctx ends, keeping the pin
+// meanwhile (keepPin) when pulls name a priority group.
+func (f *fetcher) waitPinned(ctx context.Context, ready <-chan struct{}) error {
+	var tick <-chan time.Time
+	if f.group != "" {
+		t := time.NewTicker(fetchWait)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ready:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			f.keepPin(ctx)
+		}
+	}
 }

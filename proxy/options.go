@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/apphttp"
+	"github.com/courierhq/courier/internal/orderkey"
 )
 
 // Options configures a Runner. A zero value takes the documented default;
@@ -51,6 +52,19 @@ type Options struct {
 	BatchMax   int
 	BatchBytes int
 	BatchWait  time.Duration
+	// OrderKey, when set, orders the messages of each key (order.go): one
+	// at a time, in stream order, each after the one before is settled.
+	// Messages it gives no key to are not ordered.
+	OrderKey orderkey.Key
+	// OrderMarks, with OrderKey, keeps each busy key's first unsettled
+	// message for a courier that comes after this one (a restart, another
+	// replica); nil: order holds within this process's life only.
+	OrderMarks OrderMarks
+	// PriorityGroup, when set, is the consumer's priority group every
+	// pull names (the durable's PriorityPolicy pinned: one replica at a
+	// time receives its messages). With OrderKey, a pull that finds the
+	// pin moved to this courier raises the barrier as a restart does.
+	PriorityGroup string
 	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
 	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
 	// must be at least 1).

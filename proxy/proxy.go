@@ -91,6 +91,7 @@ type Runner struct {
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
 	batcher    *batcher      // nil: each message alone
+	order      *orderer      // nil: no order per key
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
@@ -167,6 +168,20 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
+	}
+	if o.OrderKey != nil {
+		r.order = newOrderer(o.OrderKey, o.Now, func(full bool) {
+			if full {
+				r.log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
+			} else {
+				r.log.Info("messages waiting behind their keys back under the bound: fetching again")
+			}
+		})
+		r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
+		if o.OrderMarks != nil {
+			r.order.marks = newMarker(o.OrderMarks, r.log)
+		}
+		r.registerOrderMetrics(o.Registerer)
 	}
 	if o.MaxRate > 0 {
 		// Burst 1: the cap holds over any window, not just on average.
@@ -272,6 +287,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
 	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
 	defer r.breaker.stop()
+	if r.order != nil {
+		r.startOrder(ctx, loops, &loopsDone)
+	}
 
 	workers := r.o.MaxInflight
 	if r.batcher != nil {
@@ -318,6 +336,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.background.Wait() // may still hand a delivery to the recorder
 	close(r.recs)
 	r.recorders.Wait()
+	// Messages still waiting behind their keys go back in stream order, so
+	// that JetStream redelivers them in it.
+	if r.order != nil {
+		for _, q := range r.order.drain() {
+			meta, err := q.m.Metadata()
+			r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
+		}
+	}
 	stopLoops()
 	loopsDone.Wait()
 	return fatal

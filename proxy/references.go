@@ -159,6 +159,7 @@ func (r *Runner) marked(ctx context.Context, d *delivery) (bool, error) {
 // with BackoffMax; it was counted and logged when its dead letter was stored.
 func (r *Runner) giveBackReferenced(d *delivery) {
 	r.track.remove(d.m)
+	r.orderSettled(d) // its dead letter is stored: its key goes on
 	if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
 		r.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
 	}

@@ -31,6 +31,7 @@ func (r *Runner) acked(d *delivery, took time.Duration) {
 	if d.fl != nil {
 		r.flights.finish(d.skey, d.fl, true)
 	}
+	r.orderSettled(d)
 	r.m.delivered.Inc()
 	if d.log.enabled(slog.LevelDebug) {
 		d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
@@ -43,6 +44,7 @@ func (r *Runner) ackDuplicate(d *delivery) {
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
 	}
+	r.orderSettled(d)
 	r.m.duplicate.Inc()
 	d.log.Debug("duplicate acked without calling the app")
 }
@@ -198,6 +200,10 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		Stream: d.meta.Stream, StreamCreated: r.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
 		Published: d.meta.Timestamp, Consumer: r.o.Consumer,
 		Reason: f.reason, Attempts: d.attempt, FailedAt: r.o.Now(),
+		OrderKey: d.okey,
+	}
+	if d.okey != "" {
+		l.OrderWaiting = r.order.waitingBehind(d.okey)
 	}
 	if f.err != nil {
 		l.Error = f.err.Error()
@@ -233,6 +239,9 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		r.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
 	}
 	r.m.deadLettered.Inc()
+	if n := r.orderSettled(d); n > 0 {
+		d.log.Info("dead letter lets its key go on", "order_key", d.okey, "waiting", n)
+	}
 	if errors.Is(err, dlq.ErrDuplicate) {
 		// Stored by an earlier delivery: counted then.
 		d.log.Debug("dead letter was stored already", "reason", f.reason)

@@ -20,8 +20,11 @@ func (r *Runner) worker() {
 	defer stop()
 	ln.timer = newRequestTimer(ln.requests, r.o.HTTPTimeout)
 	defer ln.timer.close()
-	for q := range r.fetch.queue {
-		r.fetch.take(q)
+	for {
+		q, ok := r.next()
+		if !ok {
+			return
+		}
 		meta, merr := q.m.Metadata()
 		probe := false
 		if r.ph.noStart.Err() == nil && !r.open() {
@@ -39,6 +42,51 @@ func (r *Runner) worker() {
 			continue
 		}
 		r.giveBackMsg(q.m, meta, merr, "shutting down")
+	}
+}
+
+// next returns the next message for a worker: one its key's line released
+// (order.go), else one from the fetch queue; false once the queue is
+// closed and nothing released is left.
+func (r *Runner) next() (queued, bool) {
+	if r.order == nil {
+		q, ok := <-r.fetch.queue
+		if ok {
+			r.fetch.take(q)
+		}
+		return q, ok
+	}
+	for {
+		if q, ok := r.order.pop(); ok {
+			return q, true
+		}
+		select {
+		case <-r.order.wake:
+		case q, ok := <-r.fetch.queue:
+			if !ok {
+				return r.order.pop()
+			}
+			r.fetch.take(q)
+			return q, true
+		}
+	}
+}
+
+// orderSettled lets d's key go on after d was settled for good (acked, a
+// duplicate, dead-lettered), and returns how many of its key's messages
+// waited behind it.
+func (r *Runner) orderSettled(d *delivery) int {
+	if r.order == nil || d.okey == "" {
+		return 0
+	}
+	return r.order.settled(d.okey, d.meta.Sequence.Stream)
+}
+
+// orderRetrying notes that d was NAK'd for a retry: its key waits for its
+// redelivery.
+func (r *Runner) orderRetrying(d *delivery) {
+	if r.order != nil && d.okey != "" {
+		r.order.retrying(d.okey, d.meta.Sequence.Stream)
 	}
 }
 

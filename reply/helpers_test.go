@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
@@ -119,41 +120,6 @@ func deadURL(t *testing.T) string {
 	return "http://" + addr + "/"
 }
 
-// count reads a counter or gauge of reg; labels are name, value pairs.
-func count(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue metric
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return 0
-}
-
 // checkReply fails t unless m carries status as Courier-Status ("" for
 // none) and errCode as Nats-Service-Error-Code ("" for none).
 func checkReply(t *testing.T, m *nats.Msg, status, errCode string) {
@@ -185,11 +151,11 @@ func hang(_ http.ResponseWriter, r *http.Request) {
 	<-r.Context().Done()
 }
 
-// waitCount waits until count(name, labels) is want: a request is counted
+// waitCount waits until the series name{labels} of reg is want: a request is counted
 // just after its reply is sent, so a caller can see the reply first.
 func waitCount(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
 	t.Helper()
 	poll.Until(t, 15*time.Second, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool {
-		return count(t, reg, name, labels...) == want
+		return metricstest.Value(t, reg, name, labels...) == want
 	})
 }

@@ -5,7 +5,7 @@
 //
 // Nothing here retries, dedups or dead-letters: as in any synchronous call,
 // the caller owns retries. Every request gets a reply, an error reply when the
-// app gave no usable answer.
+// app gave no usable answer (docs/behaviour.md#requestreply).
 package reply
 
 import (

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/poll"
 )
 
@@ -81,7 +82,7 @@ func TestReplyIsTheAppsAnswer(t *testing.T) {
 			t.Errorf("app got %s = %q, want %q", name, v, want)
 		}
 	}
-	if n := count(t, svc.reg, "courier_reply_dropped_headers_total"); n != 2 {
+	if n := metricstest.Value(t, svc.reg, "courier_reply_dropped_headers_total"); n != 2 {
 		t.Errorf("dropped headers = %v, want 2 (X-Bad, Courier-Stream)", n)
 	}
 	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "2xx")
@@ -195,7 +196,7 @@ func TestAnswerLargerThanMaxPayloadIsAnErrorReply(t *testing.T) {
 				t.Errorf("Nats-Service-Error = %q, want it to say the answer was too large", m.Header.Get("Nats-Service-Error"))
 			}
 			waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "too_large")
-			if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "2xx"); n != 0 {
+			if n := metricstest.Value(t, svc.reg, "courier_reply_requests_total", "outcome", "2xx"); n != 0 {
 				t.Errorf("2xx requests = %v, want 0", n)
 			}
 		})
@@ -251,7 +252,7 @@ func TestConcurrencyIsBounded(t *testing.T) {
 		}()
 	}
 	poll.Until(t, 15*time.Second, "two requests at the app", func() bool { return now.Load() == 2 })
-	if g := count(t, svc.reg, "courier_reply_inflight_requests"); g != 2 {
+	if g := metricstest.Value(t, svc.reg, "courier_reply_inflight_requests"); g != 2 {
 		t.Errorf("in-flight gauge = %v, want 2", g)
 	}
 	letGo()
@@ -325,7 +326,7 @@ func TestRequestsBeyondWaitingAreBusy(t *testing.T) {
 	if got != "0,1,2" {
 		t.Errorf("requests reached the app in the order %s, want 0,1,2 (3 refused)", got)
 	}
-	if g := count(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
+	if g := metricstest.Value(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
 		t.Errorf("waiting gauge = %v after every request ended, want 0", g)
 	}
 	// Room again: the next request waits for nothing and is answered.
@@ -499,7 +500,7 @@ func TestStopCancelsWhatOutlastsTheGrace(t *testing.T) {
 		t.Fatal("no reply")
 	}
 	checkReply(t, m, "", "503")
-	if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "stopping"); n != 1 {
+	if n := metricstest.Value(t, svc.reg, "courier_reply_requests_total", "outcome", "stopping"); n != 1 {
 		t.Errorf("stopping requests = %v, want 1", n)
 	}
 }
@@ -540,7 +541,7 @@ func TestMessageWithoutReplySubjectIsIgnored(t *testing.T) {
 	if n := hits.Load(); n != 1 {
 		t.Errorf("app called %d times, want once (the request only)", n)
 	}
-	if n := count(t, svc.reg, "courier_reply_requests_total", "outcome", "no_reply"); n != 1 {
+	if n := metricstest.Value(t, svc.reg, "courier_reply_requests_total", "outcome", "no_reply"); n != 1 {
 		t.Errorf("no_reply = %v, want 1", n)
 	}
 }
@@ -681,7 +682,7 @@ func TestRequestThatWaitedPastTheTimeoutIsNotSent(t *testing.T) {
 		t.Errorf("requests reached the app: %s, want 0,1 (2 waited past the timeout)", got)
 	}
 	waitCount(t, svc.reg, 1, "courier_reply_requests_total", "outcome", "busy")
-	if g := count(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
+	if g := metricstest.Value(t, svc.reg, "courier_reply_waiting_requests"); g != 0 {
 		t.Errorf("waiting gauge = %v after every request ended, want 0", g)
 	}
 	if n := strings.Count(svc.logs.String(), "waited longer than"); n != 1 {

@@ -1,6 +1,6 @@
 // Package success owns the success record: the app's answer to a 2xx,
 // published to COURIER_SUCCESS_SUBJECT with a JetStream acknowledgement
-// before the original is acked (README, "Results out"). It builds the record's
+// before the original is acked (docs/behaviour.md#success-records). It builds the record's
 // headers, publishes it, and makes sure a stream keeps what is published to
 // the subject. It does not decide when a record is due: the delivery loop
 // does.

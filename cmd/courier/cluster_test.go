@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/testlog"
 )
@@ -181,27 +182,6 @@ func awaitAcks(t *testing.T, futures []jetstream.PubAckFuture) {
 			t.Fatal("no publish ack")
 		}
 	}
-}
-
-// labelled returns the value of metric{label="value"} on /metrics, or 0.
-func labelled(t *testing.T, admin, name, label, value string) float64 {
-	t.Helper()
-	return metricLine(t, admin, fmt.Sprintf(`%s{%s=%q}`, name, label, value))
-}
-
-func metricLine(t *testing.T, admin, prefix string) float64 {
-	t.Helper()
-	_, body := get(t, "http://"+admin+"/metrics")
-	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix+" "); ok {
-			var f float64
-			if _, err := fmt.Sscan(v, &f); err != nil {
-				t.Fatalf("metric %s: %q", prefix, line)
-			}
-			return f
-		}
-	}
-	return 0
 }
 
 // The stream's leader node shut down while two couriers drain: every
@@ -391,7 +371,7 @@ func TestClusterReplacedOnEmptyDisk(t *testing.T) {
 			t.Errorf("app called %d times for %s, want 1: the replacement did not recognise the key", n, key)
 		}
 	}
-	if v := labelled(t, admin, "courier_dedup_shared_checks_total", "answer", "processed"); v < 10 {
+	if v := metricstest.Value(t, metrics(admin), "courier_dedup_shared_checks_total", "answer", "processed"); v < 10 {
 		t.Errorf("replacement found %v keys processed in the bucket, want at least 10", v)
 	}
 	k.noDeadLetters()
@@ -476,7 +456,7 @@ func TestClusterNodeRestartWhileClaimsHeld(t *testing.T) {
 	admins := []string{waitReady(t, c1), waitReady(t, c2)}
 	claimedChecks := func() (n float64) {
 		for _, adm := range admins {
-			n += labelled(t, adm, "courier_dedup_shared_checks_total", "answer", "claimed")
+			n += metricstest.Value(t, metrics(adm), "courier_dedup_shared_checks_total", "answer", "claimed")
 		}
 		return n
 	}
@@ -597,7 +577,7 @@ func TestClusterPulls(t *testing.T) {
 		}
 	}
 	for i, c := range cs {
-		n := labelled(t, admins[i], "courier_messages_total", "outcome", "delivered")
+		n := metricstest.Value(t, metrics(admins[i]), "courier_messages_total", "outcome", "delivered")
 		t.Logf("courier %d delivered %v", i, n)
 		if n == 0 {
 			t.Errorf("courier %d delivered nothing: the pulls did not spread", i)

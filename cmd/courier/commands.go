@@ -80,8 +80,8 @@ func runConfigCommand(_ context.Context, args, environ []string, stdout, stderr 
 	return runConfig(environ, stdout, stderr)
 }
 
-func runDemoCommand(ctx context.Context, args, _ []string, stdout, stderr io.Writer) error {
-	return runDemo(ctx, args, stdout, stderr)
+func runDemoCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	return runDemo(ctx, args, environ, stdout, stderr)
 }
 
 func runVersion(_ context.Context, args, _ []string, stdout, _ io.Writer) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
 // cliResult is what one `courier dlq ...` run printed and its exit status.
@@ -455,16 +456,24 @@ func TestDLQUsageAndSetupErrors(t *testing.T) {
 }
 
 func TestDLQDepthGauge(t *testing.T) {
+	// The gauge is served once the dead-letter stream has answered: -1 until then.
+	deadLettersStored := func(t *testing.T, admin string) float64 {
+		v, ok := metricstest.Lookup(t, metrics(admin), "courier_dead_letters_stored")
+		if !ok {
+			return -1
+		}
+		return v
+	}
 	h := newHarness(t)
 	a := newApp(t, func(w http.ResponseWriter, r *http.Request, _ int) { w.WriteHeader(http.StatusBadRequest) })
 	c := start(t, h.env(a.URL))
 	admin := adminAddr(t, c)
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 0", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 0 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 0", func() bool { return deadLettersStored(t, admin) == 0 })
 	h.publish("orders.created", "a", nil)
 	h.publish("orders.created", "b", nil)
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 2", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 2 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 2", func() bool { return deadLettersStored(t, admin) == 2 })
 	h.dlq("purge", "--yes", "--limit", "1").want(t, 0, "purged 1, failed 0")
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 1", func() bool { return metric(t, admin, "courier_dead_letters_stored") == 1 })
+	waitFor(t, 15*time.Second, "courier_dead_letters_stored 1", func() bool { return deadLettersStored(t, admin) == 1 })
 }
 
 // A long replay reports progress on stderr, besides its line per dead

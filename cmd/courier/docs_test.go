@@ -54,3 +54,89 @@ func TestNoBehaviourNumbers(t *testing.T) {
 		t.Fatalf("only %d files checked: is %s the repo?", checked, root)
 	}
 }
+
+// TestBehaviourDoc keeps docs/behaviour.md true to the repo: every section
+// names the tests that hold its promise, every test it names exists, and
+// every link to one of its sections, anywhere in the repo, lands on one.
+func TestBehaviourDoc(t *testing.T) {
+	const root, doc = "../..", "docs/behaviour.md"
+	b, err := os.ReadFile(filepath.Join(root, doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	section, held := "", true
+	for line := range strings.Lines(string(b)) {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			if !held {
+				t.Errorf("%s: section %q names no test (Held by: ...)", doc, section)
+			}
+			section, held = strings.TrimSpace(h), false
+			anchors[githubAnchor(section)] = true
+		}
+		held = held || strings.HasPrefix(line, "Held by: ")
+	}
+	if !held {
+		t.Errorf("%s: section %q names no test (Held by: ...)", doc, section)
+	}
+	if len(anchors) < 20 {
+		t.Fatalf("%s: only %d sections", doc, len(anchors))
+	}
+
+	tests := map[string]bool{}
+	testFunc := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	link := regexp.MustCompile(`behaviour\.md#([\w-]+)`)
+	links := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".md", ".yaml", ".yml", ".json":
+		default:
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(path, "_test.go") {
+			for _, m := range testFunc.FindAllStringSubmatch(string(b), -1) {
+				tests[m[1]] = true
+			}
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			links++
+			if !anchors[m[1]] {
+				t.Errorf("%s links to %s#%s, which is no section of it", rel, doc, m[1])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(string(b), -1)
+	for _, m := range named {
+		if !tests[m[1]] {
+			t.Errorf("%s names %s, which is no test in the repo", doc, m[1])
+		}
+	}
+	if len(named) < 50 || links == 0 {
+		t.Errorf("%d tests named in %s, %d links to it: is %s the repo?", len(named), doc, links, root)
+	}
+}
+
+// githubAnchor is the anchor GitHub gives a Markdown heading: lower case,
+// punctuation dropped, spaces made hyphens.
+func githubAnchor(heading string) string {
+	a := regexp.MustCompile(`[^a-z0-9 _-]`).ReplaceAllString(strings.ToLower(heading), "")
+	return strings.ReplaceAll(a, " ", "-")
+}

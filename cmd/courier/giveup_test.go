@@ -13,6 +13,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
 // Messages JetStream gives up on outside courier's sight (README,
@@ -197,11 +198,11 @@ func TestGiveUpAdvisoryFiredWhileCourierDown(t *testing.T) {
 		t.Errorf("the app received %d requests, want none", n)
 	}
 	admin := adminAddr(t, c)
-	if v := metric(t, admin, `courier_giveup_advisories_total{result="dead_lettered"}`); v != 1 {
+	if v := metricstest.Value(t, metrics(admin), "courier_giveup_advisories_total", "result", "dead_lettered"); v != 1 {
 		t.Errorf("courier_giveup_advisories_total{result=dead_lettered} = %v, want 1", v)
 	}
 	// Counted with every other dead letter, by reason.
-	if v := metric(t, admin, `courier_dead_letters_total{reason="max-deliveries"}`); v != 1 {
+	if v := metricstest.Value(t, metrics(admin), "courier_dead_letters_total", "reason", "max-deliveries"); v != 1 {
 		t.Errorf(`courier_dead_letters_total{reason="max-deliveries"} = %v, want 1`, v)
 	}
 	if err := c.stop(); err != nil {
@@ -275,8 +276,8 @@ func TestGiveUpTwoCouriersOneDeadLetter(t *testing.T) {
 	var total float64
 	for _, c := range []*courier{c1, c2} {
 		admin := adminAddr(t, c)
-		total += metric(t, admin, `courier_giveup_advisories_total{result="dead_lettered"}`) +
-			metric(t, admin, `courier_giveup_advisories_total{result="duplicate"}`)
+		total += metricstest.Value(t, metrics(admin), "courier_giveup_advisories_total", "result", "dead_lettered") +
+			metricstest.Value(t, metrics(admin), "courier_giveup_advisories_total", "result", "duplicate")
 	}
 	if total != 1 {
 		t.Errorf("advisories dead-lettered across both couriers = %v, want 1", total)

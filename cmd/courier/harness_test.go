@@ -17,7 +17,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
@@ -205,6 +207,12 @@ func (h *harness) settled(name string) bool {
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	poll.Until(t, timeout, what, cond)
+}
+
+// metrics reads the /metrics of the courier whose admin server is at
+// admin, as a registry is read (internal/metricstest).
+func metrics(admin string) prometheus.Gatherer {
+	return metricstest.Scrape("http://" + admin + "/metrics")
 }
 
 // request is what the app received.

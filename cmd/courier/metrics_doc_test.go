@@ -22,12 +22,14 @@ func TestMetricsDocumented(t *testing.T) {
 	admin := adminAddr(t, c)
 	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
 
-	_, body := get(t, "http://"+admin+"/metrics")
+	mfs, err := metrics(admin).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var names []string
-	for line := range strings.Lines(body) {
-		if rest, ok := strings.CutPrefix(line, "# HELP courier_"); ok {
-			name, _, _ := strings.Cut(rest, " ")
-			names = append(names, "courier_"+name)
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "courier_") {
+			names = append(names, mf.GetName())
 		}
 	}
 	if len(names) < 10 {

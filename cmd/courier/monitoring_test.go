@@ -1,18 +1,38 @@
 package main
 
 import (
-	"fmt"
+	"encoding/json"
+	"maps"
+	"math"
 	"os"
-	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 
-	"github.com/courierhq/courier/internal/promqlcheck"
+	"github.com/courierhq/courier/internal/metricstest"
 )
+
+// selectorsFile lists every vector selector of the Grafana dashboard and the
+// Prometheus rules in deploy/, as Prometheus's own parser reads them: it is
+// written, and kept in step with those files, by deploy/promcheck (a module
+// of its own, so that this one does not carry Prometheus's dependencies).
+const selectorsFile = "../../deploy/promcheck/selectors.json"
+
+// selector is one entry of selectorsFile.
+type selector struct {
+	Where    string `json:"where"`
+	Metric   string `json:"metric"`
+	Matchers []struct {
+		Label string `json:"label"`
+		Op    string `json:"op"`
+		Value string `json:"value"`
+	} `json:"matchers"`
+}
 
 // targetLabels are the labels Prometheus adds to a scraped series; the
 // dashboard and rules may match and aggregate on them.
@@ -21,11 +41,12 @@ var targetLabels = []string{"job", "instance", "pod", "namespace", "container", 
 // TestMonitoringUsesServedMetrics runs courier and checks what it serves
 // on /metrics, freshly started (ready, before any message or request),
 // against the Grafana dashboard and the Prometheus rules in deploy/: every
-// metric they select is served from start-up, every label value they match
-// on is served (so an alert on an event that has not happened yet is not
-// blind, and a panel is not empty until then), the app reads available,
-// promlint finds nothing in courier's metrics, and no family's name plus a
-// suffix OpenMetrics reserves is another's.
+// metric they select is served from start-up, every label they match on is
+// one the metric has and every label value they match with = is served (so
+// an alert on an event that has not happened yet is not blind, and a panel
+// is not empty until then), the app reads available, promlint finds
+// nothing in courier's metrics, and no family's name plus a suffix
+// OpenMetrics reserves is another's.
 func TestMonitoringUsesServedMetrics(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
@@ -36,72 +57,53 @@ func TestMonitoringUsesServedMetrics(t *testing.T) {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == 200
 	})
-	var body string
 	// The dead-letter count is read from the server by a collector: there
 	// once it has answered.
 	waitFor(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
-		_, body = get(t, "http://"+admin+"/metrics")
-		return strings.Contains(body, "\ncourier_dead_letters_stored ")
+		_, ok := metricstest.Lookup(t, metrics(admin), "courier_dead_letters_stored")
+		return ok
 	})
+	mfs, err := metrics(admin).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if a.count() != 0 {
 		t.Fatalf("the app was called %d times: the scrape is not of a fresh courier", a.count())
 	}
-	if !strings.Contains(body, "\ncourier_app_available 1\n") {
-		t.Errorf("courier_app_available is not 1 at start-up for an app not known to be unavailable")
+	if v := metricstest.Value(t, metrics(admin), "courier_app_available"); v != 1 {
+		t.Errorf("courier_app_available is %v at start-up for an app not known to be unavailable, want 1", v)
 	}
+	checkLint(t, mfs)
+	checkOpenMetricsNames(t, mfs)
 
-	served := parseExposition(t, body)
-	checkLint(t, body)
-	checkOpenMetricsNames(t, body)
-
-	var queries []promqlcheck.Query
-	for _, f := range []struct {
-		path  string
-		parse func([]byte) ([]promqlcheck.Query, error)
-	}{
-		{"../../deploy/grafana/courier.json", func(b []byte) ([]promqlcheck.Query, error) {
-			_, qs, err := promqlcheck.ParseDashboard(b)
-			return qs, err
-		}},
-		{"../../deploy/prometheus/courier-rules.yaml", func(b []byte) ([]promqlcheck.Query, error) {
-			_, qs, err := promqlcheck.ParseRules(b)
-			return qs, err
-		}},
-	} {
-		b, err := os.ReadFile(f.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		qs, err := f.parse(b)
-		if err != nil {
-			t.Fatalf("%s:\n%v", f.path, err)
-		}
-		for i := range qs {
-			qs[i].Where = f.path + ": " + qs[i].Where
-		}
-		queries = append(queries, qs...)
+	b, err := os.ReadFile(selectorsFile)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(queries) < 20 {
-		t.Fatalf("only %d queries in the dashboard and rules", len(queries))
+	var selectors []selector
+	if err := json.Unmarshal(b, &selectors); err != nil {
+		t.Fatalf("%s: %v", selectorsFile, err)
 	}
-
+	if len(selectors) < 20 {
+		t.Fatalf("only %d selectors in %s", len(selectors), selectorsFile)
+	}
+	served := seriesByName(mfs)
 	used := map[string]bool{}
-	for _, q := range queries {
-		for _, s := range q.Expr.Selectors {
-			used[s.Metric] = true
-			checkSelector(t, q.Where, s, served)
-		}
+	for _, s := range selectors {
+		used[s.Metric] = true
+		checkSelector(t, s, served)
 	}
-	t.Logf("%d queries, %d metrics checked against %d served series names", len(queries), len(used), len(served))
+	t.Logf("%d selectors, %d metrics checked against %d served series names", len(selectors), len(used), len(served))
 }
 
-// checkSelector checks that s selects a served series and that each label
-// value it matches with = is served.
-func checkSelector(t *testing.T, where string, s promqlcheck.Selector, served map[string][]map[string]string) {
+// checkSelector checks that s selects a served series, that each label it
+// matches on is one the series carry, and that each value it matches with
+// = is served.
+func checkSelector(t *testing.T, s selector, served map[string][]map[string]string) {
 	t.Helper()
 	series, ok := served[s.Metric]
 	if !ok {
-		t.Errorf("%s: %s is not served", where, s.Metric)
+		t.Errorf("%s: %s is not served", s.Where, s.Metric)
 		return
 	}
 	for _, m := range s.Matchers {
@@ -116,47 +118,61 @@ func checkSelector(t *testing.T, where string, s promqlcheck.Selector, served ma
 		}
 		switch {
 		case !carried:
-			t.Errorf("%s: %s has no label %s", where, s.Metric, m.Label)
+			t.Errorf("%s: %s has no label %s", s.Where, s.Metric, m.Label)
 		case m.Op == "=" && !matched:
-			t.Errorf("%s: %s{%s=%q} is not served (at start-up, before any such event)", where, s.Metric, m.Label, m.Value)
+			t.Errorf("%s: %s{%s=%q} is not served (at start-up, before any such event)", s.Where, s.Metric, m.Label, m.Value)
 		}
 	}
 }
 
-// sampleRe matches a sample line of the text format: name, labels, value.
-var (
-	sampleRe = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+( \S+)?$`)
-	labelRe  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?`)
-)
-
-// parseExposition returns the label sets of every sample in a text-format
-// body, by series name (a histogram's _bucket, _sum and _count apart).
-func parseExposition(t *testing.T, body string) map[string][]map[string]string {
-	t.Helper()
+// seriesByName returns the label sets of every series in mfs by the name a
+// query selects it by: a histogram's _bucket, _sum and _count apart, and a
+// summary's quantiles, _sum and _count.
+func seriesByName(mfs []*dto.MetricFamily) map[string][]map[string]string {
 	out := map[string][]map[string]string{}
-	for line := range strings.Lines(body) {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			add := func(name string, extra map[string]string) {
+				ls := maps.Clone(labels)
+				maps.Copy(ls, extra)
+				out[name] = append(out[name], ls)
+			}
+			name := mf.GetName()
+			switch mf.GetType() {
+			case dto.MetricType_HISTOGRAM:
+				for _, b := range m.GetHistogram().GetBucket() {
+					if !math.IsInf(b.GetUpperBound(), 1) {
+						add(name+"_bucket", map[string]string{"le": formatFloat(b.GetUpperBound())})
+					}
+				}
+				add(name+"_bucket", map[string]string{"le": "+Inf"})
+				add(name+"_sum", nil)
+				add(name+"_count", nil)
+			case dto.MetricType_SUMMARY:
+				for _, q := range m.GetSummary().GetQuantile() {
+					add(name, map[string]string{"quantile": formatFloat(q.GetQuantile())})
+				}
+				add(name+"_sum", nil)
+				add(name+"_count", nil)
+			default:
+				add(name, nil)
+			}
 		}
-		m := sampleRe.FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("unreadable sample line %q", line)
-		}
-		labels := map[string]string{}
-		for _, l := range labelRe.FindAllStringSubmatch(m[2], -1) {
-			labels[l[1]] = strings.NewReplacer(`\"`, `"`, `\\`, `\`, `\n`, "\n").Replace(l[2])
-		}
-		out[m[1]] = append(out[m[1]], labels)
 	}
 	return out
 }
 
+func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
 // checkLint runs promlint over the served metrics and reports what it
 // finds in courier's own (not the Go and process collectors').
-func checkLint(t *testing.T, body string) {
+func checkLint(t *testing.T, mfs []*dto.MetricFamily) {
 	t.Helper()
-	problems, err := promlint.New(strings.NewReader(body)).Lint()
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
 	if err != nil {
 		t.Fatalf("promlint: %v", err)
 	}
@@ -170,14 +186,11 @@ func checkLint(t *testing.T, body string) {
 // checkOpenMetricsNames: no courier family is another's name plus a suffix
 // OpenMetrics gives series of its own (a gauge x beside a counter x_total
 // cannot both be exposed).
-func checkOpenMetricsNames(t *testing.T, body string) {
+func checkOpenMetricsNames(t *testing.T, mfs []*dto.MetricFamily) {
 	t.Helper()
-	families := map[string]string{} // name: type
-	for line := range strings.Lines(body) {
-		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
-			name, typ, _ := strings.Cut(strings.TrimSpace(rest), " ")
-			families[name] = typ
-		}
+	families := map[string]dto.MetricType{}
+	for _, mf := range mfs {
+		families[mf.GetName()] = mf.GetType()
 	}
 	for name, typ := range families {
 		if !strings.HasPrefix(name, "courier_") {
@@ -185,7 +198,7 @@ func checkOpenMetricsNames(t *testing.T, body string) {
 		}
 		// A counter's family is named without _total under OpenMetrics.
 		base := strings.TrimSuffix(name, "_total")
-		if typ == "counter" && base == name {
+		if typ == dto.MetricType_COUNTER && base == name {
 			t.Errorf("counter %s does not end in _total", name)
 		}
 		for _, suffix := range []string{"", "_total", "_created", "_bucket", "_count", "_sum", "_info", "_gcount", "_gsum"} {
@@ -199,6 +212,6 @@ func checkOpenMetricsNames(t *testing.T, body string) {
 		}
 	}
 	if len(families) == 0 {
-		t.Fatal(fmt.Errorf("no # TYPE lines in /metrics"))
+		t.Fatal("no metric families on /metrics")
 	}
 }

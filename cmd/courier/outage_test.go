@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/metricstest"
 )
 
 const outageDLQ = "dlq.ORDERS.courier"
@@ -171,22 +172,6 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// metric returns the value of an unlabelled metric on /metrics, or -1.
-func metric(t *testing.T, admin, name string) float64 {
-	t.Helper()
-	_, body := get(t, "http://"+admin+"/metrics")
-	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("metric %s: %q", name, line)
-			}
-			return f
-		}
-	}
-	return -1
-}
-
 // attempts lists the Courier-Attempt of every request the app saw for key,
 // in order.
 func attempts(reqs []request, key string) []string {
@@ -297,7 +282,7 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	outageStart := time.Now()
 	waitFor(t, 15*time.Second, "courier to hold what it fetched", func() bool {
 		info := h.consumerInfo("courier")
-		return info != nil && info.NumAckPending > 0 && metric(t, admin, "courier_held_messages") == float64(info.NumAckPending)
+		return info != nil && info.NumAckPending > 0 && metricstest.Value(t, metrics(admin), "courier_held_messages") == float64(info.NumAckPending)
 	})
 	if code, body := get(t, "http://"+admin+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "app unavailable") {
 		t.Errorf("/readyz during the outage = %d %q, want 503 naming the app", code, body)
@@ -305,7 +290,7 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	if code, _ := get(t, "http://"+admin+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz during the outage = %d, want 200: an app outage must not restart courier", code)
 	}
-	if v := metric(t, admin, "courier_app_available"); v != 0 {
+	if v := metricstest.Value(t, metrics(admin), "courier_app_available"); v != 0 {
 		t.Errorf("courier_app_available = %v during the outage, want 0", v)
 	}
 
@@ -321,13 +306,13 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 		t.Errorf("%d dead letters, want none: an outage is not the message's fault", len(dls))
 	}
 	checkOutageLoggedOnce(t, c)
-	if v := metric(t, admin, "courier_app_available"); v != 1 {
+	if v := metricstest.Value(t, metrics(admin), "courier_app_available"); v != 1 {
 		t.Errorf("courier_app_available = %v after the outage, want 1", v)
 	}
-	if v := metric(t, admin, "courier_held_messages"); v != 0 {
+	if v := metricstest.Value(t, metrics(admin), "courier_held_messages"); v != 0 {
 		t.Errorf("courier_held_messages = %v after the outage, want 0", v)
 	}
-	if v := metric(t, admin, `courier_delivery_held_seconds_total{cause="app_unavailable"}`); v < 3 {
+	if v := metricstest.Value(t, metrics(admin), "courier_delivery_held_seconds_total", "cause", "app_unavailable"); v < 3 {
 		t.Errorf(`courier_delivery_held_seconds_total{cause="app_unavailable"} = %v, want at least the 3.5s outage`, v)
 	}
 }
@@ -374,7 +359,7 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 	if code, _ := get(t, "http://"+admin+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz while the health URL fails = %d, want 200", code)
 	}
-	if v := metric(t, admin, "courier_app_available"); v != 0 {
+	if v := metricstest.Value(t, metrics(admin), "courier_app_available"); v != 0 {
 		t.Errorf("courier_app_available = %v, want 0", v)
 	}
 	if n := a.count(); n != 0 {
@@ -411,9 +396,9 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 	// The pull open when the app went away may still bring messages: they
 	// are held (in progress), not sent; nothing more is pulled.
 	if info := h.consumerInfo("courier"); info.NumPending+uint64(info.NumAckPending) != uint64(len(later)) ||
-		float64(info.NumAckPending) != metric(t, admin, "courier_held_messages") {
+		float64(info.NumAckPending) != metricstest.Value(t, metrics(admin), "courier_held_messages") {
 		t.Errorf("while the health URL failed: pending %d, ack pending %d, held %v; want every new message pending or held",
-			info.NumPending, info.NumAckPending, metric(t, admin, "courier_held_messages"))
+			info.NumPending, info.NumAckPending, metricstest.Value(t, metrics(admin), "courier_held_messages"))
 	}
 	health.status.Store(http.StatusOK)
 	waitFor(t, 15*time.Second, "messages to flow again", func() bool {

@@ -124,6 +124,14 @@ func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
 	if cfg.DeliverPolicy == "new" {
 		cc.DeliverPolicy = jetstream.DeliverNewPolicy
 	}
+	if cfg.OrderKey != "" {
+		// One replica at a time receives the durable's messages, so that a
+		// key is handled by one courier: the pin moves to another replica
+		// once the pinned one has not pulled for PinnedTTL (it died).
+		cc.PriorityPolicy = jetstream.PriorityPolicyPinned
+		cc.PriorityGroups = []string{orderGroup}
+		cc.PinnedTTL = orderPinnedTTL(cfg)
+	}
 	switch len(cfg.Subjects) {
 	case 0:
 	case 1:
@@ -233,4 +241,23 @@ func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, s
 		}
 	}
 	return nil
+}
+
+// orderGroup is the priority group of a durable with order per key.
+const orderGroup = "courier"
+
+// priorityGroup is the group the delivery loop's pulls name: with order
+// per key only.
+func priorityGroup(cfg config.Config) string {
+	if cfg.OrderKey == "" {
+		return ""
+	}
+	return orderGroup
+}
+
+// orderPinnedTTL is how long the pinned courier may go without pulling
+// before another replica takes the pin: it pulls every second while it
+// delivers, so a quarter of the ack wait (at least 5s) tells a dead one.
+func orderPinnedTTL(cfg config.Config) time.Duration {
+	return max(cfg.AckWait/4, 5*time.Second)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/courierhq/courier/consumerstats"
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/publish"
 	"github.com/courierhq/courier/reply"
@@ -65,8 +67,9 @@ type sidecar struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	cons   jetstream.Consumer
-	dd     proxy.Deduper // nil: dedup off
-	local  *dedup.Store  // the embedded store (the shared store's cache)
+	dd     proxy.Deduper    // nil: dedup off
+	marks  *ordermark.Store // nil: no order per key
+	local  *dedup.Store     // the embedded store (the shared store's cache)
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 	tracing     *tracing.Provider // nil: tracing off
@@ -357,6 +360,17 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.OrderKey != "" {
+		// Order per key: the bucket of the keys' first unsettled messages.
+		err := retrySetup(ctx, s.log, "order marks bucket", func(ctx context.Context) error {
+			var err error
+			s.marks, err = ordermark.Open(ctx, s.js, s.cfg.Stream, s.cfg.Consumer, s.cfg.StreamReplicas)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
 	depth, err := dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})
 	if err != nil {
 		return err
@@ -381,6 +395,9 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		BatchMax:          cfg.BatchMax,
 		BatchWait:         cfg.BatchWait,
 		BatchBytes:        cfg.BatchBytes,
+		OrderKey:          orderKey(cfg),
+		OrderMarks:        s.orderMarks(),
+		PriorityGroup:     priorityGroup(cfg),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,
@@ -500,4 +517,26 @@ func registerBuildInfo(reg prometheus.Registerer) {
 	})
 	bi.Set(1)
 	reg.MustRegister(bi)
+}
+
+// orderKey is COURIER_ORDER_KEY's key, nil when unset (config.Load checked
+// it).
+func orderKey(cfg config.Config) orderkey.Key {
+	if cfg.OrderKey == "" {
+		return nil
+	}
+	k, err := orderkey.Parse(cfg.OrderKey)
+	if err != nil {
+		return nil
+	}
+	return k
+}
+
+// orderMarks is the order marks store as the delivery loop takes it: nil
+// without order per key.
+func (s *sidecar) orderMarks() proxy.OrderMarks {
+	if s.marks == nil {
+		return nil
+	}
+	return s.marks
 }

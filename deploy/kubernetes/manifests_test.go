@@ -522,7 +522,8 @@ func (k *podEnv) volume(name string) map[string]any {
 // checkProbes: start-up and liveness on /healthz, on the admin port, which
 // the kubelet can reach (not loopback); no readiness probe on /readyz: in a
 // native sidecar courier's readiness decides the whole Pod's, so a NATS or
-// app outage would take the app out of its Service (SPEC, admin endpoints).
+// app outage would take the app out of its Service
+// (docs/behaviour.md#liveness-is-not-readiness).
 func (k *podEnv) checkProbes(cfg config.Config) {
 	t := k.t
 	host, port, err := net.SplitHostPort(cfg.AdminAddr)

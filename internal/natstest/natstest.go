@@ -1,5 +1,7 @@
 // Package natstest starts an embedded JetStream-enabled nats-server, or a
-// cluster of them, for courier's tests and the bench (bench/broker.go); the demo starts its own.
+// cluster of them, for courier's tests. Its helpers take a testing.TB and
+// stop the servers when the test ends, so the bench (bench/broker.go) and
+// the demo (demo/demo.go) start their own servers.
 package natstest
 
 import (

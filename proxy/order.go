@@ -1,0 +1,539 @@
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/orderkey"
+)
+
+// Order per key (Options.OrderKey), as README's "Order per key" describes
+// it.
+//
+// The fetcher asks the orderer, for each message with an ordering key as it
+// arrives (admit), whether the key is free. If it is, the message becomes the key's
+// head and is delivered as any message; if not, it waits in the key's line,
+// in stream order, kept in progress by the tracker, spending nothing. When
+// the head is settled for good (acked, acked as a duplicate,
+// dead-lettered), the next message of its line is released to the workers
+// (ready). A head that is retried (NAK'd with a delay) stays the key's
+// head: JetStream redelivers it, and the line waits for it. Other keys and
+// messages without a key go on in parallel. What waits is bounded by
+// COURIER_MAX_ACK_PENDING (the server hands out no more) and, in bytes, by
+// maxWaitingBytes, beyond which fetching stops (roomToFetch) rather than
+// reorder; deliveries go on meanwhile.
+
+// maxWaitingBytes bounds the message data waiting behind busy keys: past
+// it, courier fetches nothing until lines move on.
+const maxWaitingBytes = 64 << 20
+
+// orderer is the lines of the keys with a message in courier. Safe for
+// concurrent use.
+type orderer struct {
+	key orderkey.Key
+	now func() time.Time
+	log func(full bool) // told when the bound is reached and left
+
+	mu      sync.Mutex
+	lines   map[string]*keyLine
+	ready   []queued      // released by a settled head, for the next free worker
+	waiting int           // messages in lines
+	bytes   int64         // their size, as the fetch queue counts it
+	full    bool          // bytes passed maxWaitingBytes: nothing is fetched
+	room    chan struct{} // closed while not full
+	wake    chan struct{}
+
+	// Crash safety (README, "Order per key"): marks, when kept, name each
+	// busy key's first unsettled message for a courier that comes after.
+	// Until barrierUntil, first deliveries of keyed messages wait (in
+	// barrier): a message another courier held when it died comes back
+	// within the ack wait, and must go first. stale counts lines whose
+	// head came from a mark and is awaited only until its line's stale.
+	marks        *marker
+	staleAfter   time.Duration
+	barrierUntil time.Time
+	barrier      []queued
+	stale        int
+}
+
+// keyLine is one key's head and the later messages waiting behind it.
+type keyLine struct {
+	head     uint64   // stream sequence of the message that goes first
+	inFlight bool     // the head is with a worker; false: retried, awaited from JetStream
+	waiting  []queued // each with held, when it began to wait
+	marked   bool     // a mark names head (marks)
+	// stale, for a head known from a mark only: when to stop awaiting it
+	// (it may have been settled before the mark could be removed).
+	stale time.Time
+}
+
+func newOrderer(key orderkey.Key, now func() time.Time, log func(full bool)) *orderer {
+	o := &orderer{key: key, now: now, log: log, lines: make(map[string]*keyLine),
+		room: make(chan struct{}), wake: make(chan struct{}, 1)}
+	close(o.room)
+	return o
+}
+
+// roomToFetch returns a channel closed while the messages waiting behind
+// their keys are within their bound.
+func (o *orderer) roomToFetch() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.room
+}
+
+// admit is called by the fetcher for each message as it arrives, in the
+// order JetStream sent them: it reports whether q may be queued for the
+// workers (no ordering key, or its key is free), setting q's key; if not,
+// q waits in its key's line. (Admitting as messages are taken would let two
+// workers taking a key's messages one after the other enter them in either
+// order.)
+func (o *orderer) admit(q *queued) bool {
+	k, ok := o.key(q.m.Subject(), q.m.Headers())
+	if !ok {
+		return true
+	}
+	meta, err := q.m.Metadata()
+	if err != nil {
+		return true // the worker NAKs it
+	}
+	q.okey, q.seq = k, meta.Sequence.Stream
+	o.mu.Lock()
+	if !o.barrierUntil.IsZero() && meta.NumDelivered == 1 {
+		q.held = o.now()
+		o.barrier = append(o.barrier, *q)
+		o.mu.Unlock()
+		return false
+	}
+	o.mu.Unlock()
+	return o.enter(*q, k, q.seq)
+}
+
+// load reads the marks at start (floor: the consumer's ack floor, below
+// which every message is settled) and, if other couriers may hold messages
+// (pending: the consumer's ack-pending count), raises the barrier for
+// barrier (the ack wait and a margin). staleAfter bounds the wait for a
+// marked head.
+func (o *orderer) load(ctx context.Context, floor uint64, pending int, barrier, staleAfter time.Duration) error {
+	o.mu.Lock()
+	if pending > 0 {
+		o.barrierUntil = o.now().Add(barrier)
+	}
+	o.mu.Unlock()
+	if o.marks == nil {
+		return nil
+	}
+	marks, err := o.marks.store.Marks(ctx)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.staleAfter = staleAfter
+	for k, seq := range marks {
+		if seq <= floor {
+			o.marks.set(k, 0) // settled: left behind by a courier that died
+			continue
+		}
+		o.addMarked(k, seq)
+	}
+	return nil
+}
+
+// addMarked makes seq the awaited head of key k, known from a mark, unless
+// this courier has a line for k already. Called with mu held.
+func (o *orderer) addMarked(k string, seq uint64) {
+	if o.lines[k] != nil {
+		return
+	}
+	o.lines[k] = &keyLine{head: seq, marked: true, stale: o.now().Add(o.staleAfter)}
+	o.stale++
+}
+
+// reload reads the marks again after a takeover: those of the courier that
+// had the pin.
+func (o *orderer) reload(ctx context.Context) {
+	if o.marks == nil {
+		return
+	}
+	marks, err := o.marks.store.Marks(ctx)
+	if err != nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, seq := range marks {
+		o.addMarked(k, seq)
+	}
+}
+
+// lift lets the barrier down once its time is over, and gives up on marked
+// heads not seen by their stale time: their lines go on.
+func (o *orderer) lift() {
+	o.mu.Lock()
+	now := o.now()
+	var held []queued
+	if !o.barrierUntil.IsZero() && now.After(o.barrierUntil) {
+		o.barrierUntil, held, o.barrier = time.Time{}, o.barrier, nil
+	}
+	heads := map[string]uint64{}
+	if o.stale > 0 {
+		for k, l := range o.lines {
+			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
+				heads[k] = l.head
+			}
+		}
+	}
+	o.mu.Unlock()
+	for k, seq := range heads {
+		o.settled(k, seq)
+	}
+	for _, q := range held {
+		if o.enter(q, q.okey, q.seq) {
+			q.released = true
+			o.mu.Lock()
+			o.ready = append(o.ready, q)
+			o.mu.Unlock()
+			o.signal()
+		}
+	}
+}
+
+// enter reports whether q, of key k at stream sequence seq, may be
+// delivered now; if not, it waits in k's line until released.
+func (o *orderer) enter(q queued, k string, seq uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.lines[k]
+	switch {
+	case l == nil:
+		o.lines[k] = &keyLine{head: seq, inFlight: true}
+		return true
+	case seq == l.head:
+		// The head again: redelivered after a retry (or, held too long,
+		// after its ack wait).
+		l.inFlight = true
+		if !l.stale.IsZero() {
+			l.stale = time.Time{}
+			o.stale--
+		}
+		return true
+	case seq < l.head && !l.inFlight:
+		// An earlier message of the key, redelivered before the retried
+		// head (after a restart): it goes first; the head waits for it
+		// when it comes back.
+		l.head, l.inFlight = seq, true
+		return true
+	}
+	q.okey, q.seq, q.held = k, seq, o.now()
+	i, _ := slices.BinarySearchFunc(l.waiting, seq, func(w queued, s uint64) int { return cmp.Compare(w.seq, s) })
+	if i < len(l.waiting) && l.waiting[i].seq == seq {
+		// A redelivery of a message already waiting (its ack wait ran
+		// out while courier held it): the later copy replaces it.
+		o.bytes -= l.waiting[i].size
+		l.waiting[i] = q
+		o.bytes += q.size
+		return false
+	}
+	l.waiting = slices.Insert(l.waiting, i, q)
+	if o.marks != nil && !l.marked {
+		l.marked = true
+		o.marks.set(k, l.head)
+	}
+	o.waiting++
+	o.bytes += q.size
+	if !o.full && o.bytes > maxWaitingBytes {
+		o.full, o.room = true, make(chan struct{})
+		o.log(true)
+	}
+	return false
+}
+
+// settled ends the head seq of key k for good (acked, a duplicate,
+// dead-lettered): the next message of its line, if any, is released. It
+// returns how many were waiting behind it.
+func (o *orderer) settled(k string, seq uint64) int {
+	o.mu.Lock()
+	l := o.lines[k]
+	if l == nil || l.head != seq {
+		o.mu.Unlock()
+		return 0
+	}
+	if !l.stale.IsZero() {
+		l.stale = time.Time{}
+		o.stale--
+	}
+	n := len(l.waiting)
+	if n == 0 {
+		delete(o.lines, k)
+		if l.marked {
+			o.marks.set(k, 0)
+		}
+		o.mu.Unlock()
+		return 0
+	}
+	next := l.waiting[0]
+	l.waiting = slices.Delete(l.waiting, 0, 1)
+	l.head, l.inFlight = next.seq, true
+	switch {
+	case o.marks != nil && len(l.waiting) > 0:
+		l.marked = true
+		o.marks.set(k, next.seq)
+	case l.marked:
+		l.marked = false
+		o.marks.set(k, 0)
+	}
+	next.released = true
+	o.waiting--
+	o.bytes -= next.size
+	o.ready = append(o.ready, next)
+	freed := o.full && o.bytes <= maxWaitingBytes/2
+	if freed {
+		o.full = false
+		close(o.room)
+	}
+	o.mu.Unlock()
+	if freed {
+		o.log(false)
+	}
+	o.signal()
+	return n
+}
+
+// retrying notes that the head seq of key k was NAK'd for a retry: its line
+// waits for JetStream to redeliver it.
+func (o *orderer) retrying(k string, seq uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l := o.lines[k]; l != nil && l.head == seq {
+		l.inFlight = false
+		if o.marks != nil {
+			l.marked = true
+			o.marks.set(k, seq)
+		}
+	}
+}
+
+// waitingBehind is how many messages wait in key k's line.
+func (o *orderer) waitingBehind(k string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l := o.lines[k]; l != nil {
+		return len(l.waiting)
+	}
+	return 0
+}
+
+// pop returns a released message, if any.
+func (o *orderer) pop() (queued, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.ready) == 0 {
+		return queued{}, false
+	}
+	q := o.ready[0]
+	o.ready = slices.Delete(o.ready, 0, 1)
+	if len(o.ready) > 0 {
+		o.signal() // another worker may take the next
+	}
+	return q, true
+}
+
+func (o *orderer) signal() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drain returns every message still waiting or released, in stream order,
+// and forgets them: at shutdown they are given back in that order, so that
+// JetStream redelivers them in it.
+func (o *orderer) drain() []queued {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := append(o.ready, o.barrier...)
+	o.barrier = nil
+	for _, l := range o.lines {
+		out = append(out, l.waiting...)
+	}
+	o.lines, o.ready, o.waiting, o.bytes = make(map[string]*keyLine), nil, 0, 0
+	if o.full {
+		o.full = false
+		close(o.room)
+	}
+	slices.SortFunc(out, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// stats is what the metrics show: keys with messages waiting, the messages
+// waiting, and the longest wait.
+func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	for _, l := range o.lines {
+		if len(l.waiting) == 0 {
+			continue
+		}
+		keys++
+		for _, w := range l.waiting {
+			longest = max(longest, now.Sub(w.held))
+		}
+	}
+	for _, q := range o.barrier {
+		longest = max(longest, now.Sub(q.held))
+	}
+	return keys, o.waiting + len(o.barrier), longest
+}
+
+// registerOrderMetrics registers what the lines show, read at scrape.
+func (r *Runner) registerOrderMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_keys_waiting",
+			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
+		}, func() float64 { k, _, _ := r.order.stats(); return float64(k) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_messages_waiting",
+			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
+		}, func() float64 { _, n, _ := r.order.stats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_longest_wait_seconds",
+			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
+		}, func() float64 { _, _, d := r.order.stats(); return d.Seconds() }),
+	)
+}
+
+// OrderMarks keeps, durably and for every replica of the durable, the
+// stream sequence of the first unsettled message of each key that has later
+// messages waiting or is being retried (package ordermark). Safe for
+// concurrent use.
+type OrderMarks interface {
+	Mark(ctx context.Context, key string, seq uint64) error
+	Unmark(ctx context.Context, key string) error
+	Marks(ctx context.Context) (map[string]uint64, error)
+}
+
+// marker writes marks in the background, the latest wish per key first
+// come, so that a hot key costs a write now and then rather than one per
+// message. A crash loses at most the wishes not yet written: a few
+// milliseconds' worth.
+type marker struct {
+	store   OrderMarks
+	log     *slog.Logger
+	mu      sync.Mutex
+	want    map[string]uint64 // key → seq to mark; 0: unmark
+	wake    chan struct{}
+	done    chan struct{}
+	failing bool
+}
+
+func newMarker(store OrderMarks, log *slog.Logger) *marker {
+	return &marker{store: store, log: log, want: map[string]uint64{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// set asks for key's mark to be seq (0: none).
+func (m *marker) set(key string, seq uint64) {
+	m.mu.Lock()
+	m.want[key] = seq
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes what is asked until ctx ends, then what is left, and closes
+// done.
+func (m *marker) run(ctx context.Context) {
+	defer close(m.done)
+	for {
+		select {
+		case <-m.wake:
+			m.flush(ctx)
+		case <-ctx.Done():
+			m.flush(context.WithoutCancel(ctx))
+			return
+		}
+	}
+}
+
+func (m *marker) flush(ctx context.Context) {
+	m.mu.Lock()
+	want := m.want
+	m.want = map[string]uint64{}
+	m.mu.Unlock()
+	for key, seq := range want {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var err error
+		if seq == 0 {
+			err = m.store.Unmark(wctx, key)
+		} else {
+			err = m.store.Mark(wctx, key, seq)
+		}
+		cancel()
+		switch {
+		case err != nil && !m.failing:
+			m.failing = true
+			m.log.Warn("cannot record a key's first unsettled message; if courier dies now, its later messages may go first", "error", err)
+		case err == nil && m.failing:
+			m.failing = false
+			m.log.Info("recording keys' first unsettled messages again")
+		}
+	}
+}
+
+// orderBarrier is how long first deliveries of keyed messages wait after a
+// start or a takeover, given the ack wait: what another courier held comes
+// back within it.
+func orderBarrier(ackWait time.Duration) time.Duration { return ackWait + 2*time.Second }
+
+// startOrder reads the marks and raises the barrier (the consumer's state
+// decides), then runs the marker and the lifting of the barrier on loops
+// until it ends.
+func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	floor, pending := uint64(0), 1 // unknown: as if another courier held messages
+	if info, err := r.fetch.cons.Info(ictx); err == nil {
+		floor, pending = info.AckFloor.Stream, info.NumAckPending
+	}
+	stale := max(r.o.AckWait, r.o.BackoffMax, r.o.RetryAfterMax) + r.o.AckWait
+	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait), stale); err != nil {
+		r.log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
+	}
+	if r.order.marks != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.order.marks.run(loops) }()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-loops.Done():
+				return
+			case <-t.C:
+				r.order.lift()
+			}
+		}
+	}()
+}
+
+// takeover raises the barrier again when the pin of the consumer's
+// priority group moved to this courier: the replica that had it may have
+// held messages.
+func (o *orderer) takeover(barrier time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.barrierUntil = o.now().Add(barrier)
+}

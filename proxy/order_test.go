@@ -1,0 +1,253 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/proxy"
+)
+
+// orderApp records, per key, the sequence numbers (the "n" header) of
+// the requests it answered 2xx, in the order it answered them, and fails
+// checks that a request of a key never arrives while another of that key
+// is being handled.
+type orderApp struct {
+	t        *testing.T
+	mu       sync.Mutex
+	answer   func(key string, n, attempt int) (status int, retryAfter string)
+	busy     map[string]bool
+	ok       map[string][]int
+	overlaps int
+	took     time.Duration
+	inflight int // requests at the app now, and the most at once
+	most     int
+}
+
+func newOrderApp(t *testing.T, e *env, answer func(key string, n, attempt int) (int, string)) *orderApp {
+	a := &orderApp{t: t, answer: answer, busy: map[string]bool{}, ok: map[string][]int{}}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return a
+}
+
+func (a *orderApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Order")
+	n, _ := strconv.Atoi(r.Header.Get("N"))
+	attempt, _ := strconv.Atoi(r.Header.Get(proxy.HeaderAttempt))
+	a.mu.Lock()
+	if key != "" && a.busy[key] {
+		a.overlaps++
+	}
+	a.busy[key] = true
+	a.inflight++
+	a.most = max(a.most, a.inflight)
+	took := a.took
+	a.mu.Unlock()
+	time.Sleep(took)
+	status, retryAfter := 200, ""
+	if a.answer != nil {
+		status, retryAfter = a.answer(key, n, attempt)
+	}
+	a.mu.Lock()
+	a.busy[key] = false
+	a.inflight--
+	if status < 300 {
+		a.ok[key] = append(a.ok[key], n)
+	}
+	a.mu.Unlock()
+	if retryAfter != "" {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	w.WriteHeader(status)
+}
+
+func (a *orderApp) delivered(key string) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]int(nil), a.ok[key]...)
+}
+
+// publishOrdered publishes n messages for each key, interleaved, each with
+// its key in the Order header and its place in the N header.
+func publishOrdered(t *testing.T, e *env, keys []string, n int) {
+	t.Helper()
+	for i := range n {
+		for _, k := range keys {
+			m := nats.NewMsg("s.order")
+			m.Header.Set("Order", k)
+			m.Header.Set("N", strconv.Itoa(i))
+			m.Data = []byte(k)
+			if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func orderOptions(t *testing.T) proxy.Options {
+	t.Helper()
+	key, err := orderkey.Parse("header:Order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxy.Options{
+		MaxDeliver: 5, MaxInflight: 8, OrderKey: key, AckWait: 5 * time.Second,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, BreakerFailures: 0,
+	}
+}
+
+func inOrder(got []int, n int) bool {
+	if len(got) != n {
+		return false
+	}
+	for i, v := range got {
+		if v != i {
+			return false
+		}
+	}
+	return true
+}
+
+// Messages of one key reach the app one at a time, in stream order, though
+// their early messages fail (503 twice, 429 with Retry-After) and eight
+// workers run: a retry holds back its key's later messages until it is
+// settled; other keys go on.
+func TestOrderPerKeyThroughRetries(t *testing.T) {
+	e := setup(t)
+	a := newOrderApp(t, e, func(key string, n, attempt int) (int, string) {
+		switch {
+		case key == "k0" && n == 0 && attempt <= 2:
+			return 503, ""
+		case key == "k1" && n == 1 && attempt == 1:
+			return 429, "1"
+		case key == "k2" && n%3 == 0 && attempt == 1:
+			return 503, ""
+		}
+		return 200, ""
+	})
+	keys := []string{"k0", "k1", "k2", "k3", "k4"}
+	const n = 12
+	publishOrdered(t, e, keys, n)
+	e.runWith(t, nil, orderOptions(t))
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	for _, k := range keys {
+		if got := a.delivered(k); !inOrder(got, n) {
+			t.Errorf("%s delivered in the order %v, want 0..%d", k, got, n-1)
+		}
+	}
+	if a.overlaps != 0 {
+		t.Errorf("%d requests of a key while an earlier one of the key was at the app", a.overlaps)
+	}
+}
+
+// A key whose first message always fails is dead-lettered after its budget
+// while the other keys drain; its later messages then go on, and the dead
+// letter says how many waited.
+func TestOrderFailingKeyHoldsOnlyItself(t *testing.T) {
+	e := setup(t)
+	a := newOrderApp(t, e, func(key string, n, _ int) (int, string) {
+		if key == "bad" && n == 0 {
+			return 503, ""
+		}
+		return 200, ""
+	})
+	var keys []string
+	for i := range 50 {
+		keys = append(keys, fmt.Sprintf("k%d", i))
+	}
+	keys = append(keys, "bad")
+	const n = 4
+	publishOrdered(t, e, keys, n)
+	o := orderOptions(t)
+	o.BackoffInitial, o.BackoffMax = 200*time.Millisecond, 300*time.Millisecond
+	e.runWith(t, nil, o)
+	poll.Until(t, 10*time.Second, "every other key delivered", func() bool {
+		for _, k := range keys[:50] {
+			if len(a.delivered(k)) != n {
+				return false
+			}
+		}
+		return true
+	})
+	if got := a.delivered("bad"); len(got) != 0 {
+		t.Fatalf("bad's later messages went before its first was settled: %v", got)
+	}
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := a.delivered("bad"); fmt.Sprint(got) != "[1 2 3]" {
+		t.Errorf("bad delivered %v after its first was dead-lettered, want [1 2 3]", got)
+	}
+	dl := deadLetterHeaders(t, e)
+	if len(dl) != 1 || dl[0].Get(dlq.HeaderOrderKey) != "bad" || dl[0].Get(dlq.HeaderOrderWaiting) != "3" {
+		t.Errorf("dead letters %v, want one for bad saying 3 waited", dl)
+	}
+}
+
+func deadLetterHeaders(t *testing.T, e *env) []nats.Header {
+	t.Helper()
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, dlq.StreamName("dlq.s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []nats.Header
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		if m, err := s.GetMsg(ctx, seq); err == nil {
+			out = append(out, m.Header)
+		}
+	}
+	return out
+}
+
+// Messages without the key are not ordered: with a slow app, eight of them
+// are at the app at once.
+func TestOrderUnkeyedGoInParallel(t *testing.T) {
+	e := setup(t)
+	a := newOrderApp(t, e, nil)
+	a.took = 300 * time.Millisecond
+	for range 16 {
+		if _, err := e.js.Publish(context.Background(), "s.plain", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.runWith(t, nil, orderOptions(t))
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if len(a.delivered("")) != 16 {
+		t.Errorf("%d unkeyed delivered, want 16", len(a.delivered("")))
+	}
+	if a.most != 8 {
+		t.Errorf("at most %d unkeyed messages at the app at once, want 8 (COURIER_MAX_INFLIGHT)", a.most)
+	}
+}
+
+// One key with a slow app: its messages go one at a time, in order, while
+// the workers are free (the others wait on nothing).
+func TestOrderOneKeyOneAtATime(t *testing.T) {
+	e := setup(t)
+	a := newOrderApp(t, e, nil)
+	a.took = 20 * time.Millisecond
+	publishOrdered(t, e, []string{"only"}, 20)
+	e.runWith(t, nil, orderOptions(t))
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := a.delivered("only"); !inOrder(got, 20) {
+		t.Errorf("delivered %v, want 0..19", got)
+	}
+	if a.most != 1 || a.overlaps != 0 {
+		t.Errorf("%d at once (%d overlaps), want 1", a.most, a.overlaps)
+	}
+}

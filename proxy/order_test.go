@@ -7,14 +7,19 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -249,5 +254,126 @@ func TestOrderOneKeyOneAtATime(t *testing.T) {
 	}
 	if a.most != 1 || a.overlaps != 0 {
 		t.Errorf("%d at once (%d overlaps), want 1", a.most, a.overlaps)
+	}
+}
+
+// Two replicas on a 3-node cluster, the durable pinned to one at a time:
+// through an app outage of the pinned one longer than the pin's TTL the
+// other receives nothing (the pin is kept), and when the pinned one stops
+// the other takes over; every key's messages reach the app in stream
+// order throughout.
+func TestOrderReplicasOneAtATime(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	ctx := context.Background()
+	_, js := natstest.ConnectURL(t, c.URL())
+	natstest.Try(t, "create the stream", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+		return err
+	})
+	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
+		_, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 3)
+		return err
+	})
+	natstest.Try(t, "create the pinned consumer", func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
+			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: 2 * time.Second,
+		})
+		return err
+	})
+
+	// One record of what reached the app, from either replica.
+	rec := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
+	got := map[string]*atomic.Int32{"a": {}, "b": {}}
+	replica := func(name string) (*restartableApp, func()) {
+		app := &restartableApp{addr: "127.0.0.1:0", h: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got[name].Add(1)
+			rec.ServeHTTP(w, r)
+		})}
+		app.start(t)
+		t.Cleanup(func() { app.srv.Close() })
+		var marks *ordermark.Store
+		natstest.Try(t, "open the marks", func(ctx context.Context) error {
+			var err error
+			marks, err = ordermark.Open(ctx, js, "S", "c", 3)
+			return err
+		})
+		o := orderOptions(t)
+		o.AppURL, o.Stream, o.Consumer, o.Registerer = app.srv.URL, "S", "c", prometheus.NewRegistry()
+		o.OrderMarks, o.PriorityGroup = marks, "courier"
+		// A connection and a consumer handle of its own: the handle holds
+		// the pin id its pulls send.
+		_, rjs := natstest.ConnectURL(t, c.URL())
+		var rcons jetstream.Consumer
+		natstest.Try(t, "bind the consumer", func(ctx context.Context) error {
+			var err error
+			rcons, err = rjs.Consumer(ctx, "S", "c")
+			return err
+		})
+		r, err := proxy.New(rcons, dlq.NewPublisher(rjs, "dlq.s"), nil, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+		stop := sync.OnceFunc(func() { cancel(); wg.Wait() })
+		t.Cleanup(stop)
+		return app, stop
+	}
+	keys := []string{"k0", "k1", "k2", "k3"}
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			for _, k := range keys {
+				m := nats.NewMsg("s.order")
+				m.Header.Set("Order", k)
+				m.Header.Set("N", strconv.Itoa(i))
+				natstest.Try(t, "publish", func(ctx context.Context) error { _, err := js.PublishMsg(ctx, m); return err })
+			}
+		}
+	}
+	deliveredUpTo := func(n int) func() bool {
+		return func() bool {
+			for _, k := range keys {
+				if len(rec.delivered(k)) < n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	appA, stopA := replica("a")
+	publish(0, 1)
+	poll.Until(t, 20*time.Second, "the first messages delivered", deliveredUpTo(1))
+	_, stopB := replica("b")
+	defer stopB()
+	if got["b"].Load() != 0 {
+		t.Fatalf("b received %d messages while a was pinned", got["b"].Load())
+	}
+
+	// a's app goes away for three pin TTLs: a holds what it has and keeps
+	// the pin; b receives nothing.
+	appA.srv.Close()
+	publish(1, 4)
+	time.Sleep(6 * time.Second) // longer than the pin's TTL: real time is what is tested
+	if n := got["b"].Load(); n != 0 {
+		t.Fatalf("b received %d messages while a held deliveries through its app's outage", n)
+	}
+	appA.start(t)
+	poll.Until(t, 30*time.Second, "a delivering again", deliveredUpTo(4))
+
+	// a stops; b takes the pin and goes on.
+	stopA()
+	publish(4, 7)
+	poll.Until(t, 30*time.Second, "b delivering after a stopped", deliveredUpTo(7))
+	if got["b"].Load() == 0 {
+		t.Error("b delivered nothing after a stopped")
+	}
+	for _, k := range keys {
+		if d := rec.delivered(k); !inOrder(d, 7) {
+			t.Errorf("%s delivered in the order %v, want 0..6", k, d)
+		}
 	}
 }

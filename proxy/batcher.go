@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/batch"
 )
 
@@ -48,7 +49,7 @@ type batchEntry struct {
 // batchResult is an entry's part of its batch's answer: what post returns
 // for a single request.
 type batchResult struct {
-	answer *Answer
+	answer *apphttp.Answer
 	took   time.Duration
 	err    error
 }
@@ -58,7 +59,7 @@ type batchResult struct {
 // retry's delay and the dead letter.
 type entryError struct {
 	status batch.Status
-	app    *AppError
+	app    *apphttp.AppError
 }
 
 func (e *entryError) Error() string {
@@ -229,15 +230,15 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	defer cancel()
 	r.m.inflight.Inc()
 	began := time.Now()
-	var a *Answer
+	var a *apphttp.Answer
 	var err error
 	if r.epErr != nil {
-		err = &AppError{Kind: KindTransport, Err: r.epErr}
+		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
 	} else {
 		if r.o.Stamp != nil {
 			r.o.Stamp(h, body)
 		}
-		a, err = r.exchange(ctx, h, body, batchAnswerLimit)
+		a, err = r.app.Post(ctx, h, body, batchAnswerLimit)
 	}
 	took := time.Since(began)
 	r.m.inflight.Dec()
@@ -256,11 +257,11 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	if ans.Problem != "" {
 		r.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
 	}
-	app := &AppError{Kind: KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
+	app := &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
 	for i, e := range entries {
 		switch ans.Statuses[i] {
 		case batch.Success:
-			e.done <- batchResult{answer: &Answer{Status: a.Status, Header: a.Header}, took: took}
+			e.done <- batchResult{answer: &apphttp.Answer{Status: a.Status, Header: a.Header}, took: took}
 		default:
 			e.done <- batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}}
 		}
@@ -288,15 +289,15 @@ func entryOf(id string, e *batchEntry) batch.Entry {
 
 // classify is Classify, with an entry the app's answer to its batch
 // refused: retried as a transient failure, or dropped as a permanent one.
-func (r *Runner) classify(err error) Class {
+func (r *Runner) classify(err error) apphttp.Class {
 	var ee *entryError
 	if errors.As(err, &ee) {
 		if ee.status == batch.Drop {
-			return Permanent
+			return apphttp.Permanent
 		}
-		return Transient
+		return apphttp.Transient
 	}
-	return Classify(err, r.o.Retryable)
+	return apphttp.Classify(err, r.o.Retryable)
 }
 
 // startBatchSpan starts the span of a batch request when tracing is on: a

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/verdict"
@@ -282,15 +283,15 @@ func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
 	}
 	r.m.request(resultLabel(err), took.Seconds())
 	class := r.classify(err)
-	d.answered = class != Unavailable
+	d.answered = class != apphttp.Unavailable
 	switch class {
-	case Success:
+	case apphttp.Success:
 		r.breaker.success()
 		return outDelivered
-	case Unavailable:
+	case apphttp.Unavailable:
 		return outUnavailable
-	case Transient:
-		fromApp, _ := RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
+	case apphttp.Transient:
+		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
 		r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
 		switch {
 		case d.last(r.o.MaxDeliver) && d.probe:
@@ -306,7 +307,7 @@ func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
 }
 
 // settleAnswer does what decide said, and reports whether to send d again.
-func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err error, answer *Answer, took time.Duration) (again bool) {
+func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err error, answer *apphttp.Answer, took time.Duration) (again bool) {
 	switch out {
 	case outDelivered:
 		span.setOutcome("delivered")
@@ -344,7 +345,7 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 // succeeded settles a 2xx: the success record (if configured) is stored
 // before the key and the ack; if it cannot be yet, the message is held
 // while it is retried.
-func (r *Runner) succeeded(d *delivery, span *attemptSpan, answer *Answer, took time.Duration) {
+func (r *Runner) succeeded(d *delivery, span *attemptSpan, answer *apphttp.Answer, took time.Duration) {
 	if r.o.Success == nil {
 		r.settleSuccess(d, took)
 		return
@@ -396,7 +397,7 @@ var errNotSent = errors.New("request not sent")
 // timeout and by the grace period (t: the worker's lane's timer). The answer
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
-func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, time.Duration, error) {
+func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
@@ -418,28 +419,18 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*Answer, tim
 	}
 	began := time.Now()
 	if r.epErr != nil {
-		return nil, time.Since(began), &AppError{Kind: KindTransport, Err: r.epErr}
+		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
 	}
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	a, err := r.exchange(ctx, h, body, keep)
+	a, err := r.app.Post(ctx, h, body, keep)
 	return a, time.Since(began), err
-}
-
-// exchange sends one request to the app and reads its answer, a 2xx's body
-// up to keep bytes: the one call to the HTTP layer (app.go) of a delivery
-// and of a batch.
-func (r *Runner) exchange(ctx context.Context, h http.Header, body []byte, keep int64) (*Answer, error) {
-	if r.o.ownClient {
-		return postDirect(ctx, r.o.Client, r.o.Client.Transport, r.ep, h, body, keep)
-	}
-	return postAnswer(ctx, r.o.Client, r.ep, h, body, keep)
 }
 
 // send sends d with headers h: on its own (post), or in a batch (batcher)
 // when batches are on; span is d's attempt span (nil: tracing off).
-func (r *Runner) send(d *delivery, h http.Header, span *attemptSpan) (*Answer, time.Duration, error) {
+func (r *Runner) send(d *delivery, h http.Header, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
 	if r.batcher != nil {
 		res := r.batcher.submit(d, h, span)
 		return res.answer, res.took, res.err

@@ -3,6 +3,7 @@ package proxy
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 )
 
@@ -144,14 +145,14 @@ func resultLabel(err error) string {
 	if err == nil {
 		return "2xx"
 	}
-	ae, ok := err.(*AppError)
+	ae, ok := err.(*apphttp.AppError)
 	if ee, entry := err.(*entryError); entry {
 		ae, ok = ee.app, true // the batch's answer
 	}
 	if !ok {
 		return "transport"
 	}
-	if ae.Kind != KindStatus {
+	if ae.Kind != apphttp.KindStatus {
 		return ae.Kind.String()
 	}
 	switch {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/internal/orderkey"
 )
 
@@ -83,7 +84,7 @@ type Options struct {
 	// ShutdownGrace is how long in-flight requests may finish after the
 	// run context ends; 0 means none (they are abandoned at once).
 	ShutdownGrace time.Duration
-	// Client sends requests to the app; default NewClient sized to
+	// Client sends requests to the app; default apphttp.NewClient sized to
 	// MaxInflight.
 	Client *http.Client
 	// Logger receives logs; default discards.
@@ -144,8 +145,8 @@ type Options struct {
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 
-	// ownClient: Client is the one NewClient made by default, whose
-	// requests the runner sends straight to its transport (roundTrip).
+	// ownClient: Client is the one apphttp.NewClient made by default, whose
+	// requests go straight to its transport (apphttp.NewEndpoint's own).
 	ownClient bool
 }
 
@@ -236,7 +237,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.IdempotencyHeader = HeaderIdempotencyKey
 	}
 	if o.Client == nil {
-		o.Client = NewClient(ClientOptions{MaxConns: o.MaxInflight})
+		o.Client = apphttp.NewClient(apphttp.ClientOptions{MaxConns: o.MaxInflight})
 		o.ownClient = true
 	}
 	if o.Logger == nil {

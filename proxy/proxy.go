@@ -9,8 +9,8 @@
 // A message travels through the files in this order: fetch.go (pulled,
 // tracked, queued), worker.go (taken by a worker, held while the gate is
 // closed), delivery.go (key, max age, dedup check, the request), request.go
-// and app.go (the headers and the HTTP exchange), classify.go (what the
-// answer means), results.go (the success record), recorder.go (the key of a
+// (the headers; the HTTP exchange and what its answer means are apphttp's),
+// results.go (the success record), recorder.go (the key of a
 // 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back),
 // references.go (the originals of reference dead letters, not sent again).
 // gate.go and breaker.go decide whether courier may send; tracker.go keeps
@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/success"
@@ -94,9 +95,9 @@ type Runner struct {
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
-	refStore   seer     // dd, when it can tell a key without claiming it; else nil
-	ep         endpoint // the app's URL, parsed once
-	epErr      error    // why it cannot be parsed: each request fails so
+	refStore   seer              // dd, when it can tell a key without claiming it; else nil
+	app        *apphttp.Endpoint // the app's URL, parsed once, and the client
+	epErr      error             // why it cannot be parsed: each request fails so
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder, which lets each batch
@@ -135,7 +136,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		linger:  recordLinger,
 		flights: newFlights(),
 	}
-	r.ep, r.epErr = parseEndpoint(o.AppURL)
+	r.app, r.epErr = apphttp.NewEndpoint(o.Client, o.AppURL, o.ownClient)
 	if qc, ok := dd.(quickChecker); ok {
 		r.quickCheck = qc.QuickCheck()
 	}
@@ -188,7 +189,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	}
 	// The probe's client dials as the app's default client does (a unix://
 	// health URL to its socket) and redirects as the app's client does.
-	probeClient := NewClient(ClientOptions{MaxConns: 1})
+	probeClient := apphttp.NewClient(apphttp.ClientOptions{MaxConns: 1})
 	probeClient.Timeout, probeClient.CheckRedirect = 5*time.Second, o.Client.CheckRedirect
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
 	r.prober.stamp = o.Stamp

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"golang.org/x/net/http/httpguts"
 	"testing"
 	"time"
 
@@ -40,17 +39,20 @@ func TestBuildHeadersContentType(t *testing.T) {
 	}
 }
 
-// validFieldName and validFieldValue agree with net/http's own rules
-// (golang.org/x/net/http/httpguts) on every byte: what courier lets through
-// the transport's own check would not refuse, and what it drops would be.
-func TestFieldRulesAgreeWithNetHTTP(t *testing.T) {
-	for c := 0; c < 256; c++ {
-		s := "a" + string([]byte{byte(c)}) + "b"
-		if got, want := validFieldName(s), httpguts.ValidHeaderFieldName(s); got != want {
-			t.Errorf("validFieldName(%q) = %v, net/http says %v", s, got, want)
+func TestDelayFullJitter(t *testing.T) {
+	// rnd returning n-1 shows the ceiling; returning 0 shows the floor.
+	top := func(n int64) int64 { return n - 1 }
+	for attempt, want := range map[int]time.Duration{
+		1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 40: 10 * time.Second,
+	} {
+		if got := Delay(attempt, time.Second, 10*time.Second, 2, top); got != want {
+			t.Errorf("Delay ceiling at attempt %d = %v, want %v", attempt, got, want)
 		}
-		if got, want := validFieldValue(s), httpguts.ValidHeaderFieldValue(s); got != want {
-			t.Errorf("validFieldValue(%q) = %v, net/http says %v", s, got, want)
+		if got := Delay(attempt, time.Second, 10*time.Second, 2, func(int64) int64 { return 0 }); got != 0 {
+			t.Errorf("Delay floor at attempt %d = %v, want 0", attempt, got)
 		}
+	}
+	if got := Delay(3, 100*time.Millisecond, time.Minute, 3, top); got != 900*time.Millisecond {
+		t.Errorf("multiplier 3 at attempt 3 = %v, want 900ms", got)
 	}
 }

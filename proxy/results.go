@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/success"
 )
 
@@ -17,7 +18,7 @@ import (
 // not called again for it. If courier stops before it is stored, the message
 // is given back without its key recorded: the record is not lost, the app
 // sees the message again (with the same Idempotency-Key).
-func (r *Runner) publishSuccess(d *delivery, a *Answer, then func()) {
+func (r *Runner) publishSuccess(d *delivery, a *apphttp.Answer, then func()) {
 	rec := success.Record{
 		Subject: d.m.Subject(), Stream: d.meta.Stream, Consumer: r.o.Consumer,
 		Sequence: d.meta.Sequence.Stream, Attempt: d.attempt, Key: d.key,
@@ -54,7 +55,7 @@ func (r *Runner) publishSuccess(d *delivery, a *Answer, then func()) {
 // span's, which attempt put on the answer's headers (inject); with tracing
 // off, the message's own traceparent and tracestate, under the names the
 // publisher gave them. Nil when there is none.
-func (r *Runner) recordTrace(d *delivery, a *Answer) nats.Header {
+func (r *Runner) recordTrace(d *delivery, a *apphttp.Answer) nats.Header {
 	src := map[string][]string(d.m.Headers())
 	if r.o.Tracer != nil {
 		if a == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
 )
@@ -51,9 +52,9 @@ func (r *Runner) ackDuplicate(d *delivery) {
 // retryDelay is the app's Retry-After, capped, else full-jitter backoff at
 // JetStream's delivery count.
 func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
-	var ae *AppError
+	var ae *apphttp.AppError
 	if errors.As(err, &ae) && ae.RetryAfter != "" {
-		if d, ok := RetryAfter(ae.RetryAfter, r.o.Now(), r.o.RetryAfterMax); ok {
+		if d, ok := apphttp.RetryAfter(ae.RetryAfter, r.o.Now(), r.o.RetryAfterMax); ok {
 			return d, true
 		}
 	}
@@ -62,7 +63,7 @@ func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
 
 // retryAfterOf is the app's Retry-After of a failed request, if any.
 func retryAfterOf(err error) string {
-	var ae *AppError
+	var ae *apphttp.AppError
 	if errors.As(err, &ae) {
 		return ae.RetryAfter
 	}
@@ -206,7 +207,7 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 	}
 	if f.err != nil {
 		l.Error = f.err.Error()
-		var ae *AppError
+		var ae *apphttp.AppError
 		if errors.As(f.err, &ae) {
 			l.Status = ae.Status
 		}
@@ -256,8 +257,8 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 }
 
 func statusAttr(err error) slog.Attr {
-	var ae *AppError
-	if errors.As(err, &ae) && ae.Kind == KindStatus {
+	var ae *apphttp.AppError
+	if errors.As(err, &ae) && ae.Kind == apphttp.KindStatus {
 		return slog.Int("status", ae.Status)
 	}
 	if errors.As(err, &ae) {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/apphttp"
 )
 
 // TestRequestTimer: one worker's requests share a context until one times
@@ -33,8 +35,8 @@ func TestRequestTimer(t *testing.T) {
 	}))
 	t.Cleanup(app.Close)
 	defer close(release)
-	c := NewClient(ClientOptions{MaxConns: 1})
-	ep, err := parseEndpoint(app.URL)
+	c := apphttp.NewClient(apphttp.ClientOptions{MaxConns: 1})
+	ep, err := apphttp.NewEndpoint(c, app.URL, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +47,7 @@ func TestRequestTimer(t *testing.T) {
 	send := func() (context.Context, error) {
 		ctx := rt.start()
 		defer rt.stop()
-		_, err := postDirect(ctx, c, c.Transport, ep, http.Header{}, []byte("x"), 0)
+		_, err := ep.Post(ctx, http.Header{}, []byte("x"), 0)
 		return ctx, err
 	}
 
@@ -54,8 +56,8 @@ func TestRequestTimer(t *testing.T) {
 		t.Fatalf("request 1: %v", err)
 	}
 	second, err := send()
-	var ae *AppError
-	if !errors.As(err, &ae) || ae.Kind != KindTimeout || !errors.Is(err, context.DeadlineExceeded) {
+	var ae *apphttp.AppError
+	if !errors.As(err, &ae) || ae.Kind != apphttp.KindTimeout || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("request 2 outlived the timeout: got %v, want a KindTimeout wrapping context.DeadlineExceeded", err)
 	}
 	if first != second {
@@ -77,7 +79,7 @@ func TestRequestTimer(t *testing.T) {
 	if err == nil {
 		t.Fatal("request 4 outlived the grace period and succeeded")
 	}
-	if errors.As(err, &ae) && ae.Kind == KindTimeout {
+	if errors.As(err, &ae) && ae.Kind == apphttp.KindTimeout {
 		t.Errorf("the end of the grace period read as a timeout: %v", err)
 	}
 	if !errors.Is(err, context.Canceled) {

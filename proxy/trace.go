@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/internal/natshdr"
 )
 
@@ -132,7 +133,7 @@ func (r *Runner) propagator() propagation.TextMapPropagator {
 
 // statusOf is the app's HTTP status in err, or 0.
 func statusOf(err error) int {
-	if ae, ok := err.(*AppError); ok {
+	if ae, ok := err.(*apphttp.AppError); ok {
 		return ae.Status
 	}
 	return 0

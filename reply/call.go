@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/apphttp"
 )
 
 // Outcomes of a request, as the metrics label them.
@@ -68,8 +68,8 @@ func (a answer) message(reply string) *nats.Msg {
 
 // call POSTs one request to the app and reads its answer, at most maxPayload
 // bytes of body: an answer larger than that could not be sent as a reply.
-func call(ctx context.Context, c *http.Client, url string, h http.Header, body []byte, maxPayload int64, timeout time.Duration) answer {
-	resp, err := proxy.Send(ctx, c, url, h, body)
+func call(ctx context.Context, app *apphttp.Endpoint, h http.Header, body []byte, maxPayload int64, timeout time.Duration) answer {
+	resp, err := app.Send(ctx, h, body)
 	if err != nil {
 		return failed(err, timeout)
 	}
@@ -83,11 +83,11 @@ func call(ctx context.Context, c *http.Client, url string, h http.Header, body [
 	}
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, maxPayload+1)); err != nil {
 		// The answer was cut short: by the timeout, or by the connection.
-		kind := proxy.KindTransport
+		kind := apphttp.KindTransport
 		if ctx.Err() != nil || isTimeout(err) {
-			kind = proxy.KindTimeout
+			kind = apphttp.KindTimeout
 		}
-		return failed(&proxy.AppError{Kind: kind, Err: fmt.Errorf("reading the answer: %w", err)}, timeout)
+		return failed(&apphttp.AppError{Kind: kind, Err: fmt.Errorf("reading the answer: %w", err)}, timeout)
 	}
 	if int64(buf.Len()) > maxPayload {
 		return tooLargeAnswer(resp.StatusCode, maxPayload)
@@ -124,16 +124,16 @@ func statusOutcome(status int) string {
 // description is short and fixed: the error itself, which may name internal
 // addresses, goes to the logs only.
 func failed(err error, timeout time.Duration) answer {
-	var ae *proxy.AppError
-	kind := proxy.KindTransport
+	var ae *apphttp.AppError
+	kind := apphttp.KindTransport
 	if errors.As(err, &ae) {
 		kind = ae.Kind
 	}
 	switch kind {
-	case proxy.KindTimeout:
+	case apphttp.KindTimeout:
 		return answer{outcome: outcomeTimeout, code: http.StatusGatewayTimeout,
 			desc: "app did not answer within " + timeout.String(), err: err}
-	case proxy.KindUnreachable:
+	case apphttp.KindUnreachable:
 		return answer{outcome: outcomeUnavailable, code: http.StatusServiceUnavailable,
 			desc: "app unreachable", err: err}
 	}

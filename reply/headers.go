@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/apphttp"
 )
 
 // HeaderStatus carries the app's HTTP status on a reply (the name the dead
@@ -23,14 +23,14 @@ const HeaderStatus = "Courier-Status"
 func (s *Service) requestHeaders(req micro.Request) http.Header {
 	src := nats.Header(req.Headers())
 	h := make(http.Header, len(src)+2)
-	for _, d := range proxy.AppHeaders(h, src, true) {
+	for _, d := range apphttp.AppHeaders(h, src, true) {
 		s.drop(req.Subject(), d.Name, d.Reason)
 	}
 	// NATS allows control characters in a subject; HTTP does not in a value.
-	if subj := req.Subject(); proxy.ValidFieldValue(subj) {
-		h.Set(proxy.HeaderSubject, subj)
+	if subj := req.Subject(); apphttp.ValidFieldValue(subj) {
+		h.Set(apphttp.HeaderSubject, subj)
 	} else {
-		h.Set(proxy.HeaderSubject, strconv.Quote(subj))
+		h.Set(apphttp.HeaderSubject, strconv.Quote(subj))
 	}
 	if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/octet-stream")

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/internal/appurl"
-	"github.com/courierhq/courier/proxy"
 )
 
 // Options tunes a Service. Subjects and URL are required; every other zero
@@ -62,7 +62,7 @@ type Options struct {
 	// COURIER_SHUTDOWN_GRACE=0). Default 25s.
 	ShutdownGrace time.Duration
 	// Client sends the requests. It must follow no redirect and resend
-	// nothing of its own. Default proxy.NewClient sized to MaxConcurrent:
+	// nothing of its own. Default apphttp.NewClient sized to MaxConcurrent:
 	// a pool of its own, so requests never wait for a connection held by
 	// the delivery loop.
 	Client *http.Client
@@ -117,7 +117,7 @@ func (o *Options) defaults() error {
 		o.ShutdownGrace = 25 * time.Second
 	}
 	if o.Client == nil {
-		o.Client = proxy.NewClient(proxy.ClientOptions{MaxConns: o.MaxConcurrent})
+		o.Client = apphttp.NewClient(apphttp.ClientOptions{MaxConns: o.MaxConcurrent})
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

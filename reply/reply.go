@@ -19,6 +19,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/courierhq/courier/apphttp"
 )
 
 // Service answers requests on Options.Subjects through the app. Create it with
@@ -29,6 +31,7 @@ type Service struct {
 	o   Options
 	log *slog.Logger
 	m   *metrics
+	app *apphttp.Endpoint // Options.URL, sent to by Options.Client
 
 	abort  context.Context
 	cancel context.CancelFunc // ends requests still running after the grace period
@@ -69,12 +72,17 @@ func New(nc *nats.Conn, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	app, err := apphttp.NewEndpoint(opts.Client, opts.URL, false)
+	if err != nil {
+		return nil, fmt.Errorf("reply: URL %q: %w", redact(opts.URL), err)
+	}
 	abort, cancel := context.WithCancel(context.Background())
 	return &Service{
 		nc:     nc,
 		o:      opts,
 		log:    opts.Logger.With("component", "reply"),
 		m:      m,
+		app:    app,
 		abort:  abort,
 		cancel: cancel,
 	}, nil
@@ -387,7 +395,7 @@ func (s *Service) serve(ep *endpoint, req micro.Request) {
 	}
 	began := time.Now()
 	s.m.inflight.Inc()
-	a := call(ctx, s.o.Client, s.o.URL, h, req.Data(), s.nc.MaxPayload(), s.o.Timeout)
+	a := call(ctx, s.app, h, req.Data(), s.nc.MaxPayload(), s.o.Timeout)
 	s.m.inflight.Dec()
 	took := time.Since(began)
 	if a.err != nil && s.abort.Err() != nil {

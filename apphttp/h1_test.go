@@ -1,4 +1,4 @@
-package proxy
+package apphttp
 
 import (
 	"bufio"
@@ -7,51 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// connCounter counts the connections an httptest server accepted and the
-// ones closed since.
-type connCounter struct{ opened, closed atomic.Int32 }
-
-func (c *connCounter) hook(_ net.Conn, s http.ConnState) {
-	switch s {
-	case http.StateNew:
-		c.opened.Add(1)
-	case http.StateClosed, http.StateHijacked:
-		c.closed.Add(1)
-	}
-}
-
-func newCountedApp(t *testing.T, h http.HandlerFunc) (*httptest.Server, *connCounter) {
-	t.Helper()
-	var cc connCounter
-	app := httptest.NewUnstartedServer(h)
-	app.Config.ConnState = cc.hook
-	app.Start()
-	t.Cleanup(app.Close)
-	return app, &cc
-}
-
-func h1Post(t *testing.T, c *http.Client, url string, body string) (int, string, error) {
-	t.Helper()
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{"Idempotency-Key": {"k"}}, []byte(body))
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
 
 // Requests one after another share one keep-alive connection, and the app
 // receives each whole, headers and body.
@@ -86,52 +46,6 @@ func TestH1KeepsConnectionsAlive(t *testing.T) {
 	}
 }
 
-// An idle connection the app has closed (its keep-alive timeout, a restart)
-// is not used: the next request goes out on a new connection and succeeds.
-func TestH1SkipsConnectionsTheAppClosed(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var accepted atomic.Int32
-	closed := make(chan struct{}, 3)
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			go func() {
-				// One answer, keep-alive announced, then the app closes.
-				defer func() { conn.Close(); closed <- struct{}{} }()
-				req, err := http.ReadRequest(bufio.NewReader(conn))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}()
-		}
-	}()
-	c := NewClient(ClientOptions{MaxConns: 2})
-	url := "http://" + ln.Addr().String() + "/"
-	for i := range 3 {
-		if i > 0 {
-			<-closed                          // the app has closed the last connection
-			time.Sleep(10 * time.Millisecond) // and its FIN has reached courier's end
-		}
-		status, answer, err := h1Post(t, c, url, "x")
-		if err != nil || status != 200 || answer != "ok" {
-			t.Fatalf("request %d after the app closed the last connection: %d %q %v", i, status, answer, err)
-		}
-	}
-	if n := accepted.Load(); n != 3 {
-		t.Errorf("%d connections accepted, want 3 (one per request)", n)
-	}
-}
-
 // An answer with Connection: close, or one from an HTTP/1.0 app without
 // keep-alive, leaves its connection closed; an answer not read to its end
 // closes its connection too.
@@ -148,11 +62,7 @@ func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
 	}
 	waitUntil(t, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
 
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err, _ := exchange(context.Background(), c, c.Transport, ep, http.Header{}, []byte("x"))
+	resp, err, _ := exchange(context.Background(), c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,24 +126,16 @@ func TestH1ContextEndsRequest(t *testing.T) {
 	t.Cleanup(func() { close(release) }) // before app.Close, which waits for the handlers
 	c := NewClient(ClientOptions{MaxConns: 2})
 
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	time.AfterFunc(100*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
-	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	_, err, _ := exchange(ctx, c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
 	var ae *AppError
 	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
 		t.Fatalf("request ended by its context: %v, want a timeout", err)
 	}
 
-	ep, err = parseEndpoint(app.URL + "/?body=1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel2 := context.WithCancel(context.Background())
-	resp, err, _ := exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	resp, err, _ := exchange(ctx, c, c.Transport, app.URL+"/?body=1", http.Header{}, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,67 +176,6 @@ func TestH1EarlyAnswer(t *testing.T) {
 	}
 }
 
-// Idle connections are closed after the idle timeout, and by
-// CloseIdleConnections.
-func TestH1ClosesIdleConnections(t *testing.T) {
-	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
-	c := NewClient(ClientOptions{MaxConns: 2, IdleTimeout: 200 * time.Millisecond})
-	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the idle connection closed after the idle timeout", func() bool { return cc.closed.Load() == 1 })
-
-	c = NewClient(ClientOptions{MaxConns: 2})
-	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
-		t.Fatal(err)
-	}
-	c.CloseIdleConnections()
-	waitUntil(t, "the idle connection closed by CloseIdleConnections", func() bool { return cc.closed.Load() == 2 })
-}
-
-// Concurrent requests each get a connection of their own; the pool keeps
-// at most MaxConns idle.
-func TestH1ConcurrentRequests(t *testing.T) {
-	var inApp, most atomic.Int32
-	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
-		n := inApp.Add(1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-		}
-		time.Sleep(5 * time.Millisecond)
-		inApp.Add(-1)
-		b, _ := io.ReadAll(r.Body)
-		_, _ = w.Write(b)
-	})
-	c := NewClient(ClientOptions{MaxConns: 4})
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Go(func() {
-			for j := range 20 {
-				body := strings.Repeat(string(rune('a'+i)), j+1)
-				status, answer, err := h1Post(t, c, app.URL+"/", body)
-				if err != nil || status != 200 || answer != body {
-					t.Errorf("worker %d request %d: %d %q %v", i, j, status, answer, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	tr := c.Transport.(*h1Transport)
-	tr.mu.Lock()
-	idle := len(tr.idle)
-	tr.mu.Unlock()
-	if idle > 4 {
-		t.Errorf("%d idle connections kept, want at most MaxConns (4)", idle)
-	}
-	if most.Load() < 2 {
-		t.Errorf("at most %d requests at the app at once: the requests did not run concurrently", most.Load())
-	}
-	waitUntil(t, "at most MaxConns (4) connections left open", func() bool {
-		return cc.opened.Load()-cc.closed.Load() <= 4
-	})
-}
-
 // writeRequest writes what Request.Write writes: read back by the server's
 // parser, the two give the same method, target, host, header and body.
 func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
@@ -352,12 +193,12 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 		{"unix socket host", "unix:///run/app.sock/in", http.Header{}, "x", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ep, err := parseEndpoint(tc.url)
+			ep, err := NewEndpoint(nil, tc.url, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			read := func(write func(*bufio.Writer, *http.Request) error) (*http.Request, string) {
-				req := newRequest(context.Background(), ep, tc.header.Clone(), []byte(tc.body))
+				req := ep.newRequest(context.Background(), tc.header.Clone(), []byte(tc.body))
 				req.Close = tc.close
 				var buf strings.Builder
 				w := bufio.NewWriter(&buf)
@@ -408,10 +249,6 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 // messages and call the app unavailable), and without a connection.
 func TestH1ContextEndedBeforeSending(t *testing.T) {
 	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
-	ep, err := parseEndpoint(app.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := NewClient(ClientOptions{MaxConns: 2})
 	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
 		ctx, cancel := context.WithCancelCause(context.Background())
@@ -424,7 +261,7 @@ func TestH1ContextEndedBeforeSending(t *testing.T) {
 			{"RoundTrip", nil},
 			{"net/http's Transport", c.Transport.(*h1Transport).next},
 		} {
-			_, err, resend := exchange(ctx, c, tc.rt, ep, http.Header{}, []byte("x"))
+			_, err, resend := exchange(ctx, c, tc.rt, app.URL+"/", http.Header{}, []byte("x"))
 			var ae *AppError
 			if !errors.As(err, &ae) || ae.Kind != KindTransport || resend || !errors.Is(err, cause) {
 				t.Errorf("%s, context ended (%v): %v (resend %v), want a transport error of the context's cause", tc.name, cause, err, resend)
@@ -434,30 +271,6 @@ func TestH1ContextEndedBeforeSending(t *testing.T) {
 	if n := cc.opened.Load(); n != 0 {
 		t.Errorf("%d connections for requests whose context had ended, want 0", n)
 	}
-}
-
-// rawApp serves each connection accepted on a TCP listener with serve, and
-// returns the listener's URL.
-func rawApp(t *testing.T, serve func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				serve(conn)
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String() + "/"
 }
 
 // An app may send interim answers (102 Processing) while it works, as many
@@ -477,13 +290,9 @@ func TestH1ManyInterimAnswers(t *testing.T) {
 		}
 	})
 	c := NewClient(ClientOptions{MaxConns: 2})
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, rt := range []http.RoundTripper{c.Transport, c.Transport.(*h1Transport).next} {
 		for i := range 2 {
-			resp, err, _ := exchange(context.Background(), c, rt, ep, http.Header{}, []byte("x"))
+			resp, err, _ := exchange(context.Background(), c, rt, url, http.Header{}, []byte("x"))
 			if err != nil {
 				t.Fatalf("%T, request %d: %v, want the 200 after 20 interim answers", rt, i, err)
 			}
@@ -514,13 +323,9 @@ func TestH1BoundsAnswerHeaders(t *testing.T) {
 		}
 	})
 	c := NewClient(ClientOptions{MaxConns: 2})
-	ep, err := parseEndpoint(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err, _ = exchange(ctx, c, c.Transport, ep, http.Header{}, []byte("x"))
+	_, err, _ := exchange(ctx, c, c.Transport, url, http.Header{}, []byte("x"))
 	var ae *AppError
 	if !errors.As(err, &ae) || ae.Kind != KindTransport || !strings.Contains(err.Error(), "exceeded") {
 		t.Fatalf("an endless answer header: %v, want a transport error saying it exceeded the limit", err)

@@ -1,4 +1,4 @@
-package proxy
+package apphttp
 
 import (
 	"errors"
@@ -10,9 +10,10 @@ import (
 	"time"
 )
 
-// What an answer of the app means is decided here, and only here: the
-// typed outcome of a request (AppError) and its class (Classify), and the
-// delay an app asks for (RetryAfter).
+// The outcome of a request as a typed error (AppError: Send makes the ones
+// of a request that got no answer, ReadAnswer the ones of a status), what an
+// outcome means (Classify, the one function that decides it), and the delay
+// an app asks for (RetryAfter).
 
 // ErrorKind says how a request to the app failed.
 type ErrorKind int
@@ -47,8 +48,8 @@ func (k ErrorKind) String() string {
 	return "unknown"
 }
 
-// AppError is the outcome of a request to the app that was not a 2xx. It is
-// classified by Classify, and only there.
+// AppError is the outcome of a request to the app that was not a 2xx. What
+// it means is decided by Classify.
 type AppError struct {
 	Kind ErrorKind
 	// Status is the HTTP status for KindStatus, else 0.
@@ -111,9 +112,9 @@ func (c Class) String() string {
 	return "unknown"
 }
 
-// Classify decides what an outcome of Post means. err is nil for a 2xx;
-// retryable tells which statuses are transient. This is the one place where
-// outcomes are classified.
+// Classify decides what an outcome of Send and ReadAnswer means. err is nil
+// for a 2xx; retryable tells which statuses are transient. This is the one
+// place where outcomes are classified.
 func Classify(err error, retryable func(status int) bool) Class {
 	if err == nil {
 		return Success

@@ -1,4 +1,4 @@
-package proxy
+package apphttp
 
 import (
 	"bufio"
@@ -80,6 +80,8 @@ type h1Request struct {
 	req *http.Request
 }
 
+// RoundTrip is Client.Do's way to the transport: a plain-HTTP request is
+// sent here, on the calling goroutine; any other goes to next.
 func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || req.URL.User != nil {
 		return t.next.RoundTrip(req)
@@ -111,21 +113,21 @@ func h1RequestOf(req *http.Request) h1Request {
 	return r
 }
 
-// exchange is the runner's request to an http:// or unix:// app: POST body
-// with header h to ep, without an http.Request of its own nor httptrace
-// hooks (what they would learn, send records in a connTrace). It answers
-// as the package's exchange does.
-func (t *h1Transport) exchange(ctx context.Context, ep endpoint, h http.Header, body []byte) (*http.Response, error, bool) {
-	r := h1Request{method: http.MethodPost, uri: ep.uri, host: ep.tmpl.Host, addr: ep.addr,
-		header: h, length: int64(len(body)), body: body, req: ep.tmpl}
+// exchange is Send's request to an http:// or unix:// app: POST body with
+// header h to e, without an http.Request of its own nor httptrace hooks
+// (what they would learn, send records in a connTrace). It answers as
+// exchangeNetHTTP does.
+func (t *h1Transport) exchange(ctx context.Context, e *Endpoint, h http.Header, body []byte) (*http.Response, error, bool) {
+	r := h1Request{method: http.MethodPost, uri: e.uri, host: e.tmpl.Host, addr: e.addr,
+		header: h, length: int64(len(body)), body: body, req: e.tmpl}
 	var st connTrace
 	resp, err := t.send(ctx, &r, nil, &st)
 	if err != nil {
 		// As Client.Do reports it.
-		err, resend := exchangeError(ctx, &url.Error{Op: "Post", URL: ep.url.String(), Err: err}, &st)
+		err, resend := exchangeError(ctx, &url.Error{Op: "Post", URL: e.url.String(), Err: err}, &st)
 		return nil, err, resend
 	}
-	if err := badLocation(ep.url, r.length, resp); err != nil {
+	if err := badLocation(e.url, r.length, resp); err != nil {
 		resp.Body.Close()
 		err, resend := exchangeError(ctx, err, &st)
 		return nil, err, resend
@@ -137,20 +139,44 @@ func (t *h1Transport) exchange(ctx context.Context, ep endpoint, h http.Header, 
 // It records in st what it learned of the connection, and calls trace's
 // hooks (if any) as net/http's Transport would.
 func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (*http.Response, error) {
-	closeBody := func() {
+	pc, err := t.connect(ctx, r, trace, st)
+	if err != nil {
 		if r.bodyR != nil {
 			_ = r.bodyR.Close()
 		}
+		return nil, err
 	}
+	// The context ends the request at any point, its answer's body
+	// included: a blocked read or write returns at once.
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
+	resp, wrote, err := pc.roundTrip(ctx, r, trace, st)
+	if err != nil {
+		stop()
+		pc.close()
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
+	if resp.Body == http.NoBody || resp.Body == nil {
+		pc.done(stop, reuse)
+		resp.Body = http.NoBody
+		return resp, nil
+	}
+	resp.Body = &h1Body{ctx: ctx, rc: resp.Body, pc: pc, stop: stop, reuse: reuse}
+	return resp, nil
+}
+
+// connect returns a connection for r: an idle one, or a new one. It refuses
+// first, before a connection is sought, what net/http's Transport refuses
+// then: a header it would not send, a context already ended (which says
+// nothing of the app).
+func (t *h1Transport) connect(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (*h1Conn, error) {
 	if err := checkHeader(r.header); err != nil {
-		// Refused before a connection is sought, as net/http refuses it.
-		closeBody()
 		return nil, err
 	}
 	if err := context.Cause(ctx); err != nil {
-		// Ended before a connection was sought, as net/http's Transport
-		// checks it: this says nothing of the app.
-		closeBody()
 		return nil, err
 	}
 	st.askedConn = true
@@ -161,7 +187,6 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 	if pc == nil {
 		c, err := t.dial(ctx, "tcp", r.addr)
 		if err != nil {
-			closeBody()
 			if ctx.Err() != nil {
 				return nil, context.Cause(ctx)
 			}
@@ -174,121 +199,58 @@ func (t *h1Transport) send(ctx context.Context, r *h1Request, trace *httptrace.C
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: pc.c, Reused: reused, WasIdle: reused, IdleTime: idle})
 	}
-	// The context ends the request at any point, its answer's body
-	// included: a blocked read or write returns at once.
-	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		pc.close()
-		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
-		}
-		return nil, err
-	}
+	return pc, nil
+}
 
-	err := writeRequest(pc.bw, r)
-	if err == nil {
-		err = pc.bw.Flush()
+// roundTrip writes r on pc and reads its answer's header. wrote is the
+// error of writing it: the app may have answered before reading the whole
+// request (a 413) and closed its end, and its answer is then the outcome,
+// as with net/http's Transport, which waits as long for it. err is the
+// error to report when there is no answer; pc is then unfit for reuse.
+func (pc *h1Conn) roundTrip(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (resp *http.Response, wrote, err error) {
+	wrote = writeRequest(pc.bw, r)
+	if wrote == nil {
+		wrote = pc.bw.Flush()
 	}
-	st.wrote, st.wroteErr = true, err
+	st.wrote, st.wroteErr = true, wrote
 	if trace != nil && trace.WroteRequest != nil {
-		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
+		trace.WroteRequest(httptrace.WroteRequestInfo{Err: wrote})
 	}
-	wrote := err
-	if err != nil {
+	if wrote != nil {
 		if ctx.Err() != nil {
-			return fail(err)
+			return nil, wrote, wrote
 		}
-		// The app may have answered before reading the whole request (a
-		// 413) and closed its end: its answer is the outcome, as with
-		// net/http's Transport, which waits as long for it.
+		// An answer sent before the app closed its end is on its way.
 		_ = pc.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	}
-	var resp *http.Response
+	resp, err = pc.readResponse(r.req)
+	if err != nil && wrote != nil {
+		err = wrote
+	}
+	return resp, wrote, err
+}
+
+// readResponse reads the final answer's header to req, after any interim
+// answers (100 Continue, 103 Early Hints), within maxHeaderBytes.
+func (pc *h1Conn) readResponse(req *http.Request) (*http.Response, error) {
 	pc.limit = maxHeaderBytes
 	for {
-		resp, err = http.ReadResponse(pc.br, r.req)
-		if err != nil {
-			if wrote != nil {
-				err = wrote
-			} else if pc.limit <= 0 {
-				err = fmt.Errorf("the app's answer headers exceeded %d bytes", maxHeaderBytes)
-			} else if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
-			}
-			return fail(err)
+		resp, err := http.ReadResponse(pc.br, req)
+		switch {
+		case err != nil && pc.limit <= 0:
+			return nil, fmt.Errorf("the app's answer headers exceeded %d bytes", maxHeaderBytes)
+		case errors.Is(err, io.EOF):
+			return nil, fmt.Errorf("the app closed the connection without an answer: %w", io.ErrUnexpectedEOF)
+		case err != nil:
+			return nil, err
 		}
-		// An interim answer (100 Continue, 103 Early Hints) precedes the
-		// answer; 101 Switching Protocols is final, on a connection no
-		// longer HTTP.
+		// 101 Switching Protocols is final, on a connection no longer HTTP.
 		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
+			pc.limit = math.MaxInt64
+			return resp, nil
 		}
 	}
-	pc.limit = math.MaxInt64
-	reuse := wrote == nil && !resp.Close && !r.close && resp.StatusCode != http.StatusSwitchingProtocols
-	if resp.Body == http.NoBody || resp.Body == nil {
-		pc.done(stop, reuse)
-		resp.Body = http.NoBody
-		return resp, nil
-	}
-	resp.Body = &h1Body{ctx: ctx, rc: resp.Body, pc: pc, stop: stop, reuse: reuse}
-	return resp, nil
 }
-
-// canonicalAddr is the host and port a request to u goes to, port 80 by
-// default.
-func canonicalAddr(u *url.URL) string {
-	if port := u.Port(); port != "" {
-		return u.Host
-	}
-	return net.JoinHostPort(u.Hostname(), "80")
-}
-
-// take returns an idle connection to addr that the app has not closed, how
-// long it was idle, or nil.
-func (t *h1Transport) take(addr string) (*h1Conn, bool, time.Duration) {
-	now := time.Now()
-	for {
-		t.mu.Lock()
-		var pc *h1Conn
-		for i := len(t.idle) - 1; i >= 0; i-- {
-			if t.idle[i].addr == addr {
-				pc = t.idle[i]
-				t.idle = append(t.idle[:i], t.idle[i+1:]...)
-				break
-			}
-		}
-		t.mu.Unlock()
-		if pc == nil {
-			return nil, false, 0
-		}
-		idle := now.Sub(pc.idleSince)
-		if idle < t.idleTime && pc.br.Buffered() == 0 && connAlive(pc.c) {
-			return pc, true, idle
-		}
-		// Closed by the app while idle (its keep-alive timeout, a
-		// restart), or idle too long: never written to.
-		pc.c.Close()
-	}
-}
-
-// done ends a request on pc: its context no longer watched, and pc back in
-// the idle pool if its answer was read whole and the connection may be
-// reused.
-func (pc *h1Conn) done(stop func() bool, reuse bool) {
-	if !stop() {
-		reuse = false // the context ended: the deadline is in the past
-	}
-	if !reuse {
-		pc.close()
-		return
-	}
-	_ = pc.c.SetDeadline(time.Time{})
-	pc.t.put(pc)
-}
-
-func (pc *h1Conn) close() { _ = pc.c.Close() }
 
 // Read reads from the connection for br, no more than limit.
 func (pc *h1Conn) Read(p []byte) (int, error) {
@@ -301,70 +263,6 @@ func (pc *h1Conn) Read(p []byte) (int, error) {
 	n, err := pc.c.Read(p)
 	pc.limit -= int64(n)
 	return n, err
-}
-
-func (t *h1Transport) put(pc *h1Conn) {
-	pc.idleSince = time.Now()
-	t.mu.Lock()
-	if len(t.idle) >= t.maxIdle {
-		t.mu.Unlock()
-		pc.close()
-		return
-	}
-	t.idle = append(t.idle, pc)
-	if t.sweep == nil {
-		t.sweep = time.AfterFunc(t.idleTime, t.closeStale)
-	}
-	t.mu.Unlock()
-}
-
-// closeStale closes the connections idle for IdleTimeout, and comes back
-// while any is left.
-func (t *h1Transport) closeStale() {
-	now := time.Now()
-	t.mu.Lock()
-	keep := t.idle[:0]
-	var stale []*h1Conn
-	oldest := now
-	for _, pc := range t.idle {
-		if now.Sub(pc.idleSince) >= t.idleTime {
-			stale = append(stale, pc)
-			continue
-		}
-		keep = append(keep, pc)
-		if pc.idleSince.Before(oldest) {
-			oldest = pc.idleSince
-		}
-	}
-	clear(t.idle[len(keep):])
-	t.idle = keep
-	t.sweep = nil
-	if len(keep) > 0 {
-		t.sweep = time.AfterFunc(t.idleTime-now.Sub(oldest), t.closeStale)
-	}
-	t.mu.Unlock()
-	for _, pc := range stale {
-		pc.close()
-	}
-}
-
-// CloseIdleConnections closes the idle connections, as
-// http.Transport.CloseIdleConnections does (http.Client calls it).
-func (t *h1Transport) CloseIdleConnections() {
-	t.mu.Lock()
-	idle := t.idle
-	t.idle = nil
-	if t.sweep != nil {
-		t.sweep.Stop()
-		t.sweep = nil
-	}
-	t.mu.Unlock()
-	for _, pc := range idle {
-		pc.close()
-	}
-	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
-		c.CloseIdleConnections()
-	}
 }
 
 // h1Body is an answer's body: once read to its end, its connection goes
@@ -404,23 +302,6 @@ func (b *h1Body) Close() error {
 func (b *h1Body) end(whole bool) {
 	b.ended = true
 	b.pc.done(b.stop, b.reuse && whole)
-}
-
-// checkHeader refuses a header net/http would refuse to send: a name that is
-// not a token, a value with a control character (a line break would split
-// the request).
-func checkHeader(h http.Header) error {
-	for k, vs := range h {
-		if !validFieldName(k) {
-			return fmt.Errorf("net/http: invalid header field name %q", k)
-		}
-		for _, v := range vs {
-			if !validFieldValue(v) {
-				return fmt.Errorf("net/http: invalid header field value for %q", k)
-			}
-		}
-	}
-	return nil
 }
 
 // writeRequest writes r to w as (*http.Request).Write writes a request with

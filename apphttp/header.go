@@ -1,0 +1,135 @@
+package apphttp
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// What HTTP can carry of a NATS message's headers: NATS allows any byte but
+// ':' and line breaks in a name, and control characters in a value; HTTP
+// allows a token (RFC 9110 section 5.1) and no control character but tab
+// (section 5.5).
+
+// Headers courier adds to requests to the app; a message's own are not
+// passed on under these names (AppHeaders).
+const (
+	HeaderAttempt   = "Courier-Attempt"
+	HeaderSubject   = "Courier-Subject"
+	HeaderStream    = "Courier-Stream"
+	HeaderSequence  = "Courier-Sequence"
+	HeaderPublished = "Courier-Published"
+	// HeaderIdempotencyKey carries the resolved dedup key to the app.
+	HeaderIdempotencyKey = "Idempotency-Key"
+)
+
+// DroppedHeader is a message header that HTTP cannot carry.
+type DroppedHeader struct {
+	Name   string
+	Reason string
+}
+
+// AppHeaders copies a message's application headers into h as HTTP carries
+// them: not NATS's own Nats-* headers, nor a copy of courier's own (a
+// publisher's Courier-Attempt must not be mistaken for courier's) or of
+// HTTP's framing headers; names or values HTTP cannot carry are returned as
+// dropped. The message's Idempotency-Key is kept only with keepKey (a
+// delivery replaces it with the resolved key).
+func AppHeaders(h http.Header, src nats.Header, keepKey bool) []DroppedHeader {
+	var dropped []DroppedHeader
+	for name, vs := range src {
+		if IsNATSHeader(name) {
+			continue
+		}
+		if !validFieldName(name) {
+			dropped = append(dropped, DroppedHeader{Name: name, Reason: "not a valid HTTP header name"})
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if canon == HeaderIdempotencyKey && !keepKey {
+			continue // replaced by the resolved key
+		}
+		if canon != HeaderIdempotencyKey && isReserved(canon) {
+			dropped = append(dropped, DroppedHeader{Name: name, Reason: "reserved for courier or HTTP"})
+			continue
+		}
+		for _, v := range vs {
+			if !ValidFieldValue(v) {
+				dropped = append(dropped, DroppedHeader{Name: name, Reason: "value not valid in HTTP"})
+				continue
+			}
+			h[canon] = append(h[canon], v)
+		}
+	}
+	return dropped
+}
+
+// IsNATSHeader reports whether name is one of NATS's own headers (Nats-*,
+// in any case), which are not passed to the app.
+func IsNATSHeader(name string) bool { return len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") }
+
+func isReserved(canon string) bool {
+	switch canon {
+	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished,
+		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade", "Keep-Alive", "Proxy-Connection":
+		return true
+	}
+	return false
+}
+
+// validFieldName reports whether s is an HTTP token (RFC 9110 section 5.1).
+func validFieldName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTokenChar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isTokenChar(c byte) bool { return tokenChars[c] }
+
+// tokenChars are the bytes of an HTTP token: letters, digits and
+// !#$%&'*+-.^_`|~ (checked for every header field of every request).
+var tokenChars = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		b := byte(c)
+		t[c] = b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
+	}
+	return t
+}()
+
+// ValidFieldValue reports whether HTTP can carry s as a header value: no
+// control characters but horizontal tab (RFC 9110 section 5.5).
+func ValidFieldValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// checkHeader refuses a header net/http would refuse to send: a name that is
+// not a token, a value with a control character (a line break would split
+// the request).
+func checkHeader(h http.Header) error {
+	for k, vs := range h {
+		if !validFieldName(k) {
+			return fmt.Errorf("net/http: invalid header field name %q", k)
+		}
+		for _, v := range vs {
+			if !ValidFieldValue(v) {
+				return fmt.Errorf("net/http: invalid header field value for %q", k)
+			}
+		}
+	}
+	return nil
+}

@@ -468,3 +468,43 @@ func TestBatchInFlightAtShutdown(t *testing.T) {
 		t.Errorf("sent %v, want a, b and c once", got)
 	}
 }
+
+// With order per key, a key has at most one entry in flight: no batch
+// carries two entries of one key, and each key's entries reach the app in
+// stream order.
+func TestBatchWithOrderPerKey(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) { return 200, nil, "" })
+	for i := range 6 {
+		for _, k := range []string{"x", "y", "z"} {
+			m := nats.NewMsg("s.batch")
+			m.Header.Set("Order", k)
+			m.Header.Set(proxy.HeaderIdempotencyKey, fmt.Sprintf("%s-%d", k, i))
+			m.Data = []byte(k)
+			if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	o := batchOptions()
+	o.OrderKey = orderOptions(t).OrderKey
+	e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	next := map[string]int{}
+	for i, b := range a.batches {
+		seen := map[string]bool{}
+		for _, en := range b {
+			k := en.Headers["Order"][0]
+			if seen[k] {
+				t.Errorf("batch %d carries two entries of key %s", i, k)
+			}
+			seen[k] = true
+			if want := fmt.Sprintf("%s-%d", k, next[k]); en.IdempotencyKey != want {
+				t.Errorf("key %s: got %s, want %s next", k, en.IdempotencyKey, want)
+			}
+			next[k]++
+		}
+	}
+}

@@ -141,3 +141,26 @@ func (s *Shared) recreate(ctx context.Context) bool {
 		"before are forgotten (each replica still knows its own)", "bucket", s.bucket)
 	return true
 }
+
+// isWrongLastSeq reports whether err says the key's last revision was not
+// the one expected: 10071, or 10164 from a replicated stream.
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// jsErrCodeMessageTTLDisabled is the server's answer to a write with a
+// per-message TTL on a stream that does not allow them (nats-server
+// JSMessageTTLDisabledErr); nats.go has no constant for it.
+const jsErrCodeMessageTTLDisabled = 10166
+
+// isTTLDisabled reports whether err says the bucket refuses per-key TTLs:
+// it was deleted and made again without them (`nats kv add`).
+func isTTLDisabled(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeMessageTTLDisabled
+}

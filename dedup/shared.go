@@ -13,17 +13,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-)
-
-// Defaults for the zero values of SharedOptions.
-const (
-	// DefaultClaimTTL is how long a claim lives when SharedOptions.ClaimTTL
-	// is zero: JetStream's default AckWait.
-	DefaultClaimTTL = 30 * time.Second
-	// DefaultSharedTimeout bounds a call to the bucket whose context has no
-	// deadline, when SharedOptions.Timeout is zero.
-	DefaultSharedTimeout = 5 * time.Second
 )
 
 // What a key holds in the bucket. A processed key is empty, as the earlier
@@ -42,38 +31,6 @@ const maxEncodedKey = 512
 // claimTries bounds how many times Check re-reads a key that changed under
 // it (a claim lapsing, a follower behind its leader) before giving up.
 const claimTries = 5
-
-// SharedOptions tunes a Shared store. TTL is required; every other zero
-// value means the documented default.
-type SharedOptions struct {
-	// Bucket is the key-value bucket; empty means DefaultBucket
-	// (COURIER_DEDUP). Several scopes share one bucket.
-	Bucket string
-	// Replicas of the bucket when it is created, and the least an existing
-	// bucket must have. Zero means 1.
-	Replicas int
-	// TTL is how long a processed key is remembered (COURIER_DEDUP_TTL);
-	// required, whole seconds, at least 1s.
-	TTL time.Duration
-	// ClaimTTL is how long a claim lives if its holder neither records nor
-	// releases it (it died, or is cut off from the servers): about the consumer's AckWait, so that the
-	// redelivery of a message whose courier died goes ahead. A live
-	// holder renews its claims every half ClaimTTL until it records or
-	// releases them, however long its delivery takes or is held.
-	// Whole seconds, at least 1s; zero means DefaultClaimTTL (30s).
-	ClaimTTL time.Duration
-	// Scope prefixes every key in the bucket (typically stream/consumer).
-	Scope string
-	// Timeout bounds a call whose context has no deadline; zero means
-	// DefaultSharedTimeout (5s).
-	Timeout time.Duration
-	// Logger receives the store's logs, narrowed with component=dedup.
-	// Nil discards them.
-	Logger *slog.Logger
-	// Registerer receives the store's metrics (courier_dedup_shared_*),
-	// unregistered by Close. Nil means no metrics.
-	Registerer prometheus.Registerer
-}
 
 // Shared is a key store shared by every courier of a durable: processed keys
 // and claims live in a replicated JetStream key-value bucket, and the local
@@ -201,33 +158,6 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 	s.log.Debug("shared dedup store open", "bucket", s.bucket, "scope", o.Scope,
 		"ttl", s.ttl.String(), "claim_ttl", s.claimTTL.String())
 	return s, nil
-}
-
-func cmp0(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
-}
-
-func (o SharedOptions) validate() error {
-	var errs []error
-	whole := func(name string, d time.Duration, zeroOK bool) {
-		switch {
-		case d == 0 && zeroOK:
-		case d < time.Second || d%time.Second != 0:
-			errs = append(errs, fmt.Errorf("dedup: %s %v: must be whole seconds, at least 1s (a bucket's per-key TTL)", name, d))
-		}
-	}
-	whole("TTL", o.TTL, false)
-	whole("claim TTL", o.ClaimTTL, true)
-	if o.Replicas < 0 || o.Replicas > 5 {
-		errs = append(errs, fmt.Errorf("dedup: bucket replicas %d: must be 1 to 5", o.Replicas))
-	}
-	if o.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("dedup: timeout %v: must not be negative", o.Timeout))
-	}
-	return errors.Join(errs...)
 }
 
 // bound gives ctx the store's timeout unless it has a deadline.
@@ -510,86 +440,4 @@ func (s *Shared) Close() error {
 		s.closeErr = s.local.Close()
 	})
 	return s.closeErr
-}
-
-// bucketOp is an operation on the bucket, the op label of
-// courier_dedup_shared_bucket_errors_total.
-type bucketOp int
-
-const (
-	opClaim bucketOp = iota
-	opRead
-	opRecord
-	opRelease
-	opRenew
-)
-
-// bucketOps names every bucketOp (listed in docs/operations.md, "Dedup
-// store").
-var bucketOps = [...]string{opClaim: "claim", opRead: "read", opRecord: "record", opRelease: "release", opRenew: "renew"}
-
-func (op bucketOp) String() string { return bucketOps[op] }
-
-// bucketError counts and wraps an error of the bucket.
-func (s *Shared) bucketError(op bucketOp, err error) error {
-	s.m.bucketErrors[op].Inc()
-	return fmt.Errorf("dedup: bucket %s: %s: %w", s.bucket, op, err)
-}
-
-// isWrongLastSeq reports whether err says the key's last revision was not
-// the one expected: 10071, or 10164 from a replicated stream.
-func isWrongLastSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
-}
-
-// jsErrCodeMessageTTLDisabled is the server's answer to a write with a
-// per-message TTL on a stream that does not allow them (nats-server
-// JSMessageTTLDisabledErr); nats.go has no constant for it.
-const jsErrCodeMessageTTLDisabled = 10166
-
-// isTTLDisabled reports whether err says the bucket refuses per-key TTLs:
-// it was deleted and made again without them (`nats kv add`).
-func isTTLDisabled(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeMessageTTLDisabled
-}
-
-// sharedMetrics are a Shared store's collectors; registered only when a
-// Registerer is given.
-type sharedMetrics struct {
-	*registration
-	checks       *prometheus.CounterVec
-	bucketErrors [len(bucketOps)]prometheus.Counter
-	recreated    prometheus.Counter
-}
-
-func newSharedMetrics(reg prometheus.Registerer) (*sharedMetrics, error) {
-	m := &sharedMetrics{
-		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_dedup_shared_checks_total",
-			Help: "Checks of the shared dedup store by answer: local (processed, from the local cache, no round trip), new (claimed), processed (recorded in the bucket), claimed (another courier holds it), error.",
-		}, []string{"answer"}),
-		recreated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_dedup_shared_bucket_recreated_total",
-			Help: "Times the shared dedup bucket was found deleted and created again (keys recorded by other couriers before are forgotten).",
-		}),
-	}
-	// Every operation's series exists from the start, at 0.
-	bucketErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "courier_dedup_shared_bucket_errors_total",
-		Help: "Failed operations on the shared dedup bucket, by operation: claim, read, record, release, renew (a claim's renewal while its delivery runs).",
-	}, []string{"op"})
-	for op, name := range bucketOps {
-		m.bucketErrors[op] = bucketErrors.WithLabelValues(name)
-	}
-	var err error
-	if m.registration, err = register(reg, m.checks, bucketErrors, m.recreated); err != nil {
-		return nil, err
-	}
-	return m, nil
 }

@@ -52,20 +52,11 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	}
 	defer os.RemoveAll(dir)
 
-	// An in-process JetStream server: nothing to install.
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
-		StoreDir: dir + "/jetstream", NoLog: true, NoSigs: true,
-		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 256 << 20,
-	})
+	ns, err := startServer(dir)
 	if err != nil {
-		return fmt.Errorf("demo: embedded NATS server: %w", err)
+		return err
 	}
-	go ns.Start()
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return fmt.Errorf("demo: embedded NATS server did not start")
-	}
 	say("embedded JetStream server at %s", ns.ClientURL())
 
 	nc, err := nats.Connect(ns.ClientURL())
@@ -85,20 +76,79 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 
 	app := newSampleApp(say)
 	invoices := &invoiceApp{say: say}
+	base, closeApps, err := serveApps(app, invoices)
+	if err != nil {
+		return err
+	}
+	defer closeApps()
+	appURL, quoteURL := base+"/orders", base+"/quote"
+	say("sample app at %s (and %s for requests)", appURL, quoteURL)
+
+	if err := publishOrders(sctx, js, say); err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	environ := sidecarEnviron(ns.ClientURL(), appURL, quoteURL, dir, o.Environ)
+	go func() { done <- sidecar(runCtx, environ) }()
+
+	result, early := awaitSettled(ctx, js, app, done, o.Timeout, say)
+	if early != nil {
+		return early
+	}
+	if result == nil && ctx.Err() == nil {
+		result = showResults(ctx, nc, js, say)
+	}
+	stop()
+	if err := <-done; err != nil && result == nil {
+		result = err
+	}
+	if result == nil && ctx.Err() == nil {
+		result = runBatches(ctx, sidecar, js, ns.ClientURL(), dir, base+"/invoices", invoices, o.Timeout)
+	}
+	say("stopped")
+	return result
+}
+
+// startServer starts an in-process JetStream server storing in dir: nothing
+// to install. The caller shuts it down.
+func startServer(dir string) (*server.Server, error) {
+	ns, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: dir + "/jetstream", NoLog: true, NoSigs: true,
+		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 256 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("demo: embedded NATS server: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, fmt.Errorf("demo: embedded NATS server did not start")
+	}
+	return ns, nil
+}
+
+// serveApps serves the sample app and the invoices app on a local port; it
+// returns their base URL and what stops them.
+func serveApps(app http.Handler, invoices http.Handler) (string, func(), error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", app)
 	mux.Handle("/invoices", invoices)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	appURL := "http://" + ln.Addr().String() + "/orders"
-	quoteURL := "http://" + ln.Addr().String() + "/quote"
-	say("sample app at %s (and %s for requests)", appURL, quoteURL)
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
 
+// publishOrders publishes the demo's messages to the stream ORDERS.
+func publishOrders(ctx context.Context, js jetstream.JetStream, say func(string, ...any)) error {
 	msgs := []struct {
 		subject, body, key string
 	}{
@@ -114,14 +164,19 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 		msg.Data = []byte(m.body)
 		msg.Header.Set("Idempotency-Key", m.key)
 		msg.Header.Set("Content-Type", "application/json")
-		if _, err := js.PublishMsg(sctx, msg); err != nil {
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
 			return fmt.Errorf("demo: publish: %w", err)
 		}
 	}
 	say("published %d messages to stream ORDERS (order-1 twice)", len(msgs))
+	return nil
+}
 
+// sidecarEnviron is the demo sidecar's environment, with the user's
+// COURIER_LOG_* from userEnviron.
+func sidecarEnviron(natsURL, appURL, quoteURL, dir string, userEnviron []string) []string {
 	environ := []string{
-		"NATS_URL=" + ns.ClientURL(),
+		"NATS_URL=" + natsURL,
 		"COURIER_STREAM=ORDERS",
 		"COURIER_APP_URL=" + appURL,
 		"COURIER_MAX_DELIVER=3",
@@ -138,64 +193,55 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	// Text logs unless the user asks otherwise: the demo is read by people.
 	// The user's COURIER_LOG_* come first, since the first of duplicate
 	// names wins (config.Environ).
-	for _, kv := range o.Environ {
+	for _, kv := range userEnviron {
 		if strings.HasPrefix(kv, "COURIER_LOG_") {
 			environ = append(environ, kv)
 		}
 	}
-	environ = append(environ, "COURIER_LOG_FORMAT=text")
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- sidecar(runCtx, environ) }()
+	return append(environ, "COURIER_LOG_FORMAT=text")
+}
 
-	// Settled: orders 1, 2, 3 and 5 answered 2xx, and order 4's dead letter
-	// is stored.
-	deadline := time.NewTimer(o.Timeout)
+// awaitSettled waits until every demo message has settled: orders 1, 2, 3
+// and 5 answered 2xx, and order 4's dead letter stored. result is the
+// demo's error when they did not within timeout; early is set when the
+// sidecar stopped first (done).
+func awaitSettled(ctx context.Context, js jetstream.JetStream, app *sampleApp, done <-chan error, timeout time.Duration, say func(string, ...any)) (result, early error) {
+	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	var result error
-wait:
 	for {
 		select {
 		case <-ctx.Done():
 			say("interrupted")
-			break wait
+			return nil, nil
 		case err := <-done:
-			return fmt.Errorf("demo: courier stopped early: %w", err)
+			return nil, fmt.Errorf("demo: courier stopped early: %w", err)
 		case <-deadline.C:
-			result = fmt.Errorf("demo: not every message settled within %s", o.Timeout)
-			break wait
+			return fmt.Errorf("demo: not every message settled within %s", timeout), nil
 		case <-tick.C:
 			if app.succeeded() >= 4 && dlqCount(ctx, js) >= 1 && settled(ctx, js) {
 				say("every message settled: %d answered 2xx by the app; order-1 published twice, sent to the app %d time(s); 1 dead letter",
 					app.succeeded(), app.calls("order-1"))
-				break wait
+				return nil, nil
 			}
 		}
 	}
-	if result == nil && ctx.Err() == nil {
-		say("order-4's dead letter is stored on subject dlq.ORDERS.courier with its reason and last status")
-		if n, first := successRecords(ctx, js); n > 0 {
-			say("%d success records on %s (one per order answered 2xx), e.g. %s", n, successSubject, first)
-		}
-		resp, err := nc.Request(quoteSubject, []byte(`{"sku":"A1","qty":3}`), 5*time.Second)
-		if err != nil {
-			result = fmt.Errorf("demo: request on %s: %w", quoteSubject, err)
-		} else {
-			say("request on %s → reply %s (Courier-Status: %s)", quoteSubject, resp.Data, resp.Header.Get("Courier-Status"))
-		}
+}
+
+// showResults tells what the demo left: the dead letter, the success records
+// and a request/reply round trip.
+func showResults(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, say func(string, ...any)) error {
+	say("order-4's dead letter is stored on subject dlq.ORDERS.courier with its reason and last status")
+	if n, first := successRecords(ctx, js); n > 0 {
+		say("%d success records on %s (one per order answered 2xx), e.g. %s", n, successSubject, first)
 	}
-	stop()
-	if err := <-done; err != nil && result == nil {
-		result = err
+	resp, err := nc.Request(quoteSubject, []byte(`{"sku":"A1","qty":3}`), 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("demo: request on %s: %w", quoteSubject, err)
 	}
-	if result == nil && ctx.Err() == nil {
-		result = runBatches(ctx, sidecar, js, ns.ClientURL(), dir, "http://"+ln.Addr().String()+"/invoices", invoices, o.Timeout)
-	}
-	say("stopped")
-	return result
+	say("request on %s → reply %s (Courier-Status: %s)", quoteSubject, resp.Data, resp.Header.Get("Courier-Status"))
+	return nil
 }
 
 // Where the demo's success records go, and the subject courier answers.

@@ -8,22 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/proxy"
 )
-
-// publishKeyed publishes one message on subj with an Idempotency-Key.
-func (e *env) publishKeyed(t *testing.T, subj, key string) {
-	t.Helper()
-	m := nats.NewMsg(subj)
-	m.Header.Set(proxy.HeaderIdempotencyKey, key)
-	m.Data = []byte("x")
-	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // A probe message that turns out to be a duplicate (acked without a
 // request) must not leave the breaker open for good: another probe follows,
@@ -47,7 +35,9 @@ func TestDuplicateProbeDoesNotStallBreaker(t *testing.T) {
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
 	waitBreakerOpen(t, r)
-	time.Sleep(500 * time.Millisecond) // the duplicate probe goes
+	waitFor(t, "the duplicate probe to go", func() bool {
+		return counter(t, e.reg, "courier_messages_total", "duplicate") >= 1
+	})
 	a.storming.Store(false)
 	waitFor(t, "k-d delivered after the app recovered", func() bool {
 		a.mu.Lock()

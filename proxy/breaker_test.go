@@ -348,3 +348,135 @@ func TestProbeWaitingOnAnotherReplicasClaimDoesNotStopProbing(t *testing.T) {
 		t.Errorf("K reached the app %d times from two replicas, want 1", got)
 	}
 }
+
+// A storm of 503s (the app is up, its database is not) dead-letters nothing:
+// the breaker stops sending, probes, and everything is delivered after.
+func TestStormDeadLettersNothing(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e)
+	a.storming.Store(true)
+	const n = 40
+	e.publish(t, n, []byte("x"))
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 3, MaxInflight: 4, BreakerFailures: 5, BreakerProbe: 100 * time.Millisecond,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	})
+	waitBreakerOpen(t, r)
+	time.Sleep(time.Second) // the storm goes on
+	a.mu.Lock()
+	requestsInStorm := len(a.times)
+	a.mu.Unlock()
+	a.storming.Store(false)
+	waitFor(t, "every message delivered after the storm", func() bool { return a.ok.Load() >= n && e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm", got)
+	}
+	if requestsInStorm > 3*n/2 {
+		t.Errorf("%d requests during the storm for %d messages: the breaker did not stop sending", requestsInStorm, n)
+	}
+	waitFor(t, "ready again", func() bool { return r.Ready() == nil })
+	t.Logf("%d requests during a 1s+ storm for %d messages", requestsInStorm, n)
+}
+
+// Two messages that always fail among steady successes never open the
+// breaker and slow nothing down: the rest are delivered as they come, and the
+// two are dead-lettered once their budget is spent.
+func TestFailingMessagesAmongSuccessesDoNotOpenBreaker(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e, "bad-1", "bad-2")
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 4, MaxInflight: 4, BreakerFailures: 5, BreakerProbe: time.Hour,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+	})
+	// Steady successes: a good message every 2ms until both bad ones are
+	// dead-lettered.
+	stop := make(chan struct{})
+	published := make(chan int)
+	go func() {
+		n := 0
+		defer func() { published <- n }()
+		tk := time.NewTicker(2 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				if _, err := e.js.Publish(context.Background(), "s.good", []byte("x")); err == nil {
+					n++
+				}
+			}
+		}
+	}()
+	for _, k := range []string{"bad-1", "bad-2"} {
+		m := nats.NewMsg("s.bad")
+		m.Header.Set(proxy.HeaderIdempotencyKey, k)
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both bad messages dead-lettered", func() bool { return e.deadLetters(t) == 2 })
+	close(stop)
+	n := <-published
+	waitFor(t, "every good message delivered", func() bool { return int(a.ok.Load()) == n })
+	if err := r.Ready(); err != nil {
+		t.Errorf("not ready: %v", err)
+	}
+	if got := counter(t, e.reg, "courier_delivery_held_seconds_total", "breaker_open"); got != 0 {
+		t.Errorf("the breaker was open for %vs", got)
+	}
+}
+
+// A storm the app ends with a Retry-After: the breaker waits what the app
+// asked before its first probe, and nothing is dead-lettered.
+func TestStormEndedByRetryAfter(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	var mu sync.Mutex
+	var times []time.Time
+	var ok atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		if storming.Load() {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		ok.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	const n = 20
+	e.publish(t, n, []byte("x"))
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 3, MaxInflight: 2, BreakerFailures: 3, BreakerProbe: 50 * time.Millisecond,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 5 * time.Second,
+	})
+	var opened time.Time
+	waitFor(t, "the breaker to open", func() bool {
+		err := r.Ready()
+		if err != nil && contains(err.Error(), "breaker open") {
+			opened = time.Now()
+			return true
+		}
+		return false
+	})
+	time.Sleep(1500 * time.Millisecond) // the first probe is due after Retry-After: 1s
+	storming.Store(false)
+	waitFor(t, "every message delivered", func() bool { return ok.Load() == n && e.settled(t) })
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// No request in the first 900ms after the breaker opened: the app's
+	// Retry-After (1s) wins over BreakerProbe (50ms).
+	for _, at := range times {
+		if d := at.Sub(opened); d > 50*time.Millisecond && d < 900*time.Millisecond {
+			t.Errorf("a request %s after the breaker opened, before the app's Retry-After", d.Round(time.Millisecond))
+		}
+	}
+}

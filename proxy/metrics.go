@@ -52,85 +52,9 @@ func (m *metrics) request(result string, seconds float64) {
 // nil, is a courier_dead_letters_total{reason} vector the caller registered
 // and shares with other components that store dead letters.
 func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *metrics {
-	m := &metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_messages_total",
-			Help: "Messages by how their delivery ended: delivered (acked after a 2xx), duplicate (acked, key already processed), retried (NAK'd with a delay), dead_lettered (terminated after its dead letter was stored), released (NAK'd at shutdown).",
-		}, []string{"outcome"}),
-		deadLetters: deadLetters,
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_app_requests_total",
-			Help: "Requests to the app (attempts) by result: 2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable.",
-		}, []string{"result"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "courier_app_request_duration_seconds",
-			Help:    "Duration of requests to the app by result.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}, []string{"result"}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "courier_inflight_requests",
-			Help: "Requests to the app running now.",
-		}),
-		appUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "courier_app_available",
-			Help: "1 while the app is available, 0 while it is known to be unavailable.",
-		}),
-		dlqErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_dead_letter_errors_total",
-			Help: "Failed attempts to store a dead letter (the message is kept and tried again).",
-		}),
-		dedupErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "courier_dedup_errors_total",
-			Help: "Dedup store failures by operation: check (message held, the store asked again) or record (message acked anyway).",
-		}, []string{"op"}),
-		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_in_progress_total",
-			Help: "In-progress signals sent to JetStream for messages held longer than half the ack wait.",
-		}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "courier_delivery_held",
-			Help: "1 while courier holds deliveries for this cause (app_unavailable, store_unavailable, breaker_open, paused): it fetches nothing and keeps what it has in progress.",
-		}, []string{"cause"}),
-		rateWait: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_rate_limit_wait_seconds_total",
-			Help: "Time requests waited for COURIER_MAX_RATE's token bucket, all workers together.",
-		}),
-		successRecords: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_success_records_total",
-			Help: "Success records stored (COURIER_SUCCESS_SUBJECT): one per 2xx'd delivery.",
-		}),
-		successErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_success_record_errors_total",
-			Help: "Failed attempts to store a success record (the message is held and it is tried again).",
-		}),
-		retryDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "courier_retry_delay_seconds",
-			Help:    "Delay of each retry: how long a NAK'd message waits before JetStream redelivers it (the app's Retry-After, capped, else the backoff schedule with jitter).",
-			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800},
-		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "courier_dropped_headers_total",
-			Help: "Message headers not passed to the app because HTTP cannot carry them.",
-		}),
-	}
-	m.delivered = m.messages.WithLabelValues("delivered")
-	m.duplicate = m.messages.WithLabelValues("duplicate")
-	m.retried = m.messages.WithLabelValues("retried")
-	m.deadLettered = m.messages.WithLabelValues("dead_lettered")
-	m.released = m.messages.WithLabelValues("released")
-	m.result = make(map[string]resultMetrics)
-	for _, r := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
-		m.result[r] = resultMetrics{m.requests.WithLabelValues(r), m.latency.WithLabelValues(r)}
-	}
-	for c := range nCauses {
-		m.held.WithLabelValues(c.Label())
-	}
-	// Available until known otherwise: the gate sets 0 when it holds for
-	// the app, at once in New while a health URL has not answered yet.
-	m.appUp.Set(1)
-	for _, op := range []string{"check", "record"} {
-		m.dedupErrors.WithLabelValues(op)
-	}
+	m := &metrics{deadLetters: deadLetters}
+	m.newMessageCollectors()
+	m.newAppCollectors()
 	if m.deadLetters == nil {
 		m.deadLetters = NewDeadLetterCounter()
 		reg.MustRegister(m.deadLetters)
@@ -138,6 +62,92 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
 		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.retryDelay, m.successRecords, m.successErrors)
 	return m
+}
+
+// newMessageCollectors makes the collectors of what became of messages: their
+// outcomes, holds, retries, and the stores' failures. Every labelled series
+// exists from the start, at 0.
+func (m *metrics) newMessageCollectors() {
+	m.messages = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "courier_messages_total",
+		Help: "Messages by how their delivery ended: delivered (acked after a 2xx), duplicate (acked, key already processed), retried (NAK'd with a delay), dead_lettered (terminated after its dead letter was stored), released (NAK'd at shutdown).",
+	}, []string{"outcome"})
+	m.dlqErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_dead_letter_errors_total",
+		Help: "Failed attempts to store a dead letter (the message is kept and tried again).",
+	})
+	m.dedupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "courier_dedup_errors_total",
+		Help: "Dedup store failures by operation: check (message held, the store asked again) or record (message acked anyway).",
+	}, []string{"op"})
+	m.inProgress = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_in_progress_total",
+		Help: "In-progress signals sent to JetStream for messages held longer than half the ack wait.",
+	})
+	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "courier_delivery_held",
+		Help: "1 while courier holds deliveries for this cause (app_unavailable, store_unavailable, breaker_open, paused): it fetches nothing and keeps what it has in progress.",
+	}, []string{"cause"})
+	m.rateWait = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_rate_limit_wait_seconds_total",
+		Help: "Time requests waited for COURIER_MAX_RATE's token bucket, all workers together.",
+	})
+	m.successRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_success_records_total",
+		Help: "Success records stored (COURIER_SUCCESS_SUBJECT): one per 2xx'd delivery.",
+	})
+	m.successErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_success_record_errors_total",
+		Help: "Failed attempts to store a success record (the message is held and it is tried again).",
+	})
+	m.retryDelay = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "courier_retry_delay_seconds",
+		Help:    "Delay of each retry: how long a NAK'd message waits before JetStream redelivers it (the app's Retry-After, capped, else the backoff schedule with jitter).",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800},
+	})
+	m.delivered = m.messages.WithLabelValues("delivered")
+	m.duplicate = m.messages.WithLabelValues("duplicate")
+	m.retried = m.messages.WithLabelValues("retried")
+	m.deadLettered = m.messages.WithLabelValues("dead_lettered")
+	m.released = m.messages.WithLabelValues("released")
+	for c := range nCauses {
+		m.held.WithLabelValues(c.Label())
+	}
+	for _, op := range []string{"check", "record"} {
+		m.dedupErrors.WithLabelValues(op)
+	}
+}
+
+// newAppCollectors makes the collectors of the requests to the app.
+func (m *metrics) newAppCollectors() {
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "courier_app_requests_total",
+		Help: "Requests to the app (attempts) by result: 2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable.",
+	}, []string{"result"})
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "courier_app_request_duration_seconds",
+		Help:    "Duration of requests to the app by result.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"result"})
+	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "courier_inflight_requests",
+		Help: "Requests to the app running now.",
+	})
+	m.appUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "courier_app_available",
+		Help: "1 while the app is available, 0 while it is known to be unavailable.",
+	})
+	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_dropped_headers_total",
+		Help: "Message headers not passed to the app because HTTP cannot carry them.",
+	})
+	m.result = make(map[string]resultMetrics)
+	for _, r := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
+		m.result[r] = resultMetrics{m.requests.WithLabelValues(r), m.latency.WithLabelValues(r)}
+	}
+	// Available until known otherwise: the gate sets 0 when it holds for
+	// the app, at once in New while a health URL has not answered yet.
+	m.appUp.Set(1)
 }
 
 // resultLabel names an outcome for metrics.

@@ -159,43 +159,7 @@ func DefaultRetryable(s int) bool {
 
 // withDefaults returns o with defaults filled in, or every invalid value.
 func (o Options) withDefaults() (Options, error) {
-	var errs []error
-	if o.AppURL == "" || o.Stream == "" || o.Consumer == "" {
-		errs = append(errs, errors.New("AppURL, Stream and Consumer are required"))
-	}
-	negative := func(name string, v int64) {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", name, v))
-		}
-	}
-	negative("MaxDeliver", int64(o.MaxDeliver))
-	negative("MaxInflight", int64(o.MaxInflight))
-	negative("MaxPayload", o.MaxPayload)
-	negative("BreakerFailures", int64(o.BreakerFailures))
-	if o.MaxRate < 0 {
-		errs = append(errs, fmt.Errorf("MaxRate must not be negative (got %g)", o.MaxRate))
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"AckWait", o.AckWait}, {"InfoInterval", o.InfoInterval}, {"HTTPTimeout", o.HTTPTimeout},
-		{"BackoffInitial", o.BackoffInitial}, {"BackoffMax", o.BackoffMax},
-		{"RetryAfterMax", o.RetryAfterMax}, {"MaxAge", o.MaxAge}, {"ShutdownGrace", o.ShutdownGrace},
-		{"HealthInterval", o.HealthInterval}, {"SummaryInterval", o.SummaryInterval},
-		{"BreakerProbe", o.BreakerProbe},
-	} {
-		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", d.name, d.v))
-		}
-	}
-	if o.BackoffMultiplier != 0 && o.BackoffMultiplier < 1 {
-		errs = append(errs, fmt.Errorf("BackoffMultiplier must be at least 1 (got %g)", o.BackoffMultiplier))
-	}
-	if o.BackoffInitial > 0 && o.BackoffMax > 0 && o.BackoffMax < o.BackoffInitial {
-		errs = append(errs, fmt.Errorf("BackoffMax %s is below BackoffInitial %s", o.BackoffMax, o.BackoffInitial))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := o.validate(); err != nil {
 		return o, fmt.Errorf("proxy: invalid options: %w", err)
 	}
 	def := func(v *time.Duration, d time.Duration) {
@@ -250,4 +214,45 @@ func (o Options) withDefaults() (Options, error) {
 		o.Now = time.Now
 	}
 	return o, nil
+}
+
+// validate returns every invalid value of o, joined; nil when none is.
+func (o Options) validate() error {
+	var errs []error
+	if o.AppURL == "" || o.Stream == "" || o.Consumer == "" {
+		errs = append(errs, errors.New("AppURL, Stream and Consumer are required"))
+	}
+	negative := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", name, v))
+		}
+	}
+	negative("MaxDeliver", int64(o.MaxDeliver))
+	negative("MaxInflight", int64(o.MaxInflight))
+	negative("MaxPayload", o.MaxPayload)
+	negative("BreakerFailures", int64(o.BreakerFailures))
+	if o.MaxRate < 0 {
+		errs = append(errs, fmt.Errorf("MaxRate must not be negative (got %g)", o.MaxRate))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"AckWait", o.AckWait}, {"InfoInterval", o.InfoInterval}, {"HTTPTimeout", o.HTTPTimeout},
+		{"BackoffInitial", o.BackoffInitial}, {"BackoffMax", o.BackoffMax},
+		{"RetryAfterMax", o.RetryAfterMax}, {"MaxAge", o.MaxAge}, {"ShutdownGrace", o.ShutdownGrace},
+		{"HealthInterval", o.HealthInterval}, {"SummaryInterval", o.SummaryInterval},
+		{"BreakerProbe", o.BreakerProbe},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", d.name, d.v))
+		}
+	}
+	if o.BackoffMultiplier != 0 && o.BackoffMultiplier < 1 {
+		errs = append(errs, fmt.Errorf("BackoffMultiplier must be at least 1 (got %g)", o.BackoffMultiplier))
+	}
+	if o.BackoffInitial > 0 && o.BackoffMax > 0 && o.BackoffMax < o.BackoffInitial {
+		errs = append(errs, fmt.Errorf("BackoffMax %s is below BackoffInitial %s", o.BackoffMax, o.BackoffInitial))
+	}
+	return errors.Join(errs...)
 }

@@ -2,20 +2,27 @@
 // check, the HTTP request to the app, the classification of the answer, and
 // the ack / NAK-with-delay / dead-letter decision; plus the fetch loop and the
 // bounded worker pool around it, which hold what they have while the app (or
-// the dedup store) is unavailable. It knows nothing of how keys or dead
-// letters are stored: it declares Deduper and DeadLetterer and is given
-// implementations.
+// the dedup store) is unavailable. It knows nothing of Badger, of the shared
+// bucket or of how dead letters are stored: it declares Deduper,
+// DeadLetterer and OrderMarks and is given implementations. What it writes
+// through them is its own, though: besides idempotency keys, references.go
+// records the marks of reference dead letters in the Deduper, under keys no
+// idempotency key can be.
 //
 // A message travels through the files in this order: fetch.go (pulled,
-// tracked, queued), worker.go (taken by a worker, held while the gate is
-// closed), delivery.go (key, max age, dedup check, the request), request.go
-// (the headers; the HTTP exchange and what its answer means are apphttp's),
-// results.go (the success record), recorder.go (the key of a
-// 2xx recorded), settle.go (ack, NAK with a delay, dead letter, give back),
-// references.go (the originals of reference dead letters, not sent again).
-// gate.go and breaker.go decide whether courier may send; tracker.go keeps
-// held messages in progress; phases.go names the steps of shutdown;
-// trace.go makes each attempt a span.
+// tracked, queued; pin.go: a priority group's pin), order.go (with order per
+// key, held behind an earlier message of its key; ordermarks.go: that order
+// across restarts and takeovers), worker.go (taken by a worker, held while
+// the gate is closed), delivery.go (key, max age, dedup check, the request;
+// batcher.go: with batches, several in one request), request.go (the
+// headers; the HTTP exchange and what its answer means are apphttp's),
+// results.go (the success record), recorder.go (the key of a 2xx recorded),
+// settle.go (ack, NAK with a delay, dead letter, give back), references.go
+// (the originals of reference dead letters, not sent again). gate.go and
+// breaker.go decide whether courier may send (breaker.go's tickets: which
+// held message goes as the probe); tracker.go keeps held messages in
+// progress; phases.go names the steps of shutdown; trace.go makes each
+// attempt a span.
 package proxy
 
 import (

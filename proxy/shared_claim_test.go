@@ -16,6 +16,7 @@ import (
 
 	"github.com/courierhq/courier/dedup"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/proxy"
 )
@@ -53,6 +54,7 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 	t.Cleanup(func() { _ = app.Close() })
 
 	const claimTTL = time.Second
+	regs := map[string]*prometheus.Registry{}
 	replica := func(name, subject string) *proxy.Runner {
 		cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
 			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5,
@@ -65,9 +67,11 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		reg := prometheus.NewRegistry()
+		regs[name] = reg
 		var sh *dedup.Shared
 		natstest.Try(t, "OpenShared", func(ctx context.Context) error {
-			sh, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{TTL: time.Hour, ClaimTTL: claimTTL, Scope: "S/c"})
+			sh, err = dedup.OpenShared(ctx, js, local, dedup.SharedOptions{TTL: time.Hour, ClaimTTL: claimTTL, Scope: "S/c", Registerer: reg})
 			return err
 		})
 		r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), sh, proxy.Options{
@@ -102,11 +106,21 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 	a := replica("a", "s.a")
 	publish("s.a")
 	waitFor(t, "replica a to hold its message (app down)", appDown(a))
-	time.Sleep(2*claimTTL + 500*time.Millisecond) // the outage outlasts the claim's TTL
+	// The outage outlasts the claim's TTL: real time passing is what is
+	// tested.
+	time.Sleep(2*claimTTL + 500*time.Millisecond)
 
 	replica("b", "s.b")
 	publish("s.b")
-	time.Sleep(time.Second) // b checks the key, and holds (app down) or waits (claimed)
+	// b checks the key, and holds (app down) or waits (claimed).
+	waitFor(t, "replica b to check the key", func() bool {
+		n := 0.0
+		for _, answer := range []string{"local", "new", "processed", "claimed", "error"} {
+			v, _ := metricstest.Lookup(t, regs["b"], "courier_dedup_shared_checks_total", "answer", answer)
+			n += v
+		}
+		return n >= 1
+	})
 
 	l, err = net.Listen("tcp", addr)
 	if err != nil {
@@ -114,7 +128,16 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 	}
 	go func() { _ = app.Serve(l) }()
 	waitFor(t, "the app called for the key", func() bool { return calls.Load() >= 1 })
-	time.Sleep(3 * time.Second) // the prober's backoff at most, and b's check again
+	// b's message settles once b sees the key processed (or, were the
+	// claim taken over, once b has called the app too).
+	waitFor(t, "replica b's message to settle", func() bool {
+		cons, err := js.Consumer(ctx, "S", "b")
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
 	if got := calls.Load(); got != 1 {
 		t.Errorf("the app was called %d times for one key from two replicas, want 1", got)
 	}

@@ -354,8 +354,11 @@ func TestSigtermDrainsInFlight(t *testing.T) {
 	<-started
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.stop() }()
-	// The in-flight request finishes within the grace period and is acked.
-	time.Sleep(200 * time.Millisecond)
+	// The in-flight request finishes within the grace period and is acked:
+	// released once courier has taken the stop signal.
+	waitFor(t, 10*time.Second, "courier to take the stop signal", func() bool {
+		return strings.Contains(c.logs.String(), "stop signal received")
+	})
 	close(release)
 	select {
 	case err := <-stopped:

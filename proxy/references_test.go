@@ -184,3 +184,58 @@ func testReferenceNotSentAgain(t *testing.T, first, second func(*testing.T, jets
 		t.Errorf("the original of the reference dead letter is no longer in its stream: %v", err)
 	}
 }
+
+// A message near the server's max_payload can still be dead-lettered (the
+// envelope's headers would push a copy over the limit): a dead letter that
+// refers to the original is stored, and the only worker goes on to the next
+// message.
+func TestMessageNearMaxPayloadIsDeadLettered(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 8192 }})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	streams(t, js)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 1000 {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ok.Add(1)
+	}))
+	t.Cleanup(app.Close)
+	if _, err := js.Publish(ctx, "s.big", make([]byte, 8000)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := js.Publish(ctx, "s.small", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, proxy.Options{
+		AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 1, Registerer: reg, TermKeepsMessage: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = r.Run(runCtx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the messages behind the large one delivered", func() bool { return ok.Load() == 3 })
+	waitFor(t, "the large message dead-lettered", func() bool {
+		return counter(t, reg, "courier_dead_letters_total", dlq.ReasonRejected) == 1
+	})
+	q, err := dlq.Open(ctx, js, "dlq.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	letters, err := q.List(ctx, dlq.Selection{})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dead letters: %d, %v", len(letters), err)
+	}
+}

@@ -1,0 +1,112 @@
+package giveup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configures a Catcher. Zero values take the documented defaults;
+// negative durations or counts are refused by New.
+type Options struct {
+	// Replicas is the replica count of the advisory stream, when courier
+	// creates it (COURIER_STREAM_REPLICAS). Default 1.
+	Replicas int
+	// MaxAge bounds how long the advisory stream courier creates keeps
+	// advisories. Default DefaultMaxAge (7 days).
+	MaxAge time.Duration
+	// AckWait is the ack wait of the durable consumer on the advisory
+	// stream: how long an advisory whose handler vanished waits before
+	// another replica gets it. Default 30s.
+	AckWait time.Duration
+	// RetryInitial and RetryMax bound the delay before an advisory whose
+	// dead letter could not be stored is handled again; the delay doubles
+	// with each try. Defaults 1s and 1m (RetryInitial when larger); a
+	// RetryMax below RetryInitial is refused.
+	RetryInitial, RetryMax time.Duration
+	// StepTimeout bounds each request to JetStream while an advisory is
+	// handled. Default 10s.
+	StepTimeout time.Duration
+	// Logger receives logs, narrowed with component=giveup; default
+	// discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; default a private registry.
+	Registerer prometheus.Registerer
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// OnDeadLetter, when set, is called once for each dead letter the
+	// Catcher stores (not for one already stored), so it can be counted
+	// with the others.
+	OnDeadLetter func()
+	// ReferenceStored, when set, reports whether the message at seq of the
+	// stream is the original of a reference dead letter the delivery loop
+	// stored and left in its stream (proxy.Runner.ReferenceStored). An
+	// advisory for such a message is settled as a duplicate: no second
+	// dead letter is stored (past the DLQ's duplicate window, the
+	// Nats-Msg-Id would no longer stop one) and the original stays where
+	// replay reads it. An error means it cannot tell: the advisory is
+	// handled again later. Nil: only the DLQ's duplicate window guards. It
+	// must be safe for concurrent use.
+	ReferenceStored func(ctx context.Context, seq uint64) (bool, error)
+}
+
+// defaults fills the zero values of o with the defaults. A negative value,
+// or a RetryMax set below RetryInitial, is an error naming the field: it is
+// a mistake to report, not to replace silently.
+func (o *Options) defaults() error {
+	var problems []string
+	for _, f := range []struct {
+		name string
+		neg  bool
+	}{
+		{"Replicas", o.Replicas < 0},
+		{"MaxAge", o.MaxAge < 0},
+		{"AckWait", o.AckWait < 0},
+		{"RetryInitial", o.RetryInitial < 0},
+		{"RetryMax", o.RetryMax < 0},
+		{"StepTimeout", o.StepTimeout < 0},
+	} {
+		if f.neg {
+			problems = append(problems, "Options."+f.name+" must not be negative (0 takes the default)")
+		}
+	}
+	if o.RetryMax > 0 && o.RetryInitial > 0 && o.RetryMax < o.RetryInitial {
+		problems = append(problems, fmt.Sprintf("Options.RetryMax (%s) must not be less than Options.RetryInitial (%s)", o.RetryMax, o.RetryInitial))
+	}
+	if len(problems) > 0 {
+		return errors.New("giveup: " + strings.Join(problems, "; "))
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+	if o.AckWait == 0 {
+		o.AckWait = 30 * time.Second
+	}
+	if o.RetryInitial == 0 {
+		o.RetryInitial = time.Second
+	}
+	if o.RetryMax == 0 {
+		o.RetryMax = max(time.Minute, o.RetryInitial)
+	}
+	if o.StepTimeout == 0 {
+		o.StepTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}

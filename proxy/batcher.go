@@ -102,7 +102,7 @@ func newBatcher(r *Runner) *batcher {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
-	for _, res := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
+	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
 	}
 	r.o.Registerer.MustRegister(b.requests, b.entries)

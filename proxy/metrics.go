@@ -142,12 +142,17 @@ func (m *metrics) newAppCollectors() {
 		Help: "Message headers not passed to the app because HTTP cannot carry them.",
 	})
 	m.result = make(map[string]resultMetrics)
-	for _, r := range []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"} {
+	for _, r := range requestResults() {
 		m.result[r] = resultMetrics{m.requests.WithLabelValues(r), m.latency.WithLabelValues(r)}
 	}
 	// Available until known otherwise: the gate sets 0 when it holds for
 	// the app, at once in New while a health URL has not answered yet.
 	m.appUp.Set(1)
+}
+
+// requestResults are resultLabel's values, each served from start-up.
+func requestResults() []string {
+	return []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"}
 }
 
 // resultLabel names an outcome for metrics.

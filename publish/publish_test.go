@@ -509,3 +509,49 @@ func TestAppendAck(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishRoutes: a subject sent escaped, or holding a '/', is
+// published to as it reads unescaped (the mux's routing), the same as a
+// plain one (routed without the mux); a path the mux would clean is
+// redirected, not published.
+func TestPublishRoutes(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{})
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	tests := []struct {
+		path    string // after PathPrefix, as sent
+		status  int
+		subject string // stored on, when 200
+	}{
+		{"orders.created", 200, "orders.created"},
+		{"orders%2Ecreated", 200, "orders.created"},
+		{"orders.a%2Fb", 200, "orders.a/b"},
+		{"orders.a/b", 200, "orders.a/b"},
+		{"orders.%C3%A9", 200, "orders.é"},
+		{"..", http.StatusTemporaryRedirect, ""},
+		{"orders.x/../y", http.StatusTemporaryRedirect, ""},
+	}
+	for _, tt := range tests {
+		resp, err := noRedirect.Post(a.url+PathPrefix+tt.path, "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ans answer
+		_ = json.NewDecoder(resp.Body).Decode(&ans)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s: %d %q, want %d", tt.path, resp.StatusCode, ans.Error, tt.status)
+			continue
+		}
+		if tt.status == 200 {
+			if got := stored(t, js, "ORDERS", ans.Seq).Subject; got != tt.subject {
+				t.Errorf("%s: stored on %q, want %q", tt.path, got, tt.subject)
+			}
+		}
+	}
+	if n := msgCount(t, js, "ORDERS"); n != 5 {
+		t.Errorf("%d messages stored, want 5", n)
+	}
+}

@@ -367,17 +367,15 @@ func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
 	} else {
 		data, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPayload))
 	}
-	if err == nil {
-		// Read to its end, so closed: net/http then has nothing left
-		// to discard before the answer (chunkWriter.writeHeader).
-		_ = r.Body.Close()
-	}
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			return nil, tooLarge()
 		}
 		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
 	}
+	// Read to its end, so closed: net/http then has nothing left to
+	// discard before the answer (chunkWriter.writeHeader).
+	_ = r.Body.Close()
 	return data, nil
 }
 

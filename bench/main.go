@@ -12,7 +12,8 @@
 // a variant is about. Last, replicas: one and three couriers with the shared
 // store on one durable, draining to an app that takes 20 ms a request (see
 // replicas.go). Then publishing: courier's HTTP publish API at 16 callers
-// against nats.go's synchronous js.Publish at 16 (see publish.go).
+// against nats.go's synchronous js.Publish at 16 and a minimal HTTP
+// forwarder (./bench/pubforwarder) at 16 (see publish.go).
 //
 // Run it from the module root:
 //
@@ -165,10 +166,12 @@ type bench struct {
 	dir       string // temporary root: binaries, JetStream store, dedup stores, logs
 	courier   string // binary
 	forwarder string // binary
-	broker    *broker
-	app       *app
-	baseEnv   []string // the environment without NATS_* and COURIER_*
-	runs      uint64   // measurements started; names streams and tags bodies
+	// pubforwarder is the publish scenario's baseline binary.
+	pubforwarder string
+	broker       *broker
+	app          *app
+	baseEnv      []string // the environment without NATS_* and COURIER_*
+	runs         uint64   // measurements started; names streams and tags bodies
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -261,8 +264,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	// Publishing: through courier's HTTP API and with nats.go directly,
-	// alternately (bench/publish.go).
+	// Publishing: through courier's HTTP API, through a minimal HTTP
+	// forwarder and with nats.go directly, alternately (bench/publish.go).
 	if o.publishN > 0 {
 		for round := range o.repeat {
 			rs, err := b.publishRound(ctx, round)
@@ -339,7 +342,8 @@ func (b *bench) build(ctx context.Context) error {
 	}
 	root := filepath.Dir(gomodPath)
 	b.forwarder = filepath.Join(b.dir, "forwarder")
-	builds := map[string]string{"./bench/forwarder": b.forwarder}
+	b.pubforwarder = filepath.Join(b.dir, "pubforwarder")
+	builds := map[string]string{"./bench/forwarder": b.forwarder, "./bench/pubforwarder": b.pubforwarder}
 	if b.o.courier != "" {
 		if b.courier, err = filepath.Abs(b.o.courier); err != nil {
 			return err

@@ -25,9 +25,13 @@ import (
 // The publish scenario: how fast an app publishes through courier's HTTP
 // API (COURIER_PUBLISH_ADDR), against a Go program publishing the same
 // messages synchronously with nats.go (js.Publish, one acknowledgement
-// awaited per call), both at publishConcurrency callers, in the same run.
-// The HTTP callers and the nats.go program both run in the benchmark's
-// process, beside the embedded server: what differs is courier in between.
+// awaited per call) and against the least an HTTP-to-JetStream publisher can
+// do (./bench/pubforwarder: read the body, js.PublishMsg, answer the ack),
+// all at publishConcurrency callers, in the same run, alternated round by
+// round. The HTTP callers and the nats.go program both run in the
+// benchmark's process, beside the embedded server; the forwarder and
+// courier each as a process of their own. Forwarder against nats.go is
+// HTTP's own cost; courier against the forwarder is courier's.
 const (
 	publishConcurrency = 16
 	// publishTarget is what courier should reach over the direct
@@ -38,29 +42,45 @@ const (
 	publishWarmup = 500
 )
 
-// The publish scenario's variants, as -only matches them.
+// The publish scenario's variants, as -only matches them, in the order of
+// the first round.
 const (
-	publishDirectName  = "publish: nats.go js.Publish"
-	publishCourierName = "publish: courier HTTP API"
+	publishDirectName    = "publish: nats.go js.Publish"
+	publishForwarderName = "publish: minimal HTTP forwarder"
+	publishCourierName   = "publish: courier HTTP API"
 )
+
+var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName}
 
 // publishResult is one timed phase of n publishes.
 type publishResult struct {
 	name    string
+	round   int
 	n       int
 	elapsed time.Duration
+	// cpu is the CPU time of the process under test (forwarder, courier)
+	// over the timed phase; 0 for nats.go, which runs in the bench.
+	cpu time.Duration
+	// hostCPU is the bench process's meanwhile: the server, and the
+	// callers (HTTP clients, or the nats.go publisher).
+	hostCPU time.Duration
 	err     error
 }
 
 func (r publishResult) rate() float64 { return float64(r.n) / r.elapsed.Seconds() }
 
-// publishRound measures both variants once, in the order round gives, and
-// returns what it measured.
+// cpuPerPublish is the process under test's CPU per publish, µs.
+func (r publishResult) cpuPerPublish() float64 { return perMsg(r.cpu, int64(r.n)) }
+
+// allPerPublish is the machine's CPU per publish, µs: the process under
+// test's, the server's and the callers'.
+func (r publishResult) allPerPublish() float64 { return perMsg(r.cpu+r.hostCPU, int64(r.n)) }
+
+// publishRound measures every variant once, the round's first being the
+// next in turn, and returns what it measured.
 func (b *bench) publishRound(ctx context.Context, round int) ([]publishResult, error) {
-	order := []string{publishDirectName, publishCourierName}
-	if round%2 == 1 {
-		order = []string{publishCourierName, publishDirectName}
-	}
+	k := round % len(publishVariants)
+	order := slices.Concat(publishVariants[k:], publishVariants[:k])
 	var out []publishResult
 	for _, name := range order {
 		if b.o.only != nil && !b.o.only.MatchString(name) {
@@ -71,8 +91,9 @@ func (b *bench) publishRound(ctx context.Context, round int) ([]publishResult, e
 		if name == publishDirectName {
 			r, err = b.publishDirect(ctx)
 		} else {
-			r, err = b.publishCourier(ctx)
+			r, err = b.publishHTTP(ctx, name)
 		}
+		r.round = round
 		if err != nil {
 			return out, err
 		}
@@ -105,49 +126,59 @@ func (b *bench) publishDirect(ctx context.Context) (publishResult, error) {
 		_, err := js.Publish(ctx, subject, newBody(b.o.size, run, uint64(id), time.Now()))
 		return err
 	}
-	r.elapsed, r.err = publishAll(pctx, publishWarmup, send)
+	_, r.err = publishAll(pctx, 0, publishWarmup, send)
 	if r.err == nil {
-		r.elapsed, r.err = publishAll(pctx, r.n, send)
+		host := selfCPU()
+		r.elapsed, r.err = publishAll(pctx, publishWarmup, r.n, send)
+		r.hostCPU = selfCPU() - host
 	}
 	return r, ctx.Err()
 }
 
-// publishCourier starts courier with the publish API on (consuming an empty
-// stream of its own, as it must consume something) and POSTs o.publishN
-// messages from publishConcurrency goroutines, each waiting for its answer.
-func (b *bench) publishCourier(ctx context.Context) (r publishResult, err error) {
-	r = publishResult{name: publishCourierName, n: b.o.publishN}
+// publishHTTP starts the process under test, courier with the publish API
+// on (consuming an empty stream of its own, as it must consume something)
+// or the minimal forwarder, and POSTs o.publishN messages from
+// publishConcurrency goroutines, each with an Idempotency-Key of its own
+// and waiting for its answer.
+func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, err error) {
+	r = publishResult{name: name, n: b.o.publishN}
 	run, stream, subject := b.next()
 	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
 	if err := b.broker.createStream(pctx, stream, subject); err != nil {
 		return r, err
 	}
-	consumed := stream + "IDLE"
-	if err := b.broker.createStream(pctx, consumed, subject+"idle"); err != nil {
-		return r, err
-	}
 	defer b.deletePublishStreams(ctx)
+	env := append(slices.Clone(b.baseEnv),
+		"NATS_URL="+b.broker.URL(),
+		"COURIER_PUBLISH_ADDR=127.0.0.1:0",
+	)
+	bin := b.pubforwarder
+	if name == publishCourierName {
+		bin = b.courier
+		consumed := stream + "IDLE"
+		if err := b.broker.createStream(pctx, consumed, subject+"idle"); err != nil {
+			return r, err
+		}
+		env = append(env,
+			"COURIER_STREAM="+consumed,
+			"COURIER_CONSUMER="+consumerName,
+			"COURIER_APP_URL="+b.app.URL(),
+			"COURIER_ADMIN_ADDR=127.0.0.1:0",
+			"COURIER_DEDUP_DIR="+b.dedupDir(run),
+			"COURIER_PUBLISH_SUBJECTS="+subject,
+			// Not measured: the publish API would otherwise stay open
+			// for the default 25s grace after each stop.
+			"COURIER_SHUTDOWN_GRACE=0",
+		)
+	}
 	logPath := filepath.Join(b.dir, fmt.Sprintf("run%d-publish.log", run))
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return r, err
 	}
 	defer os.Remove(logPath)
-	env := append(slices.Clone(b.baseEnv),
-		"NATS_URL="+b.broker.URL(),
-		"COURIER_STREAM="+consumed,
-		"COURIER_CONSUMER="+consumerName,
-		"COURIER_APP_URL="+b.app.URL(),
-		"COURIER_ADMIN_ADDR=127.0.0.1:0",
-		"COURIER_DEDUP_DIR="+b.dedupDir(run),
-		"COURIER_PUBLISH_ADDR=127.0.0.1:0",
-		"COURIER_PUBLISH_SUBJECTS="+subject,
-		// Not measured: the publish API would otherwise stay open for
-		// the default 25s grace after each stop.
-		"COURIER_SHUTDOWN_GRACE=0",
-	)
-	c, err := startChild(b.courier, env, logFile)
+	c, err := startChild(bin, env, logFile)
 	logFile.Close() // the child has its own copy
 	if err != nil {
 		return r, err
@@ -175,6 +206,10 @@ func (b *bench) publishCourier(ctx context.Context) (r publishResult, err error)
 			return err
 		}
 		req.Header.Set("Content-Type", "application/octet-stream")
+		// As an app that wants its retries stored once would: the
+		// forwarder and courier then store alike (courier would
+		// otherwise make an id of its own).
+		req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatUint(run, 10)+"-"+strconv.Itoa(id))
 		resp, err := client.Do(req)
 		if err != nil {
 			return err
@@ -188,17 +223,25 @@ func (b *bench) publishCourier(ctx context.Context) (r publishResult, err error)
 	}
 	// Courier may be listening before it has reached NATS; the warm-up
 	// waits for it (a publish then waits for the connection).
-	r.elapsed, r.err = publishAll(pctx, publishWarmup, send)
+	_, r.err = publishAll(pctx, 0, publishWarmup, send)
 	if r.err == nil {
-		r.elapsed, r.err = publishAll(pctx, r.n, send)
+		cpu, cerr := c.cpu()
+		host := selfCPU()
+		r.elapsed, r.err = publishAll(pctx, publishWarmup, r.n, send)
+		r.hostCPU = selfCPU() - host
+		if after, err := c.cpu(); cerr == nil && err == nil {
+			r.cpu = after - cpu
+		}
 	}
 	return r, ctx.Err()
 }
 
-// publishAll runs send for ids [0, n) from publishConcurrency goroutines
-// and returns how long it took, or the first error.
-func publishAll(ctx context.Context, n int, send func(context.Context, int) error) (time.Duration, error) {
+// publishAll runs send for ids [from, from+n) from publishConcurrency
+// goroutines and returns how long it took, or the first error.
+func publishAll(ctx context.Context, from, n int, send func(context.Context, int) error) (time.Duration, error) {
 	var next atomic.Int64
+	next.Store(int64(from))
+	n += from
 	var wg sync.WaitGroup
 	errs := make([]error, publishConcurrency)
 	start := time.Now()
@@ -262,28 +305,73 @@ func (rep *report) printPublish(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nPublishing: %d messages of %d bytes, %d concurrent callers, each waiting for its acknowledgement\n",
 		rep.o.publishN, rep.o.size, publishConcurrency)
+	fmt.Fprintln(w, "  CPU/publish: the process's CPU time over the timed phase / publishes (nats.go runs in the bench);")
+	fmt.Fprintln(w, "  bench: the bench process's meanwhile (the server and the callers); all: the two together")
 	var t table
-	t.add("publisher", "msgs/s", "every run")
-	med := map[string]float64{}
-	for _, name := range []string{publishDirectName, publishCourierName} {
-		var rates []float64
-		var runs []string
-		for _, r := range rep.publishes {
-			if r.name == name {
-				rates = append(rates, r.rate())
-				runs = append(runs, strconv.FormatFloat(r.rate(), 'f', 0, 64)+noteIf(r.err))
-			}
-		}
-		if len(rates) == 0 {
+	t.add("publisher", "msgs/s", "CPU µs/publish", "bench µs/publish", "all µs/publish", "every run")
+	byName := map[string][]publishResult{}
+	for _, r := range rep.publishes {
+		byName[r.name] = append(byName[r.name], r)
+	}
+	for _, name := range publishVariants {
+		rs := byName[name]
+		if len(rs) == 0 {
 			continue
 		}
-		med[name] = median(rates)
-		t.add(name, fmt.Sprintf("%.0f", med[name]), strings.Join(runs, ", "))
+		var runs []string
+		for _, r := range rs {
+			runs = append(runs, strconv.FormatFloat(r.rate(), 'f', 0, 64)+noteIf(r.err))
+		}
+		cpu := "-"
+		if name != publishDirectName {
+			cpu = spread(publishValues(rs, publishResult.cpuPerPublish), "%.1f")
+		}
+		t.add(name, spread(publishValues(rs, publishResult.rate), "%.0f"), cpu,
+			spread(publishValues(rs, func(r publishResult) float64 { return perMsg(r.hostCPU, int64(r.n)) }), "%.1f"),
+			spread(publishValues(rs, publishResult.allPerPublish), "%.1f"),
+			strings.Join(runs, ", "))
 	}
 	t.write(w)
-	if d, ok := med[publishDirectName]; ok {
-		if c, ok := med[publishCourierName]; ok {
-			fmt.Fprintf(w, "courier / nats.go: %s; target >= %.1f\n", ratio(c, d), publishTarget)
+	direct, fwd, courier := byName[publishDirectName], byName[publishForwarderName], byName[publishCourierName]
+	fmt.Fprintln(w, "Per-round ratios, median (min–max):")
+	if len(courier) > 0 && len(direct) > 0 {
+		fmt.Fprintf(w, "  courier / nats.go:   msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",
+			spread(publishRatios(courier, direct, publishResult.rate), "%.2f"), publishTarget,
+			spread(publishRatios(courier, direct, publishResult.allPerPublish), "%.2f"))
+	}
+	if len(courier) > 0 && len(fwd) > 0 {
+		fmt.Fprintf(w, "  courier / forwarder: msgs/s %s×, CPU per publish %s×, all CPU per publish %s×\n",
+			spread(publishRatios(courier, fwd, publishResult.rate), "%.2f"),
+			spread(publishRatios(courier, fwd, publishResult.cpuPerPublish), "%.2f"),
+			spread(publishRatios(courier, fwd, publishResult.allPerPublish), "%.2f"))
+	}
+	if len(fwd) > 0 && len(direct) > 0 {
+		fmt.Fprintf(w, "  forwarder / nats.go: msgs/s %s×, all CPU per publish %s× (HTTP's own cost)\n",
+			spread(publishRatios(fwd, direct, publishResult.rate), "%.2f"),
+			spread(publishRatios(fwd, direct, publishResult.allPerPublish), "%.2f"))
+	}
+}
+
+// publishValues is f of each result.
+func publishValues(rs []publishResult, f func(publishResult) float64) []float64 {
+	vs := make([]float64, len(rs))
+	for i, r := range rs {
+		vs[i] = f(r)
+	}
+	return vs
+}
+
+// publishRatios is f of each of a over f of base's result of the same round.
+func publishRatios(a, base []publishResult, f func(publishResult) float64) []float64 {
+	var vs []float64
+	for _, x := range a {
+		for _, y := range base {
+			if y.round == x.round && x.err == nil && y.err == nil {
+				if d := f(y); d != 0 {
+					vs = append(vs, f(x)/d)
+				}
+			}
 		}
 	}
+	return vs
 }

@@ -13,6 +13,15 @@ type metrics struct {
 	latency  *prometheus.HistogramVec
 	inflight prometheus.Gauge
 	retries  prometheus.Counter
+	// byOutcome holds each outcome's series, looked up once here rather
+	// than by label on every request; read-only after newMetrics.
+	byOutcome map[string]outcomeSeries
+}
+
+// outcomeSeries are one outcome's counter and latency histogram.
+type outcomeSeries struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -35,9 +44,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Publish attempts courier made again within a request's time (NATS unreachable, no quorum, a leader election).",
 		}),
 	}
+	m.byOutcome = make(map[string]outcomeSeries, len(outcomes))
 	for _, o := range outcomes {
-		m.requests.WithLabelValues(o)
-		m.latency.WithLabelValues(o)
+		m.byOutcome[o] = outcomeSeries{m.requests.WithLabelValues(o), m.latency.WithLabelValues(o)}
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries} {
 		if err := reg.Register(c); err != nil {
@@ -49,6 +58,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // observe counts one answered request.
 func (m *metrics) observe(outcome string, seconds float64) {
-	m.requests.WithLabelValues(outcome).Inc()
-	m.latency.WithLabelValues(outcome).Observe(seconds)
+	o, ok := m.byOutcome[outcome]
+	if !ok { // every outcome is in outcomes; this keeps a new one counted
+		o = outcomeSeries{m.requests.WithLabelValues(outcome), m.latency.WithLabelValues(outcome)}
+	}
+	o.requests.Inc()
+	o.latency.Observe(seconds)
 }

@@ -70,10 +70,14 @@ type Server struct {
 	connected chan struct{}
 	connect   sync.Once
 
-	o     Options
-	log   *slog.Logger
-	m     *metrics
-	slots chan struct{} // a token per publish in progress
+	o   Options
+	log *slog.Logger
+	m   *metrics
+	hdr answerHeaders
+	// pubOpts are every attempt's: one attempt each, courier's retry
+	// loop spacing them (made once, not per attempt).
+	pubOpts []jetstream.PublishOpt
+	slots   chan struct{} // a token per publish in progress
 
 	ln  net.Listener
 	srv *http.Server
@@ -104,15 +108,19 @@ func Listen(addr string, opts Options) (*Server, error) {
 	s := &Server{
 		connected: make(chan struct{}),
 		o:         opts, m: m,
-		log:   opts.Logger.With("component", "publish"),
-		slots: make(chan struct{}, opts.MaxConcurrent),
-		ln:    ln, base: base, cancelBase: cancel,
+		hdr:     newAnswerHeaders(opts.RetryAfter),
+		pubOpts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
+		log:     opts.Logger.With("component", "publish"),
+		slots:   make(chan struct{}, opts.MaxConcurrent),
+		ln:      ln, base: base, cancelBase: cancel,
 		done: make(chan error, 1),
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+PathPrefix+"{subject...}", s.servePublish)
+	mux.HandleFunc("POST "+PathPrefix+"{subject...}", func(w http.ResponseWriter, r *http.Request) {
+		s.servePublish(w, r, r.PathValue("subject"))
+	})
 	s.srv = &http.Server{
-		Handler:           mux,
+		Handler:           s.route(mux),
 		ReadHeaderTimeout: 5 * time.Second,
 		// The body must arrive within the publish's own time.
 		ReadTimeout:    opts.Timeout,
@@ -192,10 +200,27 @@ func fail(err error) result {
 	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: err.Error()}
 }
 
-func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
+// route hands the usual request, POST PathPrefix + a subject with no '/'
+// and nothing escaped, straight to servePublish, and every other to mux,
+// which would route that one alike: it answers the rest (404, 405 with
+// Allow, a redirect to a cleaned path, an escaped subject unescaped). It
+// spares the usual request the mux's matching, which showed in profiles.
+func (s *Server) route(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.RawPath == "" {
+			subj, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
+			if ok && subj != "" && subj != "." && subj != ".." && !strings.Contains(subj, "/") {
+				s.servePublish(w, r, subj)
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) servePublish(w http.ResponseWriter, r *http.Request, subj string) {
 	start := time.Now()
-	subj := r.PathValue("subject")
-	res := s.handle(r, subj)
+	res := s.handle(r, subj, start.Add(s.o.Timeout))
 	s.answer(w, res)
 	s.m.observe(res.outcome, time.Since(start).Seconds())
 	if !s.log.Enabled(r.Context(), slog.LevelDebug) {
@@ -209,8 +234,9 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 }
 
 // handle decides a request, in the order its checks cost: the token, the
-// subject, a slot, the body, the headers, then the publish.
-func (s *Server) handle(r *http.Request, subj string) result {
+// subject, a slot, the body, the headers, then the publish, which must be
+// acknowledged by deadline (the request's arrival and Options.Timeout).
+func (s *Server) handle(r *http.Request, subj string, deadline time.Time) result {
 	if !s.authorized(r) {
 		return result{status: http.StatusUnauthorized, outcome: outcomeUnauthorized, msg: "a bearer token is required: Authorization: Bearer <token>"}
 	}
@@ -227,13 +253,8 @@ func (s *Server) handle(r *http.Request, subj string) result {
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 
-	// The request's time, courier's retries included, runs from here.
-	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
-	defer cancel()
-	select {
-	case <-s.connected:
-	case <-ctx.Done():
-		return s.timedOut(r.Context(), errNotConnected)
+	if err := s.waitConnected(r.Context(), deadline); err != nil {
+		return s.timedOut(r.Context(), err)
 	}
 	maxPayload := s.nc.MaxPayload()
 	data, err := readBody(r, maxPayload)
@@ -246,9 +267,27 @@ func (s *Server) handle(r *http.Request, subj string) result {
 	}
 	m := &nats.Msg{Subject: subj, Header: h, Data: data}
 	sp := s.startSpan(r, m)
-	res := s.publishMsg(ctx, r.Context(), m, generated, maxPayload)
+	res := s.publishMsg(r.Context(), deadline, m, generated, maxPayload)
 	sp.end(res)
 	return res
+}
+
+// waitConnected waits until Connect has been called, the deadline passes
+// or the caller goes away; after Connect it returns at once, with no timer.
+func (s *Server) waitConnected(reqCtx context.Context, deadline time.Time) error {
+	select {
+	case <-s.connected:
+		return nil
+	default:
+	}
+	ctx, cancel := context.WithDeadline(reqCtx, deadline)
+	defer cancel()
+	select {
+	case <-s.connected:
+		return nil
+	case <-ctx.Done():
+		return errNotConnected
+	}
 }
 
 // authorized reports whether the request carries the token, when one is
@@ -273,8 +312,10 @@ func (s *Server) authorized(r *http.Request) bool {
 // allowed checks the subject: a valid literal (400), outside NATS's own
 // subjects and matched by one of Options.Subjects (403).
 func (s *Server) allowed(subj string) error {
-	if err := subject.CheckLiteral(subj); err != nil {
-		return refuse(http.StatusBadRequest, outcomeInvalid, "%s", err.Error())
+	if !plainLiteral(subj) {
+		if err := subject.CheckLiteral(subj); err != nil {
+			return refuse(http.StatusBadRequest, outcomeInvalid, "%s", err.Error())
+		}
 	}
 	for _, p := range reservedPrefixes {
 		if strings.HasPrefix(subj, p) {
@@ -289,6 +330,25 @@ func (s *Server) allowed(subj string) error {
 	return refuse(http.StatusForbidden, outcomeForbidden, "subject %q is not among the subjects the app may publish to (COURIER_PUBLISH_SUBJECTS)", subj)
 }
 
+// plainLiteral reports, in one pass and without allocating, whether subj
+// is a literal subject of printable ASCII: tokens of '!' to '~' but for the
+// wildcards, none empty. subject.CheckLiteral accepts every such subject;
+// the others (UTF-8 tokens among them) it decides itself.
+func plainLiteral(subj string) bool {
+	if subj == "" || subj[0] == '.' || subj[len(subj)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(subj); i++ {
+		switch c := subj[i]; {
+		case c <= ' ' || c > '~', c == '*', c == '>':
+			return false
+		case c == '.' && subj[i-1] == '.':
+			return false
+		}
+	}
+	return true
+}
+
 // readBody reads the message data, refusing (413) a body larger than the
 // server's max_payload before reading it when its length is declared.
 func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
@@ -298,83 +358,131 @@ func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
 	if r.ContentLength > maxPayload {
 		return nil, tooLarge()
 	}
-	body := http.MaxBytesReader(nil, r.Body, maxPayload)
 	var data []byte
 	var err error
 	if r.ContentLength >= 0 {
+		// net/http's body ends at the declared length: no limit to add.
 		data = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(body, data)
+		_, err = io.ReadFull(r.Body, data)
 	} else {
-		data, err = io.ReadAll(body)
+		data, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPayload))
 	}
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, tooLarge()
-	case err != nil:
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return nil, tooLarge()
+		}
 		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
 	}
+	// Read to its end, so closed: net/http then has nothing left to
+	// discard before the answer (chunkWriter.writeHeader).
+	_ = r.Body.Close()
 	return data, nil
 }
 
-// publishMsg publishes m, retrying until ctx (the request's time) ends,
-// and returns the answer; reqCtx tells whether the caller went away.
-func (s *Server) publishMsg(ctx, reqCtx context.Context, m *nats.Msg, generated bool, maxPayload int64) result {
+// publishMsg publishes m, retrying until the deadline, and returns the
+// answer; reqCtx tells whether the caller went away.
+func (s *Server) publishMsg(reqCtx context.Context, deadline time.Time, m *nats.Msg, generated bool, maxPayload int64) result {
 	if size := int64(len(m.Data) + headerSize(m.Header)); size > maxPayload {
 		return fail(refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge,
 			"the message is %d bytes with its headers, more than the server's max_payload (%d bytes)", size, maxPayload))
 	}
-	var (
-		ack         *jetstream.PubAck
-		last        error
-		maybeStored bool // an earlier attempt may have been stored
-	)
+	var maybeStored bool // an earlier attempt may have been stored
+	// The first attempt goes without a retry schedule or a context of
+	// the request's time: most publishes need neither.
+	ack, err := s.attempt(reqCtx, deadline, m, &maybeStored)
+	if err == nil {
+		return acknowledged(ack, generated, maybeStored)
+	}
+	var tr *transient
+	if errors.As(err, &tr) {
+		ack, err = s.retry(reqCtx, deadline, m, tr, &maybeStored)
+	}
+	switch {
+	case err == nil:
+		return acknowledged(ack, generated, maybeStored)
+	case errors.As(err, &tr):
+		return s.timedOut(reqCtx, tr)
+	}
+	return fail(err)
+}
+
+// acknowledged is the answer to a publish the stream acknowledged with ack.
+func acknowledged(ack *jetstream.PubAck, generated, maybeStored bool) result {
+	res := result{status: http.StatusOK, outcome: outcomeStored, ack: ack}
+	// A duplicate of courier's own id, or of an attempt of this very
+	// request, is this request's message: not a duplicate to the app.
+	if ack.Duplicate && !generated && !maybeStored {
+		res.outcome, res.dup = outcomeDuplicate, true
+	}
+	return res
+}
+
+// retry makes the attempts after a first one that failed with first,
+// spaced by retryPolicy, until one is acknowledged or refused for good, or
+// the deadline passes. It returns the ack, the refusal, or the last
+// attempt's *transient error once time is up (or the caller went away).
+func (s *Server) retry(reqCtx context.Context, deadline time.Time, m *nats.Msg, first *transient, maybeStored *bool) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithDeadline(reqCtx, deadline)
+	defer cancel()
+	var ack *jetstream.PubAck
+	last := first
+	made := true // the first attempt is made: its error starts the schedule
 	err := retry.Do(ctx, retryPolicy, func(ctx context.Context) error {
-		if !s.nc.IsConnected() {
-			last = errNotConnected
+		if made {
+			made = false
 			return last
 		}
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		defer cancel()
-		a, err := s.js.PublishMsg(actx, m, jetstream.WithRetryAttempts(0))
+		a, err := s.attempt(ctx, deadline, m, maybeStored)
 		if err == nil {
 			ack = a
 			return nil
 		}
-		err = classify(ctx, err, func(ctx context.Context) (bool, error) {
-			_, err := s.js.StreamNameBySubject(actx, m.Subject)
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return true, nil
-			}
-			return false, err
-		})
-		var tr *transient
-		if !errors.As(err, &tr) {
+		if !errors.As(err, &last) {
 			return retry.Permanent(err)
 		}
-		// A request that timed out may have been stored; one no
-		// stream answered, or that the server turned down, was not.
-		var apiErr *jetstream.APIError
-		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.As(err, &apiErr) {
-			maybeStored = true
-		}
-		last = err
 		return err
 	}, func(error, time.Duration) { s.m.retries.Inc() })
-
-	switch {
-	case err == nil:
-		res := result{status: http.StatusOK, outcome: outcomeStored, ack: ack}
-		// A duplicate of courier's own id, or of an attempt of this very
-		// request, is this request's message: not a duplicate to the app.
-		if ack.Duplicate && !generated && !maybeStored {
-			res.outcome, res.dup = outcomeDuplicate, true
-		}
-		return res
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		return s.timedOut(reqCtx, last)
+	if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return nil, last
 	}
-	return fail(err)
+	return ack, err
+}
+
+// attempt publishes m once, within attemptTimeout and the deadline, and
+// returns the ack, a *refusal, or a *transient error another attempt may
+// fix; it sets *maybeStored when the attempt may have been stored all the
+// same.
+func (s *Server) attempt(parent context.Context, deadline time.Time, m *nats.Msg, maybeStored *bool) (*jetstream.PubAck, error) {
+	if !s.nc.IsConnected() {
+		return nil, &transient{errNotConnected}
+	}
+	if d := time.Now().Add(attemptTimeout); d.Before(deadline) {
+		deadline = d
+	}
+	ctx, cancel := context.WithDeadline(parent, deadline)
+	defer cancel()
+	a, err := s.js.PublishMsg(ctx, m, s.pubOpts...)
+	if err == nil {
+		return a, nil
+	}
+	err = classify(ctx, err, func(ctx context.Context) (bool, error) {
+		_, err := s.js.StreamNameBySubject(ctx, m.Subject)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return true, nil
+		}
+		return false, err
+	})
+	var tr *transient
+	if !errors.As(err, &tr) {
+		return nil, err
+	}
+	// A request that timed out may have been stored; one no stream
+	// answered, or that the server turned down, was not.
+	var apiErr *jetstream.APIError
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.As(err, &apiErr) {
+		*maybeStored = true
+	}
+	return nil, tr
 }
 
 // timedOut is the answer when the request's time ran out (or the caller
@@ -392,30 +500,75 @@ func (s *Server) timedOut(reqCtx context.Context, last error) result {
 
 // answer writes the result as JSON: {"stream","seq","duplicate"} on
 // success, {"error"} otherwise, with Retry-After on a 503 and the scheme on
-// a 401.
+// a 401. net/http sends it with its Content-Length in one write, as it
+// fits in the connection's buffer and nothing flushes it early.
 func (s *Server) answer(w http.ResponseWriter, res result) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	var body any
+	h["Content-Type"] = s.hdr.contentType
+	h["Cache-Control"] = s.hdr.cacheControl
+	if res.status == http.StatusOK {
+		w.WriteHeader(res.status)
+		_, _ = w.Write(appendAck(make([]byte, 0, 96), res.ack, res.dup))
+		return
+	}
 	switch res.status {
-	case http.StatusOK:
-		body = struct {
-			Stream    string `json:"stream"`
-			Seq       uint64 `json:"seq"`
-			Duplicate bool   `json:"duplicate"`
-		}{res.ack.Stream, res.ack.Sequence, res.dup}
 	case http.StatusServiceUnavailable:
-		h.Set("Retry-After", strconv.Itoa(int((s.o.RetryAfter+time.Second-1)/time.Second)))
-		body = errorBody{res.msg}
+		h["Retry-After"] = s.hdr.retryAfter
 	case http.StatusUnauthorized:
-		h.Set("WWW-Authenticate", `Bearer realm="courier"`)
-		body = errorBody{res.msg}
-	default:
-		body = errorBody{res.msg}
+		h["Www-Authenticate"] = s.hdr.wwwAuthenticate
 	}
 	w.WriteHeader(res.status)
-	_ = json.NewEncoder(w).Encode(body)
+	_ = json.NewEncoder(w).Encode(errorBody{res.msg})
+}
+
+// answerHeaders are the values answer sets, made once per Server: net/http
+// copies the handler's headers when it writes them (response.WriteHeader
+// clones them), so sharing the slices is safe.
+type answerHeaders struct {
+	contentType, cacheControl, retryAfter, wwwAuthenticate []string
+}
+
+func newAnswerHeaders(retryAfter time.Duration) answerHeaders {
+	return answerHeaders{
+		contentType:     []string{"application/json"},
+		cacheControl:    []string{"no-store"},
+		retryAfter:      []string{strconv.Itoa(int((retryAfter + time.Second - 1) / time.Second))},
+		wwwAuthenticate: []string{`Bearer realm="courier"`},
+	}
+}
+
+// appendAck appends the success answer as encoding/json's Encoder writes
+// it, newline included, without reflection: the stream name is copied as
+// it is when it needs no escaping (JetStream's names rarely do), else
+// encoded by encoding/json.
+func appendAck(b []byte, ack *jetstream.PubAck, dup bool) []byte {
+	b = append(b, `{"stream":`...)
+	if jsonPlain(ack.Stream) {
+		b = append(b, '"')
+		b = append(b, ack.Stream...)
+		b = append(b, '"')
+	} else {
+		name, _ := json.Marshal(ack.Stream)
+		b = append(b, name...)
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, ack.Sequence, 10)
+	b = append(b, `,"duplicate":`...)
+	b = strconv.AppendBool(b, dup)
+	return append(b, "}\n"...)
+}
+
+// jsonPlain reports whether encoding/json writes s as it is between quotes:
+// printable ASCII but for the quote, the backslash and the three it escapes
+// for HTML (<, >, &).
+func jsonPlain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 type errorBody struct {

@@ -1,7 +1,9 @@
 package publish
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // TestPublishStored: a publish is answered 200 with the stream and
@@ -299,6 +302,10 @@ func TestPublishDuringRestart(t *testing.T) {
 	poll.Until(t, 20*time.Second, "publishes stored after the restart", func() bool { return a.count(outcomeStored) >= after+20 })
 	close(stop)
 	checkAnswers(t, a, js, answers())
+	// The 503s came after courier's own attempts, not after the first.
+	if n := value(a.srv.m.retries); n == 0 {
+		t.Error("no publish was retried within its request while NATS was down")
+	}
 }
 
 // TestPublishLeaderLoss: on a 3-node cluster, publishes while the stream's
@@ -443,4 +450,108 @@ func checkAnswers(t *testing.T, a *api, js jetstream.JetStream, answers map[stri
 		t.Errorf("%d keys stored, %d published", len(seen), len(answers))
 	}
 	t.Logf("%d publishes, %d answered 503 and retried", len(answers), retried)
+}
+
+// TestPlainLiteral: the fast check of a subject accepts only subjects that
+// subject.CheckLiteral accepts too, and leaves to it what it cannot decide
+// (UTF-8 tokens), so that the answer to any subject is CheckLiteral's.
+func TestPlainLiteral(t *testing.T) {
+	tests := []struct {
+		subject string
+		plain   bool
+	}{
+		{"orders.created", true},
+		{"a", true},
+		{"orders-eu_1.x~y!z", true},
+		{"orders/created.a:b", true},
+		{"", false},
+		{".orders", false},
+		{"orders.", false},
+		{"orders..created", false},
+		{"orders.*", false},
+		{"orders.>", false},
+		{"orders.a*b", false},
+		{"orders.a>b", false},
+		{"orders created", false},
+		{"orders.\tx", false},
+		{"orders.\x7f", false},
+		{"orders.größe", false}, // valid, decided by CheckLiteral
+		{"orders.\xff", false},
+	}
+	for _, tt := range tests {
+		got := plainLiteral(tt.subject)
+		if got != tt.plain {
+			t.Errorf("plainLiteral(%q) = %v, want %v", tt.subject, got, tt.plain)
+		}
+		if got && subject.CheckLiteral(tt.subject) != nil {
+			t.Errorf("plainLiteral(%q) accepts what CheckLiteral refuses: %v", tt.subject, subject.CheckLiteral(tt.subject))
+		}
+	}
+}
+
+// TestAppendAck: the success answer is written byte for byte as
+// encoding/json's Encoder writes it, whatever the stream's name.
+func TestAppendAck(t *testing.T) {
+	for _, stream := range []string{"ORDERS", "orders-eu_1", `we"ird`, `back\slash`, "<&>", "größe", "tab\there", "\xff"} {
+		for _, dup := range []bool{false, true} {
+			ack := &jetstream.PubAck{Stream: stream, Sequence: 18446744073709551615}
+			var want bytes.Buffer
+			if err := json.NewEncoder(&want).Encode(struct {
+				Stream    string `json:"stream"`
+				Seq       uint64 `json:"seq"`
+				Duplicate bool   `json:"duplicate"`
+			}{ack.Stream, ack.Sequence, dup}); err != nil {
+				t.Fatal(err)
+			}
+			if got := appendAck(nil, ack, dup); string(got) != want.String() {
+				t.Errorf("stream %q: %s, want %s", stream, got, want.String())
+			}
+		}
+	}
+}
+
+// TestPublishRoutes: a subject sent escaped, or holding a '/', is
+// published to as it reads unescaped (the mux's routing), the same as a
+// plain one (routed without the mux); a path the mux would clean is
+// redirected, not published.
+func TestPublishRoutes(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{})
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	tests := []struct {
+		path    string // after PathPrefix, as sent
+		status  int
+		subject string // stored on, when 200
+	}{
+		{"orders.created", 200, "orders.created"},
+		{"orders%2Ecreated", 200, "orders.created"},
+		{"orders.a%2Fb", 200, "orders.a/b"},
+		{"orders.a/b", 200, "orders.a/b"},
+		{"orders.%C3%A9", 200, "orders.é"},
+		{"..", http.StatusTemporaryRedirect, ""},
+		{"orders.x/../y", http.StatusTemporaryRedirect, ""},
+	}
+	for _, tt := range tests {
+		resp, err := noRedirect.Post(a.url+PathPrefix+tt.path, "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ans answer
+		_ = json.NewDecoder(resp.Body).Decode(&ans)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s: %d %q, want %d", tt.path, resp.StatusCode, ans.Error, tt.status)
+			continue
+		}
+		if tt.status == 200 {
+			if got := stored(t, js, "ORDERS", ans.Seq).Subject; got != tt.subject {
+				t.Errorf("%s: stored on %q, want %q", tt.path, got, tt.subject)
+			}
+		}
+	}
+	if n := msgCount(t, js, "ORDERS"); n != 5 {
+		t.Errorf("%d messages stored, want 5", n)
+	}
 }

@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -96,4 +98,80 @@ func orderKeyOf(tb testing.TB, spec string) orderkey.Key {
 		tb.Fatal(err)
 	}
 	return k
+}
+
+// BenchmarkOneKey drains b.N messages of one ordering key: courier with
+// COURIER_ORDER_KEY against the usual workaround, a consumer with
+// MaxAckPending 1 forwarding each message (pull one, POST, ack) to the
+// same app.
+func BenchmarkOneKey(b *testing.B) {
+	for _, name := range []string{"courier ordered", "MaxAckPending 1 forwarder"} {
+		b.Run(name, func(b *testing.B) {
+			s := natstest.Start(b, natstest.Options{})
+			_, js := natstest.Connect(b, s)
+			ctx := context.Background()
+			streams(b, js)
+			cc := jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, MaxAckPending: 1000}
+			if name != "courier ordered" {
+				cc.MaxAckPending = 1
+			}
+			cons, err := js.CreateOrUpdateConsumer(ctx, "S", cc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+			defer app.Close()
+			body := make([]byte, 256)
+			for i := 0; i < b.N; i++ {
+				if _, err := js.PublishAsync("s.only", body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			<-js.PublishAsyncComplete()
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan struct{})
+			b.ResetTimer()
+			if name == "courier ordered" {
+				r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, proxy.Options{
+					AppURL: app.URL, Stream: "S", Consumer: "c", MaxInflight: 16, Registerer: prometheus.NewRegistry(),
+					OrderKey: orderKeyOf(b, "subject:2"),
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				go func() { _ = r.Run(rctx); close(done) }()
+			} else {
+				go func() {
+					defer close(done)
+					client := &http.Client{}
+					for rctx.Err() == nil {
+						batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+						if err != nil {
+							continue
+						}
+						for m := range batch.Messages() {
+							resp, err := client.Post(app.URL, "application/octet-stream", bytes.NewReader(m.Data()))
+							if err == nil {
+								_, _ = io.Copy(io.Discard, resp.Body)
+								resp.Body.Close()
+								_ = m.Ack()
+							}
+						}
+					}
+				}()
+			}
+			for {
+				info, err := cons.Info(ctx)
+				if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			cancel()
+			<-done
+		})
+	}
 }

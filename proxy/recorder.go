@@ -39,7 +39,9 @@ func (r *Runner) recorder() {
 	keys := make([]string, 0, maxRecordBatch)
 	for j := range r.recs {
 		batch = append(batch[:0], j)
-		time.Sleep(r.linger)
+		if !r.keyWaits(j.d) {
+			time.Sleep(r.linger)
+		}
 	fill:
 		for len(batch) < maxRecordBatch {
 			select {
@@ -77,4 +79,11 @@ func (r *Runner) recorder() {
 		}
 		clear(batch) // drop references to settled messages
 	}
+}
+
+// keyWaits reports whether later messages of d's ordering key wait for d's
+// ack (order.go): the recorder then lets no batch gather, as each of them
+// would wait for it in turn.
+func (r *Runner) keyWaits(d *delivery) bool {
+	return r.order != nil && d.okey != "" && r.order.waitingBehind(d.okey) > 0
 }

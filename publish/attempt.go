@@ -134,4 +134,3 @@ func (s *Server) timedOut(reqCtx context.Context, last error) result {
 	}
 	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: why}
 }
-

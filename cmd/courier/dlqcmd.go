@@ -11,9 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/subject"
@@ -204,17 +201,8 @@ func openDLQ(ctx context.Context, cfg config.Config, cmd string, stderr io.Write
 	if err != nil {
 		return nil, nil, err
 	}
-	opts = append(opts, nats.Name("courier dlq "+cmd+" "+cfg.Stream+"/"+cfg.Consumer))
-	nc, err := nats.Connect(cfg.NATSURL, opts...)
+	nc, js, err := dialCommand(cfg, opts, "courier dlq "+cmd)
 	if err != nil {
-		if fatal := fatalConnectError(err); fatal != nil {
-			return nil, nil, fatal
-		}
-		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, err
 	}
 	q, err := dlq.Open(ctx, js, cfg.DLQSubject)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/internal/retry"
@@ -156,3 +157,21 @@ func drain(nc *nats.Conn) error {
 
 // drainTimeout bounds drain: acks and NAKs are small and already written.
 const drainTimeout = 5 * time.Second
+
+// dialCommand connects a command (dlq, pause, status...) to NATS once, named
+// for what it is, a failure retrying cannot fix said plainly.
+func dialCommand(cfg config.Config, opts []nats.Option, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(cfg.NATSURL, append(opts, nats.Name(name+" "+cfg.Stream+"/"+cfg.Consumer))...)
+	if err != nil {
+		if fatal := fatalConnectError(err); fatal != nil {
+			return nil, nil, fatal
+		}
+		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}

@@ -9,7 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
@@ -37,16 +36,8 @@ func connectCLI(cfg config.Config, name string, stderr io.Writer) (jetstream.Jet
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := nats.Connect(cfg.NATSURL, append(nopts, nats.Name("courier "+name+" "+cfg.Stream+"/"+cfg.Consumer))...)
+	nc, js, err := dialCommand(cfg, nopts, "courier "+name)
 	if err != nil {
-		if fatal := fatalConnectError(err); fatal != nil {
-			return nil, nil, fatal
-		}
-		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w", cfg.Redacted().NATSURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, err
 	}
 	return js, nc.Close, nil

@@ -116,3 +116,42 @@ func TestOrderThroughAKill(t *testing.T) {
 		t.Errorf("%d dead letters", len(got))
 	}
 }
+
+// SIGTERM while a key's first message waits out a retry and its later
+// messages wait behind it: the courier gives them back in stream order, and
+// the one that starts next sends the key in stream order.
+func TestOrderThroughASigterm(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	failed := false
+	a, url := newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if key == "k" && n == 0 && !failed {
+			failed = true
+			return 503, "2"
+		}
+		return 200, ""
+	})
+	for n := range 5 {
+		h.publish("orders.k", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)})
+	}
+	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	waitFor(t, 30*time.Second, "k's first message retried", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return failed
+	})
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+	c = start(t, env)
+	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 2 3 4]" {
+		t.Errorf("k delivered in the order %v, want [0 1 2 3 4]", got)
+	}
+}

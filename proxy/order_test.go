@@ -377,3 +377,89 @@ func TestOrderReplicasOneAtATime(t *testing.T) {
 		}
 	}
 }
+
+// On a 3-node cluster, the stream leader lost while keys are being
+// delivered and retried: every key still reaches the app in stream order.
+func TestOrderThroughStreamLeaderLoss(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	ctx := context.Background()
+	_, js := natstest.ConnectURL(t, c.URL())
+	natstest.Try(t, "create the stream", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+		return err
+	})
+	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
+		_, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 3)
+		return err
+	})
+	var cons jetstream.Consumer
+	natstest.Try(t, "create the consumer", func(ctx context.Context) error {
+		var err error
+		cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 10, AckWait: 5 * time.Second,
+			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: 5 * time.Second,
+		})
+		return err
+	})
+	rec := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
+	rec.answer = func(key string, n, attempt int) (int, string) {
+		if n%4 == 1 && attempt == 1 {
+			return 503, "" // some retries on the way
+		}
+		return 200, ""
+	}
+	srv := httptest.NewServer(rec)
+	t.Cleanup(srv.Close)
+	var marks *ordermark.Store
+	natstest.Try(t, "open the marks", func(ctx context.Context) error {
+		var err error
+		marks, err = ordermark.Open(ctx, js, "S", "c", 3)
+		return err
+	})
+	o := orderOptions(t)
+	o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", "c", prometheus.NewRegistry()
+	o.OrderMarks, o.PriorityGroup, o.MaxDeliver = marks, "courier", 10
+	r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	keys := []string{"k0", "k1", "k2", "k3", "k4"}
+	const n = 12
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			for _, k := range keys {
+				m := nats.NewMsg("s.order")
+				m.Header.Set("Order", k)
+				m.Header.Set("N", strconv.Itoa(i))
+				m.Header.Set("Nats-Msg-Id", fmt.Sprintf("%s-%d", k, i)) // a retried publish is stored once
+				natstest.Try(t, "publish", func(ctx context.Context) error { _, err := js.PublishMsg(ctx, m); return err })
+			}
+		}
+	}
+	publish(0, n/2)
+	poll.Until(t, 30*time.Second, "the first messages delivered", func() bool { return len(rec.delivered("k0")) >= 2 })
+	c.Shutdown(c.StreamLeader("S"))
+	publish(n/2, n)
+	poll.Until(t, 60*time.Second, "every key delivered", func() bool {
+		for _, k := range keys {
+			if len(rec.delivered(k)) < n {
+				return false
+			}
+		}
+		return true
+	})
+	for _, k := range keys {
+		if d := rec.delivered(k); !inOrder(d, n) {
+			t.Errorf("%s delivered in the order %v, want 0..%d", k, d, n-1)
+		}
+	}
+	if rec.overlaps != 0 {
+		t.Errorf("%d requests of a key while an earlier one was at the app", rec.overlaps)
+	}
+}

@@ -480,3 +480,37 @@ func TestStormEndedByRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// Messages that fail on their own, back on their last allowed delivery,
+// can be all the breaker holds: every worker holds one, failing each probe.
+// A healthy app must not wait on them: such a message waits apart from the
+// workers, and fresh messages are fetched and probe with. (Reproduced: with
+// every worker holding one, nothing fresh was fetched, and the breaker
+// stayed open while good messages waited in the stream.)
+func TestPoisonRetriesDoNotHoldBreakerOpen(t *testing.T) {
+	e := setup(t)
+	a := newFlakyKeysApp(t, e)
+	a.fails["p1"], a.fails["p2"] = 1000, 1000 // always fail
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 2, AckWait: 5 * time.Second})
+	e.publishKeyed(t, "s.p", "p1")
+	e.publishKeyed(t, "s.p", "p2")
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 2, MaxInflight: 2, BreakerFailures: 2, BreakerProbe: 100 * time.Millisecond,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+	})
+	waitBreakerOpen(t, r)
+	// p1 and p2 come back on their last delivery and fail the probes.
+	poll.Until(t, 10*time.Second, "p1 and p2 probed on their last delivery", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.seen["p1"] >= 3 && a.seen["p2"] >= 3
+	})
+	for i := range 3 {
+		e.publishKeyed(t, "s.g", fmt.Sprintf("good-%d", i))
+	}
+	poll.Until(t, 15*time.Second, "the good messages delivered", func() bool { return a.delivered("good-0", "good-1", "good-2") })
+	poll.Until(t, 15*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := e.deadLetters(t); got != 2 {
+		t.Errorf("%d dead letters, want p1 and p2 (exhausted once the breaker closed)", got)
+	}
+}

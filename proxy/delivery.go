@@ -22,14 +22,17 @@ import (
 type delivery struct {
 	m       jetstream.Msg
 	meta    *jetstream.MsgMetadata
-	attempt int     // JetStream's delivery count, 1-based
-	key     string  // the resolved dedup key, as the app sees it
-	skey    string  // the key as the dedup store holds it
-	okey    string  // the ordering key (order.go); "" when not ordered
-	fl      *flight // own while this delivery holds the key's flight, else nil
-	own     flight
-	claimed bool // the dedup store holds a claim of ours on skey
-	probe   bool // sent while the breaker is open, to see if the app recovered
+	attempt int    // JetStream's delivery count, 1-based
+	key     string // the resolved dedup key, as the app sees it
+	skey    string // the key as the dedup store holds it
+	okey    string // the ordering key (order.go); "" when not ordered
+	// detached: held for a probe apart from the workers (detach); its
+	// worker returns once it is settled.
+	detached bool
+	fl       *flight // own while this delivery holds the key's flight, else nil
+	own      flight
+	claimed  bool // the dedup store holds a claim of ours on skey
+	probe    bool // sent while the breaker is open, to see if the app recovered
 	// answered: the app's answer reached the breaker. A probe that ends
 	// without one (a duplicate, an expired message, the app unreachable)
 	// has used the breaker's token for nothing and must ask for another.
@@ -50,8 +53,9 @@ func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
 // deliver runs one delivery of q's message, whose metadata m.Metadata
 // returned as meta and err, to its end: ack, NAK with delay, dead letter, or
-// give back at shutdown. wait is one of ln's contexts.
-func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) {
+// give back at shutdown. wait is one of ln's contexts. It reports whether
+// the delivery was detached from its worker (detach).
+func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) (detached bool) {
 	m := q.m
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
@@ -67,6 +71,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		if d.probe && !d.answered {
 			r.breaker.handOn()
 		}
+		detached = d.detached
 	}()
 	if r.referenced(d) {
 		return
@@ -79,6 +84,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	r.attempt(d)
+	return
 }
 
 func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
@@ -330,6 +336,9 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 	case outProbeHeld:
 		d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
 			statusAttr(err), "error", err.Error())
+		if d.attempt > 1 && !d.detached && r.ph.fetched.Err() == nil {
+			r.detach(d)
+		}
 		return r.holdAgain(d, span, "the breaker was open")
 	case outNotSent:
 		// On its last allowed delivery a NAK would let JetStream give up
@@ -398,6 +407,14 @@ var errNotSent = errors.New("request not sent")
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
 func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Answer, time.Duration, error) {
+	// A slot: the workers are MaxInflight, but a delivery detached from
+	// its worker (detach) sends beside them.
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	case <-r.ph.requests.Done():
+		return nil, 0, errNotSent
+	}
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {

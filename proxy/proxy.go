@@ -98,6 +98,7 @@ type Runner struct {
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
 	batcher    *batcher      // nil: each message alone
+	slots      chan struct{} // one per request to the app in flight (post): MaxInflight
 	order      *orderer      // nil: no order per key
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
@@ -114,9 +115,12 @@ type Runner struct {
 	recorders sync.WaitGroup
 	parked    atomic.Int64 // workers holding a message while the gate is closed
 	probers   atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
-	wasUp     atomic.Bool  // the app has been available at least once
-	storeDown atomic.Bool  // the dedup store failed its last check
-	released  atomic.Int64 // messages given back (NAK'd without delay)
+	// freshProbers: those of them holding a message on its first
+	// delivery, the probes that tell a healthy app (breaker.go).
+	freshProbers atomic.Int64
+	wasUp        atomic.Bool  // the app has been available at least once
+	storeDown    atomic.Bool  // the dedup store failed its last check
+	released     atomic.Int64 // messages given back (NAK'd without delay)
 
 	// Dead letters and success records the streams would not store yet,
 	// retried in the background (inBackground) while their messages are
@@ -171,8 +175,11 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		r.wasUp.Store(true)
 	}
 	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
-	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.probers.Load() == 0 }
+	// While the breaker alone holds and no fresh message is held, the
+	// fetcher pulls one: retries make poor probes (breaker.go, detach).
+	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.freshProbers.Load() == 0 }
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
+	r.slots = make(chan struct{}, o.MaxInflight)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
 	}

@@ -31,14 +31,18 @@ func (r *Runner) worker() {
 			r.countHeld(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
 		}
 		if r.ph.noStart.Err() == nil {
-			r.deliver(q, meta, merr, ln, ln.noStart, probe)
+			if r.deliver(q, meta, merr, ln, ln.noStart, probe) {
+				return // detached: a new worker has this one's place
+			}
 			continue
 		}
 		// Stopping. A message on its last allowed delivery is sent within
 		// the grace period rather than given back: a NAK would make
 		// JetStream give up on it without the app having seen it.
 		if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
-			r.deliver(q, meta, merr, ln, ln.requests, false)
+			if r.deliver(q, meta, merr, ln, ln.requests, false) {
+				return
+			}
 			continue
 		}
 		r.giveBackMsg(q.m, meta, merr, "shutting down")
@@ -100,6 +104,10 @@ func (r *Runner) orderRetrying(d *delivery) {
 func (r *Runner) waitToSend(stop context.Context, fresh bool) (probe bool) {
 	r.probers.Add(1)
 	defer r.probers.Add(-1)
+	if fresh {
+		r.freshProbers.Add(1)
+		defer r.freshProbers.Add(-1)
+	}
 	for {
 		t := r.breaker.enlist(fresh)
 		select {
@@ -143,4 +151,18 @@ func (r *Runner) heldMessages() float64 {
 		n += int64(len(r.fetch.queue))
 	}
 	return float64(n)
+}
+
+// detach gives d's worker place to a new worker while d, a retry held for
+// the breaker's next probe on its last allowed delivery, waits on its own
+// goroutine (its worker returns once d is settled). Retries that keep
+// failing could otherwise take every worker while the breaker is open, and
+// leave no worker to take a fresh message, the probe that tells a healthy
+// app: the fetcher pulls for one while no fresh message is held
+// (Runner.freshProbers). Requests stay bounded by MaxInflight (slots).
+func (r *Runner) detach(d *delivery) {
+	d.detached = true
+	r.workers.Add(1)
+	go r.worker()
+	d.log.Debug("held for the next probe apart from the workers: a new worker takes its place")
 }

@@ -1,0 +1,126 @@
+package proxy
+
+// The dedup check of a delivery's key (deliver calls checkKey): another
+// delivery of the key in this process is waited for, the store asked
+// (processed, new and now claimed, or claimed by another replica), and a
+// store that cannot answer holds deliveries until it can.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/verdict"
+)
+
+// maxStoredKey bounds what the dedup store holds per key; a longer key (an
+// odd publisher's header) is stored as its SHA-256.
+const maxStoredKey = 256
+
+// storeKey is the form of key the dedup store and in-flight set use.
+func storeKey(key string) string {
+	if len(key) <= maxStoredKey {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// errClaimed: another replica's delivery of the key is under way.
+var errClaimed = errors.New("key claimed by another replica")
+
+// checkWait is the schedule of asking the store again while it cannot
+// answer, or while another replica holds the key's claim.
+var checkWait = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
+
+// checkOnce asks the store once about skey. A store that cannot answer
+// holds deliveries (causeStore) until one of its answers comes; a key another
+// replica holds is errClaimed.
+func (r *Runner) checkOnce(ctx context.Context, skey string) (verdict.Verdict, error) {
+	if !r.quickCheck {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	v, err := r.dd.Check(ctx, skey)
+	if err != nil {
+		r.m.dedupErrors.WithLabelValues("check").Inc()
+		if r.storeDown.CompareAndSwap(false, true) {
+			r.gate.hold(causeStore, "dedup store check failed: "+err.Error())
+		}
+		return v, err
+	}
+	if r.storeDown.Load() && r.storeDown.CompareAndSwap(true, false) {
+		r.gate.free(causeStore)
+	}
+	if v == verdict.Claimed {
+		return v, errClaimed
+	}
+	return v, nil
+}
+
+// checkAgain holds d (in progress, spending nothing) and asks the store
+// again with backoff until it answers, or d's wait ends.
+func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
+	r.countHeld(func() {
+		err = retry.Do(d.wait, checkWait, func(ctx context.Context) error {
+			var cerr error
+			v, cerr = r.checkOnce(ctx, d.skey)
+			return cerr
+		}, func(err error, wait time.Duration) {
+			d.log.Debug("asking the dedup store again", "error", err, "in", wait.Round(time.Millisecond).String())
+		})
+	})
+	return v, err
+}
+
+// checkKey settles a duplicate, and reports whether the delivery goes on to
+// the app. A delivery of the same key already running in this process is
+// waited for; so is another replica's claim. While the store cannot answer,
+// the message is held (in progress, spending nothing) and the store asked
+// again; the gate stays closed meanwhile, so nothing else is fetched.
+func (r *Runner) checkKey(d *delivery) bool {
+	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own, func() { r.yieldProbe(d) })
+	if err != nil {
+		r.giveBack(d, "shutting down while a delivery of the same key ran")
+		return false
+	}
+	d.fl = fl
+	if !dup {
+		// The common case asks the store once; the retry loop (and its
+		// closures) only when it could not answer.
+		v, err := r.checkOnce(d.wait, d.skey)
+		if err != nil {
+			r.yieldProbe(d)
+			v, err = r.checkAgain(d)
+		}
+		if err != nil {
+			r.flights.finish(d.skey, fl, false)
+			r.giveBack(d, "shutting down while the dedup store could not answer, or another replica held the key")
+			return false
+		}
+		dup = v == verdict.Processed
+		d.claimed = v == verdict.New
+	}
+	if dup {
+		r.flights.finish(d.skey, fl, true)
+		r.ackDuplicate(d)
+		return false
+	}
+	return true
+}
+
+// yieldProbe hands d's go-ahead as the breaker's probe on to another held
+// message before d waits (for another delivery of its key, the store,
+// another replica's claim): a probe that waits would stop the probing for as
+// long, for good if what it waits for is itself held for a probe. d is then
+// held again before it is sent, if the gate is still closed (attempt).
+func (r *Runner) yieldProbe(d *delivery) {
+	if d.probe {
+		d.probe = false
+		r.breaker.handOn()
+	}
+}

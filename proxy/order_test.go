@@ -263,24 +263,8 @@ func TestOrderOneKeyOneAtATime(t *testing.T) {
 // the other takes over; every key's messages reach the app in stream
 // order throughout.
 func TestOrderReplicasOneAtATime(t *testing.T) {
-	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	c, js, _ := orderCluster(t, 5, 2*time.Second)
 	ctx := context.Background()
-	_, js := natstest.ConnectURL(t, c.URL())
-	natstest.Try(t, "create the stream", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
-		return err
-	})
-	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
-		_, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 3)
-		return err
-	})
-	natstest.Try(t, "create the pinned consumer", func(ctx context.Context) error {
-		_, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
-			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: 5 * time.Second,
-			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: 2 * time.Second,
-		})
-		return err
-	})
 
 	// One record of what reached the app, from either replica.
 	rec := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
@@ -381,26 +365,8 @@ func TestOrderReplicasOneAtATime(t *testing.T) {
 // On a 3-node cluster, the stream leader lost while keys are being
 // delivered and retried: every key still reaches the app in stream order.
 func TestOrderThroughStreamLeaderLoss(t *testing.T) {
-	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	c, js, cons := orderCluster(t, 10, 5*time.Second)
 	ctx := context.Background()
-	_, js := natstest.ConnectURL(t, c.URL())
-	natstest.Try(t, "create the stream", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
-		return err
-	})
-	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
-		_, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 3)
-		return err
-	})
-	var cons jetstream.Consumer
-	natstest.Try(t, "create the consumer", func(ctx context.Context) error {
-		var err error
-		cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
-			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 10, AckWait: 5 * time.Second,
-			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: 5 * time.Second,
-		})
-		return err
-	})
 	rec := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
 	rec.answer = func(key string, n, attempt int) (int, string) {
 		if n%4 == 1 && attempt == 1 {
@@ -462,4 +428,31 @@ func TestOrderThroughStreamLeaderLoss(t *testing.T) {
 	if rec.overlaps != 0 {
 		t.Errorf("%d requests of a key while an earlier one was at the app", rec.overlaps)
 	}
+}
+
+// orderCluster starts a 3-node cluster with stream S (s.>) and its
+// dead-letter stream on three replicas, and durable "c" pinned to one
+// courier at a time (priority group "courier").
+func orderCluster(t *testing.T, maxDeliver int, pinnedTTL time.Duration) (*natstest.Cluster, jetstream.JetStream, jetstream.Consumer) {
+	t.Helper()
+	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
+	_, js := natstest.ConnectURL(t, c.URL())
+	natstest.Try(t, "create the stream", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+		return err
+	})
+	natstest.Try(t, "create the dead-letter stream", func(ctx context.Context) error {
+		_, _, err := dlq.EnsureStream(ctx, js, "dlq.s", 3)
+		return err
+	})
+	var cons jetstream.Consumer
+	natstest.Try(t, "create the pinned consumer", func(ctx context.Context) error {
+		var err error
+		cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: maxDeliver, AckWait: 5 * time.Second,
+			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: pinnedTTL,
+		})
+		return err
+	})
+	return c, js, cons
 }

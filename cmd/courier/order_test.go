@@ -62,28 +62,12 @@ func (a *orderRecorder) delivered(key string) []int {
 // and the courier that follows still sends the key in stream order, from
 // the mark the first left in its bucket.
 func TestOrderThroughAKill(t *testing.T) {
-	h := newHarness(t)
-	var mu sync.Mutex
-	failed := false
-	a, url := newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if key == "k" && n == 0 && !failed {
-			failed = true
-			return 503, "4"
-		}
-		return 200, ""
-	})
-	for n := range 5 {
-		h.publish("orders.k", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)})
-	}
+	h, a, url, retried := keyRetriedOnce(t, "4")
 	h.publish("orders.other", "x", map[string]string{"Order": "other", "N": "0"})
 	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_ACK_WAIT=2s", "COURIER_LOG_LEVEL=info")
 	ch := startChild(t, env)
 	waitFor(t, 30*time.Second, "k's first message retried, other delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return failed && len(a.delivered("other")) == 1
+		return retried() && len(a.delivered("other")) == 1
 	})
 	// Its later messages wait behind it, its mark written.
 	waitFor(t, 15*time.Second, "k's mark in the bucket", func() bool {
@@ -121,28 +105,10 @@ func TestOrderThroughAKill(t *testing.T) {
 // messages wait behind it: the courier gives them back in stream order, and
 // the one that starts next sends the key in stream order.
 func TestOrderThroughASigterm(t *testing.T) {
-	h := newHarness(t)
-	var mu sync.Mutex
-	failed := false
-	a, url := newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if key == "k" && n == 0 && !failed {
-			failed = true
-			return 503, "2"
-		}
-		return 200, ""
-	})
-	for n := range 5 {
-		h.publish("orders.k", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)})
-	}
+	h, a, url, retried := keyRetriedOnce(t, "2")
 	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info")
 	c := start(t, env)
-	waitFor(t, 30*time.Second, "k's first message retried", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return failed
-	})
+	waitFor(t, 30*time.Second, "k's first message retried", retried)
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)
 	}
@@ -153,5 +119,32 @@ func TestOrderThroughASigterm(t *testing.T) {
 	}
 	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 2 3 4]" {
 		t.Errorf("k delivered in the order %v, want [0 1 2 3 4]", got)
+	}
+}
+
+// keyRetriedOnce is a harness with five messages of key "k" (N 0..4) and an
+// app that answers the first one 503 with Retry-After retryAfter, once, and
+// everything else 2xx; retried reports whether that answer was given.
+func keyRetriedOnce(t *testing.T, retryAfter string) (h *harness, a *orderRecorder, url string, retried func() bool) {
+	t.Helper()
+	h = newHarness(t)
+	var mu sync.Mutex
+	failed := false
+	a, url = newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if key == "k" && n == 0 && !failed {
+			failed = true
+			return 503, retryAfter
+		}
+		return 200, ""
+	})
+	for n := range 5 {
+		h.publish("orders.k", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)})
+	}
+	return h, a, url, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return failed
 	}
 }

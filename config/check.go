@@ -7,6 +7,7 @@ import (
 
 	"github.com/courierhq/courier/internal/appurl"
 	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // check runs every check of cfg, a group of variables each; the checks of
@@ -214,12 +215,38 @@ func (c *checker) checkBreaker(cfg *Config) {
 // progress while its batch runs, and a worker waits on it.
 const maxBatch = 1000
 
+// maxPartitions bounds COURIER_ORDER_PARTITIONS: each partition is a
+// durable consumer (a replicated group of its own on a cluster).
+const maxPartitions = 128
+
 func (c *checker) checkOrder(cfg *Config) {
-	if cfg.OrderKey == "" {
+	const parts = "COURIER_ORDER_PARTITIONS"
+	if cfg.OrderKey != "" {
+		if _, err := orderkey.Parse(cfg.OrderKey); err != nil {
+			c.add("COURIER_ORDER_KEY", "%s", err.Error())
+			return
+		}
+	}
+	p := cfg.OrderPartitions
+	switch {
+	case !c.ok(parts) || p == 0:
+		return
+	case p < 2 || p > maxPartitions:
+		c.add(parts, "must be 0 (one replica at a time delivers the durable) or from 2 to %d", maxPartitions)
+		return
+	case cfg.OrderKey == "":
+		c.add(parts, "needs COURIER_ORDER_KEY=subject:N: partitions split the durable by ordering key")
 		return
 	}
-	if _, err := orderkey.Parse(cfg.OrderKey); err != nil {
-		c.add("COURIER_ORDER_KEY", "%s", err.Error())
+	token, ok := orderkey.SubjectToken(cfg.OrderKey)
+	if !ok {
+		c.add(parts, "needs COURIER_ORDER_KEY=subject:N, not %s: the server computes a partition from subject tokens only, never from a header; with a header key leave it at 0 (one replica at a time delivers, the others stand by)", cfg.OrderKey)
+		return
+	}
+	if len(cfg.Subjects) > 0 && c.ok("COURIER_SUBJECTS") {
+		if _, err := subject.PartitionTransforms(cfg.Subjects, token, p); err != nil {
+			c.add(parts, "COURIER_SUBJECTS cannot be partitioned by COURIER_ORDER_KEY=%s: %v", cfg.OrderKey, err)
+		}
 	}
 }
 

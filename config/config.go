@@ -101,6 +101,10 @@ type Config struct {
 	// OrderKey orders the messages of one key (internal/orderkey):
 	// "subject:N" or "header:NAME"; "" = no order.
 	OrderKey string `env:"COURIER_ORDER_KEY"`
+	// OrderPartitions, with a subject key, splits the durable into that
+	// many partitions by key (package partition), each handled by one
+	// replica at a time; 0 = one replica at a time for the whole durable.
+	OrderPartitions int `env:"COURIER_ORDER_PARTITIONS" envDefault:"0"`
 
 	// Batches (package batch): BatchMax messages per request to the app
 	// (1 = one message per request); a batch goes when it holds BatchMax

@@ -91,7 +91,7 @@ func specOrder() []string {
 		"COURIER_BREAKER_FAILURES", "COURIER_BREAKER_PROBE", "COURIER_MAX_RATE",
 		"COURIER_SUCCESS_SUBJECT", "COURIER_REPLY_SUBJECTS", "COURIER_REPLY_URL",
 		"COURIER_REPLY_MAX_WAITING", // the bound on requests waiting for a reply slot
-		"COURIER_ORDER_KEY", "COURIER_BATCH_MAX", "COURIER_BATCH_WAIT", "COURIER_BATCH_BYTES",
+		"COURIER_ORDER_KEY", "COURIER_ORDER_PARTITIONS", "COURIER_BATCH_MAX", "COURIER_BATCH_WAIT", "COURIER_BATCH_BYTES",
 		"COURIER_CLOUDEVENTS", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE",
 		"COURIER_PUBLISH_ADDR", "COURIER_PUBLISH_SUBJECTS",
 		"COURIER_ADMIN_ADDR", "COURIER_LOG_LEVEL", "COURIER_LOG_FORMAT",
@@ -365,6 +365,19 @@ func TestLoadValues(t *testing.T) {
 }
 
 // TestEmptyMeansDefault: a variable set to "" is as if unset.
+// A subject key with partitions loads; the filter subjects hold the key's
+// token as a wildcard or under a '>'.
+func TestOrderPartitions(t *testing.T) {
+	cfg := mustLoad(t, with(map[string]string{"COURIER_ORDER_KEY": "subject:2", "COURIER_ORDER_PARTITIONS": "8",
+		"COURIER_SUBJECTS": "orders.*.created,payments.>"}))
+	if cfg.OrderPartitions != 8 {
+		t.Errorf("OrderPartitions = %d, want 8", cfg.OrderPartitions)
+	}
+	if cfg := mustLoad(t, minimal()); cfg.OrderPartitions != 0 {
+		t.Errorf("OrderPartitions defaults to %d, want 0", cfg.OrderPartitions)
+	}
+}
+
 func TestEmptyMeansDefault(t *testing.T) {
 	cfg := mustLoad(t, with(map[string]string{
 		"COURIER_MAX_DELIVER": "", "COURIER_ACK_WAIT": "", "COURIER_RETRY_STATUSES": "",
@@ -412,6 +425,12 @@ func TestBadValue(t *testing.T) {
 		{"subject space", with(map[string]string{"COURIER_SUBJECTS": "a b.c"}), `COURIER_SUBJECTS="a b.c": "a b.c" is not a valid subject: it contains whitespace …`},
 		{"subjects overlap", with(map[string]string{"COURIER_SUBJECTS": "orders.*,orders.created"}), `COURIER_SUBJECTS="orders.*,orders.created": filter subjects "orders.*" and "orders.created" overlap…`},
 		{"subjects duplicate", with(map[string]string{"COURIER_SUBJECTS": "a.b, a.b"}), `COURIER_SUBJECTS="a.b, a.b": filter subjects "a.b" and "a.b" overlap…`},
+		{"partitions one", with(map[string]string{"COURIER_ORDER_KEY": "subject:2", "COURIER_ORDER_PARTITIONS": "1"}), `COURIER_ORDER_PARTITIONS="1": must be 0 (one replica at a time delivers the durable) or from 2 to 128`},
+		{"partitions negative", with(map[string]string{"COURIER_ORDER_KEY": "subject:2", "COURIER_ORDER_PARTITIONS": "-3"}), `COURIER_ORDER_PARTITIONS="-3": must be 0 …`},
+		{"partitions too many", with(map[string]string{"COURIER_ORDER_KEY": "subject:2", "COURIER_ORDER_PARTITIONS": "500"}), `COURIER_ORDER_PARTITIONS="500": must be 0 …`},
+		{"partitions without key", with(map[string]string{"COURIER_ORDER_PARTITIONS": "4"}), `COURIER_ORDER_PARTITIONS="4": needs COURIER_ORDER_KEY=subject:N: partitions split the durable by ordering key`},
+		{"partitions header key", with(map[string]string{"COURIER_ORDER_KEY": "header:Order-Id", "COURIER_ORDER_PARTITIONS": "4"}), `COURIER_ORDER_PARTITIONS="4": needs COURIER_ORDER_KEY=subject:N, not header:Order-Id: the server computes a partition from subject tokens only, never from a header; …`},
+		{"partitions literal key token", with(map[string]string{"COURIER_ORDER_KEY": "subject:2", "COURIER_ORDER_PARTITIONS": "4", "COURIER_SUBJECTS": "orders.eu.*"}), `COURIER_ORDER_PARTITIONS="4": COURIER_SUBJECTS cannot be partitioned by COURIER_ORDER_KEY=subject:2: subject "orders.eu.*" has "eu" as its token 2, the ordering key: the server partitions by wildcard tokens only…`},
 		{"app url relative", with(map[string]string{"COURIER_APP_URL": "/messages"}), `COURIER_APP_URL="/messages": expected an absolute http, https or unix URL…`},
 		{"app url scheme", with(map[string]string{"COURIER_APP_URL": "ftp://host/x"}), `COURIER_APP_URL="ftp://host/x": expected an absolute http, https or unix URL…`},
 		{"app url no host", with(map[string]string{"COURIER_APP_URL": "http:///x"}), `COURIER_APP_URL="http:///x": no host: …`},

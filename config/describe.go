@@ -87,6 +87,7 @@ func specs() []spec {
 		{"COURIER_REPLY_URL", "where requests on COURIER_REPLY_SUBJECTS are POSTed", "COURIER_APP_URL", false, func(c Config) string { return c.ReplyURL }},
 		{"COURIER_REPLY_MAX_WAITING", "requests that may wait for a free COURIER_MAX_INFLIGHT slot; beyond it a request is answered 503 busy at once", "64 × COURIER_MAX_INFLIGHT", false, func(c Config) string { return strconv.Itoa(c.EffectiveReplyMaxWaiting()) }},
 		{"COURIER_ORDER_KEY", "per-key order: subject:N (the subject's N-th token) or header:NAME; messages of one key reach the app one at a time, in stream order; unset = no order", "unset", false, func(c Config) string { return c.OrderKey }},
+		{"COURIER_ORDER_PARTITIONS", "with COURIER_ORDER_KEY=subject:N: partitions of the durable by key, shared out among the replicas (each partition one replica at a time); 0 = one replica at a time for the whole durable", "0", false, func(c Config) string { return strconv.Itoa(c.OrderPartitions) }},
 		{"COURIER_BATCH_MAX", "messages per request to the app (a JSON batch, answered per entry); 1 = one message per request", "1", false, func(c Config) string { return strconv.Itoa(c.BatchMax) }},
 		{"COURIER_BATCH_WAIT", "how long a batch waits to fill after its first entry", "2ms", false, func(c Config) string { return formatDuration(c.BatchWait) }},
 		{"COURIER_BATCH_BYTES", "the most message data one batch carries (a larger message goes alone)", "1048576", false, func(c Config) string { return strconv.Itoa(c.BatchBytes) }},

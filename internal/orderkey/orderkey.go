@@ -45,6 +45,18 @@ func Parse(spec string) (Key, error) {
 	return nil, fmt.Errorf(`%q: the key is "subject:N" or "header:NAME"`, kind)
 }
 
+// SubjectToken returns N of a "subject:N" spec, and false for any other (a
+// header key, or a spec Parse refuses): the server can partition a durable
+// by a subject token, never by a header.
+func SubjectToken(spec string) (int, bool) {
+	kind, arg, ok := strings.Cut(spec, ":")
+	if !ok || !strings.EqualFold(kind, "subject") {
+		return 0, false
+	}
+	n, err := strconv.Atoi(arg)
+	return n, err == nil && n >= 1
+}
+
 // subjectToken is the Key of the n-th token of the subject.
 func subjectToken(n int) Key {
 	return func(subject string, _ nats.Header) (string, bool) {

@@ -48,3 +48,12 @@ func TestParseRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestSubjectToken(t *testing.T) {
+	for spec, want := range map[string]int{"subject:2": 2, "Subject:7": 7, "header:Order-Id": 0, "subject:0": 0, "subject:x": 0, "x": 0} {
+		n, ok := SubjectToken(spec)
+		if n != want && ok || ok != (want > 0) {
+			t.Errorf("SubjectToken(%q) = %d %v, want %d", spec, n, ok, want)
+		}
+	}
+}

@@ -1,0 +1,306 @@
+package partition
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Membership: every courier of the durable puts a key of its own in a
+// bucket (members.<instance>) every Interval; the bucket's TTL removes the
+// key of one that stopped (killed), leaving a marker that watchers see, and
+// one that stops cleanly deletes its key. Each courier watches the bucket
+// and computes, from the live members, the partitions it is to pull from
+// (Assign). Two couriers may briefly disagree; the pins keep one courier a
+// partition at a time meanwhile.
+
+// MembersBucket is the membership bucket of consumer on stream:
+// "COURIER_MEMBERS_<stream>_<consumer>" (characters a bucket name cannot
+// hold become "_").
+func MembersBucket(stream, consumer string) string {
+	return "COURIER_MEMBERS_" + clean(stream) + "_" + clean(consumer)
+}
+
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+const memberPrefix = "members."
+
+// Member is what a courier says of itself in the bucket.
+type Member struct {
+	// Instance is its id (InstanceID).
+	Instance string `json:"instance"`
+	// Pins maps each partition it holds to the pin id the server gave it,
+	// as `courier status` matches them with the consumers' pinned clients.
+	Pins map[int]string `json:"pins,omitempty"`
+}
+
+// InstanceID returns an id for this process: the host name and a random
+// suffix, so that two couriers on one host differ.
+func InstanceID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return clean(host) + "-" + hex.EncodeToString(b[:])
+}
+
+// Options configure Join.
+type Options struct {
+	// Instance is this courier's id; default InstanceID().
+	Instance string
+	// Partitions is how many partitions the durable has. Required.
+	Partitions int
+	// Interval is how often the key is put again; default 2s. TTL is how
+	// long it lives without (the bucket's TTL, whole seconds); default
+	// three intervals.
+	Interval, TTL time.Duration
+	// Replicas of the bucket; default 1.
+	Replicas int
+	// Pins, when set, returns the pins held now, put with each heartbeat.
+	Pins func() map[int]string
+	// Logger; default discards.
+	Logger *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Members is this courier's membership. Create it with Join, then call Run
+// once; Assigned and Instance are safe for concurrent use.
+type Members struct {
+	o   Options
+	kv  jetstream.KeyValue
+	w   jetstream.KeyWatcher
+	log *slog.Logger
+
+	mu       sync.Mutex
+	seen     map[string]time.Time // member → when its key was last put (this clock)
+	assigned []int
+	changed  chan struct{} // closed at the next change of assigned
+}
+
+// Join creates or updates the bucket, puts this courier's key, and reads
+// the members there are, so that Assigned answers at once.
+func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options) (*Members, error) {
+	if o.Partitions < 1 {
+		return nil, errors.New("partition: Options.Partitions is required")
+	}
+	if o.Instance == "" {
+		o.Instance = InstanceID()
+	}
+	if o.Interval <= 0 {
+		o.Interval = 2 * time.Second
+	}
+	if o.TTL <= 0 {
+		o.TTL = 3 * o.Interval
+	}
+	o.TTL = max(o.TTL.Round(time.Second), time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         bucket,
+		Description:    "courier: the live replicas of a partitioned durable (COURIER_ORDER_PARTITIONS)",
+		History:        1,
+		TTL:            o.TTL,
+		LimitMarkerTTL: o.TTL,
+		Storage:        jetstream.FileStorage,
+		Replicas:       max(o.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
+	}
+	m := &Members{o: o, kv: kv, log: o.Logger.With("component", "partitions", "instance", o.Instance),
+		seen: map[string]time.Time{}, changed: make(chan struct{})}
+	if err := m.put(ctx); err != nil {
+		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
+	}
+	if m.w, err = kv.Watch(ctx, memberPrefix+">"); err != nil {
+		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
+	}
+	for {
+		select {
+		case e, ok := <-m.w.Updates():
+			if !ok {
+				_ = m.w.Stop()
+				return nil, fmt.Errorf("membership bucket %s: watch ended", bucket)
+			}
+			if e == nil { // the values there were: what follows is news
+				m.reassign()
+				return m, nil
+			}
+			m.note(e)
+		case <-ctx.Done():
+			_ = m.w.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Instance is this courier's id.
+func (m *Members) Instance() string { return m.o.Instance }
+
+// Assigned returns the partitions this courier is to pull from, in
+// increasing order, and a channel closed when they change.
+func (m *Members) Assigned() ([]int, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.assigned), m.changed
+}
+
+// Run keeps the key alive and follows the others until ctx ends, then
+// deletes the key (the others take this courier's partitions at once).
+func (m *Members) Run(ctx context.Context) {
+	defer func() {
+		_ = m.w.Stop()
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := m.kv.Delete(lctx, memberPrefix+m.o.Instance); err != nil {
+			m.log.Warn("cannot leave the membership; the others take this courier's partitions once its key expires", "error", err, "ttl", m.o.TTL.String())
+		}
+	}()
+	t := time.NewTicker(m.o.Interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-m.w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				m.note(e)
+				m.reassign()
+			}
+		case <-t.C:
+			pctx, cancel := context.WithTimeout(ctx, m.o.Interval)
+			err := m.put(pctx)
+			cancel()
+			switch {
+			case err != nil && !failing && ctx.Err() == nil:
+				failing = true
+				m.log.Warn("cannot renew this courier's membership; the others take its partitions if it lapses", "error", err)
+			case err == nil && failing:
+				failing = false
+				m.log.Info("membership renewed again")
+			}
+			m.reassign()
+		}
+	}
+}
+
+func (m *Members) put(ctx context.Context) error {
+	v := Member{Instance: m.o.Instance}
+	if m.o.Pins != nil {
+		v.Pins = m.o.Pins()
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = m.kv.Put(ctx, memberPrefix+m.o.Instance, b)
+	return err
+}
+
+// note takes one entry of the watch.
+func (m *Members) note(e jetstream.KeyValueEntry) {
+	id := strings.TrimPrefix(e.Key(), memberPrefix)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch e.Operation() {
+	case jetstream.KeyValuePut:
+		m.seen[id] = m.o.Now()
+	default: // deleted (stopped) or purged by the TTL (killed)
+		delete(m.seen, id)
+	}
+}
+
+// reassign recomputes the partitions of this courier from the members
+// seen. A member not heard of for two TTLs is dropped here even if no
+// marker said so; this courier is always a member of its own view.
+func (m *Members) reassign() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.o.Now()
+	live := []string{m.o.Instance}
+	for id, at := range m.seen {
+		if now.Sub(at) > 2*m.o.TTL {
+			delete(m.seen, id)
+			continue
+		}
+		if id != m.o.Instance {
+			live = append(live, id)
+		}
+	}
+	got := Assign(live, m.o.Instance, m.o.Partitions)
+	if slices.Equal(got, m.assigned) {
+		return
+	}
+	slices.Sort(live)
+	m.log.Info("partitions assigned", "partitions", formatList(got), "members", strings.Join(live, ","))
+	m.assigned = got
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+func formatList(ps []int) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+// ReadMembers returns the members in the bucket now, for `courier status`.
+func ReadMembers(ctx context.Context, js jetstream.JetStream, bucket string) ([]Member, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.ListKeysFiltered(ctx, memberPrefix+">")
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for k := range keys.Keys() {
+		ids = append(ids, k)
+	}
+	var out []Member
+	for _, k := range ids {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var mb Member
+		if json.Unmarshal(e.Value(), &mb) != nil || mb.Instance == "" {
+			mb.Instance = strings.TrimPrefix(k, memberPrefix)
+		}
+		out = append(out, mb)
+	}
+	return out, nil
+}

@@ -1,0 +1,161 @@
+// Package partition splits a durable with order per key across its
+// replicas (COURIER_ORDER_PARTITIONS; README, "Order per key"): a work-queue
+// stream beside the consumed stream, which sources it with a subject
+// transform that puts the partition of each message's key in front of its
+// subject (the server computes it, from a subject token only); one durable
+// consumer per partition on it, each pinned to one courier at a time (a
+// priority group with the pinned policy); and the membership that shares
+// the partitions out among the live replicas by rendezvous hashing
+// (members.go). The pin, which the server enforces, is what lets one
+// courier at a time deliver a partition; membership only balances them.
+// The consumed stream is read, never changed.
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/subject"
+)
+
+// StreamName is the work stream of consumer on stream:
+// "COURIER_PART_<stream>_<consumer>", made safe by jsutil.SafeStreamName.
+func StreamName(stream, consumer string) string {
+	return jsutil.SafeStreamName("COURIER_PART_", stream+"_"+consumer, stream+"\x00"+consumer)
+}
+
+// ConsumerName is the durable consumer of partition i on the work stream:
+// "<consumer>-p<i>".
+func ConsumerName(consumer string, i int) string { return consumer + "-p" + strconv.Itoa(i) }
+
+// FilterSubject is the subjects of partition i on the work stream.
+func FilterSubject(i int) string { return strconv.Itoa(i) + ".>" }
+
+// StreamOptions describe the work stream of a durable.
+type StreamOptions struct {
+	// Source is the consumed stream's configuration.
+	Source jetstream.StreamConfig
+	// Consumer is the durable's name (COURIER_CONSUMER).
+	Consumer string
+	// Filters are the durable's filter subjects (COURIER_SUBJECTS); none:
+	// the stream's subjects.
+	Filters []string
+	// Token is the key's subject token (COURIER_ORDER_KEY=subject:N), and
+	// Partitions how many partitions (COURIER_ORDER_PARTITIONS).
+	Token, Partitions int
+	// StartAt, when set, makes a new work stream start with the messages
+	// stored from then on (COURIER_DELIVER_POLICY=new); zero: from the
+	// first.
+	StartAt time.Time
+}
+
+// Metadata keys of the work stream, by which a courier tells that it
+// partitions as the others do.
+const (
+	metaPartitions = "courier.partitions"
+	metaKeyToken   = "courier.key_token"
+)
+
+// StreamConfig is the work stream: work-queue retention (an acked message
+// is removed), the consumed stream's storage, replicas, duplicate window
+// and per-message TTLs, and one source, the consumed stream, whose
+// transforms prepend the partition. It refuses a consumed stream whose
+// retention is not limits (sourcing takes nothing from a work-queue or
+// interest stream, which would then keep every message, or lose them) and
+// filters whose key token the server cannot partition by.
+func StreamConfig(o StreamOptions) (jetstream.StreamConfig, error) {
+	src := o.Source
+	if src.Retention != jetstream.LimitsPolicy {
+		return jetstream.StreamConfig{}, fmt.Errorf("stream %q has %s retention: COURIER_ORDER_PARTITIONS copies its messages into a work stream, and the stream would keep what courier acked (work-queue) or never hold it (interest); use it with a limits stream, or leave COURIER_ORDER_PARTITIONS at 0", src.Name, src.Retention)
+	}
+	filters := o.Filters
+	if len(filters) == 0 {
+		filters = src.Subjects
+	}
+	if len(filters) == 0 {
+		filters = []string{">"}
+	}
+	trs, err := subject.PartitionTransforms(filters, o.Token, o.Partitions)
+	if err != nil {
+		return jetstream.StreamConfig{}, fmt.Errorf("stream %q cannot be partitioned by COURIER_ORDER_KEY=subject:%d: %w", src.Name, o.Token, err)
+	}
+	source := &jetstream.StreamSource{Name: src.Name}
+	for _, t := range trs {
+		source.SubjectTransforms = append(source.SubjectTransforms, jetstream.SubjectTransformConfig{Source: t.Source, Destination: t.Destination})
+	}
+	if !o.StartAt.IsZero() {
+		at := o.StartAt.UTC()
+		source.OptStartTime = &at
+	}
+	return jetstream.StreamConfig{
+		Name: StreamName(src.Name, o.Consumer),
+		Description: fmt.Sprintf("courier: consumer %s of stream %s in %d partitions by subject token %d (COURIER_ORDER_PARTITIONS); each message until it is settled",
+			o.Consumer, src.Name, o.Partitions, o.Token),
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     src.Storage,
+		Replicas:    max(src.Replicas, 1),
+		Duplicates:  src.Duplicates,
+		AllowMsgTTL: src.AllowMsgTTL,
+		AllowDirect: true,
+		Discard:     jetstream.DiscardOld,
+		MaxMsgs:     -1, MaxBytes: -1, MaxAge: 0, MaxMsgsPerSubject: -1,
+		Sources: []*jetstream.StreamSource{source},
+		Metadata: map[string]string{
+			metaPartitions: strconv.Itoa(o.Partitions),
+			metaKeyToken:   strconv.Itoa(o.Token),
+		},
+	}, nil
+}
+
+// EnsureStream creates the work stream cfg (StreamConfig) if it is
+// missing, and returns it, with created true if it made it. An existing one
+// must partition as cfg does (the same count, key and transforms): keys
+// would otherwise change partitions while messages are in flight, so the
+// error says how to change them.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, bool, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if err != nil {
+			return nil, false, fmt.Errorf("cannot create the partitions' work stream %s: %w", cfg.Name, err)
+		}
+		return s, true, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	have := s.CachedInfo().Config
+	if !samePartitioning(have, cfg) {
+		return nil, false, fmt.Errorf("the partitions' work stream %s was made for %s partitions by subject token %s (sourcing %s); COURIER_ORDER_PARTITIONS, COURIER_ORDER_KEY or COURIER_SUBJECTS now say otherwise, which would move keys between partitions while messages are in flight: to change them, stop every courier of the durable, let the work stream empty or accept that its messages are delivered again, and delete it (`nats stream rm %s`)",
+			cfg.Name, have.Metadata[metaPartitions], have.Metadata[metaKeyToken], describeSources(have), cfg.Name)
+	}
+	return s, false, nil
+}
+
+func samePartitioning(have, want jetstream.StreamConfig) bool {
+	if have.Metadata[metaPartitions] != want.Metadata[metaPartitions] || have.Metadata[metaKeyToken] != want.Metadata[metaKeyToken] ||
+		len(have.Sources) != 1 || have.Sources[0].Name != want.Sources[0].Name {
+		return false
+	}
+	return slices.Equal(have.Sources[0].SubjectTransforms, want.Sources[0].SubjectTransforms)
+}
+
+func describeSources(cfg jetstream.StreamConfig) string {
+	var parts []string
+	for _, s := range cfg.Sources {
+		var trs []string
+		for _, t := range s.SubjectTransforms {
+			trs = append(trs, t.Source+" → "+t.Destination)
+		}
+		parts = append(parts, s.Name+" ["+strings.Join(trs, ", ")+"]")
+	}
+	return strings.Join(parts, "; ")
+}

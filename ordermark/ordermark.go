@@ -19,40 +19,67 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Store is the marks of one durable consumer. Safe for concurrent use.
+// Store is the marks of one durable consumer, or of one partition of a
+// partitioned one (Partition). Safe for concurrent use.
 type Store struct {
-	kv jetstream.KeyValue
+	kv     jetstream.KeyValue
+	prefix string // "p<i>." for a partition's marks; "" for a durable's
 }
 
 // BucketName is the bucket of the marks of consumer on stream: one per
 // durable, its name made of theirs (characters a bucket name cannot hold
 // become "_").
 func BucketName(stream, consumer string) string {
-	clean := func(s string) string {
-		return strings.Map(func(r rune) rune {
-			if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-				return r
-			}
-			return '_'
-		}, s)
-	}
 	return "COURIER_ORDER_" + clean(stream) + "_" + clean(consumer)
 }
 
-// Open creates the bucket if it is missing (replicas as given) and returns
-// its store.
+// PartitionsBucketName is the bucket of the marks of consumer on stream
+// split into partitions (COURIER_ORDER_PARTITIONS): their sequences are
+// the work stream's, not the stream's, so they are kept apart from the
+// durable's own.
+func PartitionsBucketName(stream, consumer string) string {
+	return "COURIER_PARTORDER_" + clean(stream) + "_" + clean(consumer)
+}
+
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// Open creates the bucket of consumer on stream if it is missing (replicas
+// as given) and returns its store.
 func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
+	return open(ctx, js, BucketName(stream, consumer), replicas)
+}
+
+// OpenPartitions is Open for a durable split into partitions: the store of
+// each partition is Partition of the one it returns.
+func OpenPartitions(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
+	return open(ctx, js, PartitionsBucketName(stream, consumer), replicas)
+}
+
+func open(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*Store, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketName(stream, consumer),
+		Bucket:      bucket,
 		Description: "courier: order per key (COURIER_ORDER_KEY), the first unsettled message of busy keys",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("order marks bucket %s: %w", BucketName(stream, consumer), err)
+		return nil, fmt.Errorf("order marks bucket %s: %w", bucket, err)
 	}
 	return &Store{kv: kv}, nil
+}
+
+// Partition is the store of partition i's marks, in s's bucket (one that
+// OpenPartitions returned).
+func (s *Store) Partition(i int) *Store {
+	return &Store{kv: s.kv, prefix: "p" + strconv.Itoa(i) + "."}
 }
 
 // id is the bucket key of an ordering key: a digest, as ordering keys may
@@ -64,13 +91,13 @@ func id(key string) string {
 
 // Mark records that key's first unsettled message is at seq.
 func (s *Store) Mark(ctx context.Context, key string, seq uint64) error {
-	_, err := s.kv.PutString(ctx, id(key), strconv.FormatUint(seq, 10)+"\n"+key)
+	_, err := s.kv.PutString(ctx, s.prefix+id(key), strconv.FormatUint(seq, 10)+"\n"+key)
 	return err
 }
 
 // Unmark removes key's mark.
 func (s *Store) Unmark(ctx context.Context, key string) error {
-	err := s.kv.Purge(ctx, id(key))
+	err := s.kv.Purge(ctx, s.prefix+id(key))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
@@ -80,7 +107,13 @@ func (s *Store) Unmark(ctx context.Context, key string) error {
 // Marks returns every mark: ordering key → stream sequence.
 func (s *Store) Marks(ctx context.Context) (map[string]uint64, error) {
 	out := map[string]uint64{}
-	lister, err := s.kv.ListKeys(ctx)
+	var lister jetstream.KeyLister
+	var err error
+	if s.prefix == "" {
+		lister, err = s.kv.ListKeys(ctx)
+	} else {
+		lister, err = s.kv.ListKeysFiltered(ctx, s.prefix+">")
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,8 @@ type delivery struct {
 	attempt int    // JetStream's delivery count, 1-based
 	key     string // the resolved dedup key, as the app sees it
 	skey    string // the key as the dedup store holds it
-	okey    string // the ordering key (order.go); "" when not ordered
+	okey    string   // the ordering key (order.go); "" when not ordered
+	ord     *orderer // the lines okey is in (of its partition, partition.go)
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
 	detached bool
@@ -59,7 +60,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	d := r.newDelivery(m, meta, ln, wait)
-	d.probe, d.arrived, d.okey = probe, q.at, q.okey
+	d.probe, d.arrived, d.okey, d.ord = probe, q.at, q.okey, q.ord
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once.

@@ -51,11 +51,13 @@ type queued struct {
 	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
 	// With order per key (order.go): the message's key, its stream
 	// sequence and when it began to wait in its key's line; released: the
-	// line let it go, it is its key's head.
+	// line let it go, it is its key's head; ord, the lines it is in (of
+	// its partition, partition.go).
 	okey     string
 	seq      uint64
 	held     time.Time
 	released bool
+	ord      *orderer
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -87,8 +89,15 @@ type fetcher struct {
 	// keeps those whose key is busy (nil: no order). Set once, before run.
 	order *orderer
 	// group is the priority group pulls name ("": none); pin, the pin id
-	// last seen on a message (the fetcher's own).
+	// last seen on a message (the fetcher's own), and pinNow the same for
+	// other goroutines.
 	group, pin string
+	pinNow     atomic.Pointer[string]
+	// part, for a partition's fetcher (partition.go), is its session, and
+	// wrap makes each of its messages the origin's (sourced.go). Set once,
+	// before run.
+	part *session
+	wrap func(jetstream.Msg) jetstream.Msg
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -101,14 +110,21 @@ type fetcher struct {
 	replicated bool
 }
 
-func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options) *fetcher {
+// newFetcher returns the fetcher of cons. A partition's (small) has a
+// smaller queue, as several feed the workers: twice the workers (at least
+// 16 messages), a quarter of the bytes.
+func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logger, o Options, small bool) *fetcher {
+	size, bytes := max(queuePerWorker*o.MaxInflight, minQueue), int64(minQueueBytes)
+	if small {
+		size, bytes = max(2*o.MaxInflight, 16), minQueueBytes/4
+	}
 	f := &fetcher{
 		cons: cons, connected: o.Connected, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
 		stamp: o.Tracer != nil,
-		queue: make(chan queued, max(queuePerWorker*o.MaxInflight, minQueue)),
+		queue: make(chan queued, size),
 		taken: make(chan struct{}, 1),
 		// Any message fits in half: a pull asks for at least that much.
-		maxBytes: max(minQueueBytes, 2*(o.MaxPayload+msgOverhead)),
+		maxBytes: max(bytes, 2*(o.MaxPayload+msgOverhead)),
 		maxMsg:   o.MaxPayload + msgOverhead,
 		ackWait:  o.AckWait,
 	}
@@ -179,6 +195,12 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if !ok {
 		return ctx.Err()
 	}
+	if f.part != nil && f.pin == "" {
+		// A partition's first pull asks for one message: when the pin
+		// comes with it, what else the consumer has out is exactly what
+		// others hold (partitionPinned).
+		room = 1
+	}
 	if f.connected != nil && !f.connected() {
 		// nats.go's Fetch subscribes before it sends the pull request and
 		// leaks the subscription if the request cannot be sent.
@@ -209,6 +231,9 @@ func (f *fetcher) pull(ctx context.Context) error {
 		// The request ends by itself within fetchWait; only this loop
 		// sends to the queue, and room() left room for the whole pull.
 		for m := range batch.Messages() {
+			if f.wrap != nil {
+				m = f.wrap(m)
+			}
 			f.track.add(m)
 			if f.group != "" && f.order != nil {
 				f.checkPin(ctx, m, room)

@@ -65,6 +65,10 @@ type Options struct {
 	// time receives its messages). With OrderKey, a pull that finds the
 	// pin moved to this courier raises the barrier as a restart does.
 	PriorityGroup string
+	// Partitions, when set, is the durable split into partitions by key
+	// (partition.go): New is given no consumer, and the runner pulls from
+	// the partitions assigned to it. Needs OrderKey and PriorityGroup.
+	Partitions *Partitions
 	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
 	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
 	// must be at least 1).
@@ -221,6 +225,9 @@ func (o Options) validate() error {
 	var errs []error
 	if o.AppURL == "" || o.Stream == "" || o.Consumer == "" {
 		errs = append(errs, errors.New("AppURL, Stream and Consumer are required"))
+	}
+	if p := o.Partitions; p != nil && (o.OrderKey == nil || o.PriorityGroup == "" || len(p.Consumers) == 0 || p.Assignment == nil) {
+		errs = append(errs, errors.New("Partitions needs OrderKey, PriorityGroup, its Consumers and an Assignment"))
 	}
 	negative := func(name string, v int64) {
 		if v < 0 {

@@ -31,21 +31,24 @@ import (
 // it, courier fetches nothing until lines move on.
 const maxWaitingBytes = 64 << 20
 
-// orderer is the lines of the keys with a message in courier. Safe for
-// concurrent use.
+// orderer is the lines of the keys with a message in courier: of the
+// durable, or of one partition of it (partition.go). Safe for concurrent
+// use.
 type orderer struct {
 	key orderkey.Key
 	now func() time.Time
 	log func(full bool) // told when the bound is reached and left
+	rel *releases       // where a settled head's successor goes
 
 	mu      sync.Mutex
 	lines   map[string]*keyLine
-	ready   []queued      // released by a settled head, for the next free worker
 	waiting int           // messages in lines
 	bytes   int64         // their size, as the fetch queue counts it
 	full    bool          // bytes passed maxWaitingBytes: nothing is fetched
 	room    chan struct{} // closed while not full
-	wake    chan struct{}
+	// handingOn: the partition is being handed to another courier
+	// (handOn); a head retried from now on gives its line back.
+	handingOn bool
 
 	// Crash safety (README, "Order per key"): marks, when kept, name each
 	// busy key's first unsettled message for a courier that comes after.
@@ -71,11 +74,65 @@ type keyLine struct {
 	stale time.Time
 }
 
-func newOrderer(key orderkey.Key, now func() time.Time, log func(full bool)) *orderer {
-	o := &orderer{key: key, now: now, log: log, lines: make(map[string]*keyLine),
-		room: make(chan struct{}), wake: make(chan struct{}, 1)}
+func newOrderer(key orderkey.Key, now func() time.Time, rel *releases, log func(full bool)) *orderer {
+	o := &orderer{key: key, now: now, rel: rel, log: log, lines: make(map[string]*keyLine),
+		room: make(chan struct{})}
 	close(o.room)
 	return o
+}
+
+// releases are the messages their keys' lines let go, for the next free
+// worker, from every orderer of the runner. Safe for concurrent use.
+type releases struct {
+	mu    sync.Mutex
+	ready []queued
+	wake  chan struct{} // signalled when there may be one to take
+}
+
+func newReleases() *releases { return &releases{wake: make(chan struct{}, 1)} }
+
+func (rl *releases) push(q queued) {
+	rl.mu.Lock()
+	rl.ready = append(rl.ready, q)
+	rl.mu.Unlock()
+	rl.signal()
+}
+
+// pop returns a released message, if any.
+func (rl *releases) pop() (queued, bool) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if len(rl.ready) == 0 {
+		return queued{}, false
+	}
+	q := rl.ready[0]
+	rl.ready = slices.Delete(rl.ready, 0, 1)
+	if len(rl.ready) > 0 {
+		rl.signal() // another worker may take the next
+	}
+	return q, true
+}
+
+// take removes and returns the released messages of o's lines.
+func (rl *releases) take(o *orderer) []queued {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	var out []queued
+	rl.ready = slices.DeleteFunc(rl.ready, func(q queued) bool {
+		if q.ord == o {
+			out = append(out, q)
+			return true
+		}
+		return false
+	})
+	return out
+}
+
+func (rl *releases) signal() {
+	select {
+	case rl.wake <- struct{}{}:
+	default:
+	}
 }
 
 // roomToFetch returns a channel closed while the messages waiting behind
@@ -101,7 +158,7 @@ func (o *orderer) admit(q *queued) bool {
 	if err != nil {
 		return true // the worker NAKs it
 	}
-	q.okey, q.seq = k, meta.Sequence.Stream
+	q.okey, q.seq, q.ord = k, streamSeq(q.m, meta), o
 	o.mu.Lock()
 	if !o.barrierUntil.IsZero() && meta.NumDelivered == 1 {
 		q.held = o.now()
@@ -139,7 +196,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		l.head, l.inFlight = seq, true
 		return true
 	}
-	q.okey, q.seq, q.held = k, seq, o.now()
+	q.okey, q.seq, q.held, q.ord = k, seq, o.now(), o
 	i, _ := slices.BinarySearchFunc(l.waiting, seq, func(w queued, s uint64) int { return cmp.Compare(w.seq, s) })
 	if i < len(l.waiting) && l.waiting[i].seq == seq {
 		// A redelivery of a message already waiting (its ack wait ran
@@ -200,7 +257,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 	next.released = true
 	o.waiting--
 	o.bytes -= next.size
-	o.ready = append(o.ready, next)
+	o.rel.push(next)
 	freed := o.full && o.bytes <= maxWaitingBytes/2
 	if freed {
 		o.full = false
@@ -210,22 +267,71 @@ func (o *orderer) settled(k string, seq uint64) int {
 	if freed {
 		o.log(false)
 	}
-	o.signal()
 	return n
 }
 
 // retrying notes that the head seq of key k was NAK'd for a retry: its line
-// waits for JetStream to redeliver it.
-func (o *orderer) retrying(k string, seq uint64) {
+// waits for JetStream to redeliver it. While the partition is handed on,
+// the redelivery goes to the next courier: the line's waiting messages are
+// returned, to be given back, and the line forgotten (its mark stays).
+func (o *orderer) retrying(k string, seq uint64) (giveBack []queued) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if l := o.lines[k]; l != nil && l.head == seq {
-		l.inFlight = false
-		if o.marks != nil {
-			l.marked = true
-			o.marks.set(k, seq)
+	l := o.lines[k]
+	if l == nil || l.head != seq {
+		return nil
+	}
+	l.inFlight = false
+	if o.marks != nil {
+		l.marked = true
+		o.marks.set(k, seq)
+	}
+	if o.handingOn {
+		giveBack = o.forget(k, l)
+	}
+	return giveBack
+}
+
+// handOn readies the lines for the partition's hand-over to another
+// courier (partition.go): fetching has stopped, so a retried head will not
+// come back here. It returns, in stream order, what cannot be finished
+// here, to be given back: the messages held at the barrier and those behind
+// a head that is not in flight; their lines are forgotten (their marks
+// stay, for the next courier). Lines whose head is in flight go on: their
+// messages are delivered as each head is settled, unless one is retried
+// (retrying).
+func (o *orderer) handOn() []queued {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.handingOn = true
+	out := o.barrier
+	o.barrier, o.barrierUntil = nil, time.Time{}
+	for k, l := range o.lines {
+		if !l.inFlight {
+			out = append(out, o.forget(k, l)...)
 		}
 	}
+	slices.SortFunc(out, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// forget drops key k's line l and returns the messages that waited in it.
+// Called with mu held.
+func (o *orderer) forget(k string, l *keyLine) []queued {
+	delete(o.lines, k)
+	if !l.stale.IsZero() {
+		o.stale--
+	}
+	o.waiting -= len(l.waiting)
+	for _, w := range l.waiting {
+		o.bytes -= w.size
+	}
+	if o.full && o.bytes <= maxWaitingBytes/2 {
+		o.full = false
+		close(o.room)
+		o.log(false)
+	}
+	return l.waiting
 }
 
 // waitingBehind is how many messages wait in key k's line.
@@ -238,40 +344,18 @@ func (o *orderer) waitingBehind(k string) int {
 	return 0
 }
 
-// pop returns a released message, if any.
-func (o *orderer) pop() (queued, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.ready) == 0 {
-		return queued{}, false
-	}
-	q := o.ready[0]
-	o.ready = slices.Delete(o.ready, 0, 1)
-	if len(o.ready) > 0 {
-		o.signal() // another worker may take the next
-	}
-	return q, true
-}
-
-func (o *orderer) signal() {
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
-
 // drain returns every message still waiting or released, in stream order,
 // and forgets them: at shutdown they are given back in that order, so that
 // JetStream redelivers them in it.
 func (o *orderer) drain() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	out := append(o.ready, o.barrier...)
+	out := append(o.rel.take(o), o.barrier...)
 	o.barrier = nil
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}
-	o.lines, o.ready, o.waiting, o.bytes = make(map[string]*keyLine), nil, 0, 0
+	o.lines, o.waiting, o.bytes = make(map[string]*keyLine), 0, 0
 	if o.full {
 		o.full = false
 		close(o.room)
@@ -301,20 +385,29 @@ func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
 	return keys, o.waiting + len(o.barrier), longest
 }
 
+// orderStats is stats over the runner's orderers.
+func (r *Runner) orderStats() (keys, msgs int, longest time.Duration) {
+	for _, o := range r.orderers() {
+		k, n, l := o.stats()
+		keys, msgs, longest = keys+k, msgs+n, max(longest, l)
+	}
+	return keys, msgs, longest
+}
+
 // registerOrderMetrics registers what the lines show, read at scrape.
 func (r *Runner) registerOrderMetrics(reg prometheus.Registerer) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_keys_waiting",
 			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
-		}, func() float64 { k, _, _ := r.order.stats(); return float64(k) }),
+		}, func() float64 { k, _, _ := r.orderStats(); return float64(k) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_messages_waiting",
 			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
-		}, func() float64 { _, n, _ := r.order.stats(); return float64(n) }),
+		}, func() float64 { _, n, _ := r.orderStats(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_longest_wait_seconds",
 			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
-		}, func() float64 { _, _, d := r.order.stats(); return d.Seconds() }),
+		}, func() float64 { _, _, d := r.orderStats(); return d.Seconds() }),
 	)
 }

@@ -56,8 +56,10 @@ func (o *orderer) addMarked(k string, seq uint64) {
 }
 
 // reload reads the marks again after a takeover: those of the courier that
-// had the pin.
-func (o *orderer) reload(ctx context.Context) {
+// had the pin. Marks at or below floor (the consumer's ack floor, 0:
+// unknown) are of settled messages, left by a courier that died: they are
+// removed.
+func (o *orderer) reload(ctx context.Context, floor uint64) {
 	if o.marks == nil {
 		return
 	}
@@ -68,6 +70,10 @@ func (o *orderer) reload(ctx context.Context) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, seq := range marks {
+		if seq <= floor {
+			o.marks.set(k, 0)
+			continue
+		}
 		o.addMarked(k, seq)
 	}
 }
@@ -96,10 +102,7 @@ func (o *orderer) lift() {
 	for _, q := range held {
 		if o.enter(q, q.okey, q.seq) {
 			q.released = true
-			o.mu.Lock()
-			o.ready = append(o.ready, q)
-			o.mu.Unlock()
-			o.signal()
+			o.rel.push(q)
 		}
 	}
 }
@@ -198,8 +201,7 @@ func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync
 	if info, err := r.fetch.cons.Info(ictx); err == nil {
 		floor, pending = info.AckFloor.Stream, info.NumAckPending
 	}
-	stale := max(r.o.AckWait, r.o.BackoffMax, r.o.RetryAfterMax) + r.o.AckWait
-	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait), stale); err != nil {
+	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait), r.staleAfter()); err != nil {
 		r.log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
 	}
 	if r.order.marks != nil {
@@ -207,19 +209,28 @@ func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync
 		go func() { defer wg.Done(); r.order.marks.run(loops) }()
 	}
 	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-loops.Done():
-				return
-			case <-t.C:
-				r.order.lift()
-			}
+	go func() { defer wg.Done(); liftLoop(loops, r.order) }()
+}
+
+// staleAfter is how long a head known from a mark is awaited: the longest
+// a retry can wait, and an ack wait.
+func (r *Runner) staleAfter() time.Duration {
+	return max(r.o.AckWait, r.o.BackoffMax, r.o.RetryAfterMax) + r.o.AckWait
+}
+
+// liftLoop lets o's barrier down and gives up on stale heads (lift) every
+// 200ms until ctx ends.
+func liftLoop(ctx context.Context, o *orderer) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			o.lift()
 		}
-	}()
+	}
 }
 
 // takeover raises the barrier again when the pin of the consumer's

@@ -22,17 +22,91 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	if p == "" || p == f.pin {
 		return
 	}
+	first := f.pin == ""
 	f.pin = p
+	f.pinNow.Store(&p)
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := f.cons.Info(ictx)
+	if f.part != nil {
+		f.partitionPinned(ictx, info, err, first && asked == 1)
+		return
+	}
 	if err == nil && info.NumAckPending <= asked {
 		return
+	}
+	floor := uint64(0)
+	if err == nil {
+		floor = info.AckFloor.Stream
 	}
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())
 	f.order.takeover(orderBarrier(f.ackWaitNow()))
-	f.order.reload(ictx)
+	f.order.reload(ictx, floor)
+}
+
+// partitionPinned takes a partition over when its pin has come to this
+// courier: it reads the marks the courier before left, and unless that one
+// handed the partition on holding nothing (Partitions.Clean) or the
+// consumer has nothing out but the one message of this courier's first
+// pull (exact: the pin came with it), first deliveries of keyed messages
+// wait for what another courier may still hold.
+func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) {
+	if err != nil {
+		f.log.Info("pinned to this partition; its consumer cannot be read: keyed messages wait for what another courier may hold",
+			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
+		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		f.order.reload(ctx, 0)
+		return
+	}
+	clean := f.part.clean(ctx, info, f.group)
+	f.order.reload(ctx, info.AckFloor.Stream)
+	if clean || exact && info.NumAckPending <= 1 {
+		f.log.Info("pinned to this partition", "handed_on", clean)
+		return
+	}
+	f.log.Info("pinned to this partition: keyed messages wait for what another courier may still hold",
+		"for", orderBarrier(f.ackWaitNow()).String(), "ack_pending", info.NumAckPending)
+	f.order.takeover(orderBarrier(f.ackWaitNow()))
+}
+
+// stillPinned reports whether the pin of the fetcher's priority group is
+// still the one it last saw.
+func (f *fetcher) stillPinned(ctx context.Context) bool {
+	p := f.pinNow.Load()
+	if p == nil {
+		return false
+	}
+	info, err := f.cons.Info(ctx)
+	if err != nil {
+		return false
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == f.group {
+			return g.PinnedClientID == *p
+		}
+	}
+	return false
+}
+
+// holdPin keeps the pin of a partition whose fetching has stopped, with
+// pulls no message fits in, until done reports true (nothing of the
+// partition is held) or ctx ends. A message such a pull brings anyway is
+// given to giveBack.
+func (f *fetcher) holdPin(ctx context.Context, done func() bool, giveBack func(jetstream.Msg)) {
+	check := time.NewTicker(20 * time.Millisecond)
+	defer check.Stop()
+	pull := time.NewTicker(fetchWait)
+	defer pull.Stop()
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check.C:
+		case <-pull.C:
+			f.pinPull(giveBack)
+		}
+	}
 }
 
 // ackWaitNow is the consumer's ack wait as last read.
@@ -48,6 +122,26 @@ func (f *fetcher) ackWaitNow() time.Duration {
 // pinned courier that held messages through an app outage and lost the pin
 // would deliver them beside the replica that took it, out of order.
 func (f *fetcher) keepPin(ctx context.Context) {
+	f.pinPull(func(m jetstream.Msg) {
+		// Not expected (no message is one byte), but never dropped.
+		f.track.add(m)
+		q := queued{m: m, size: queueSize(m)}
+		if f.order != nil && !f.order.admit(&q) {
+			return
+		}
+		f.bytes.Add(q.size)
+		select {
+		case f.queue <- q:
+		case <-ctx.Done():
+			f.track.remove(m)
+			_ = m.Nak()
+		}
+	})
+}
+
+// pinPull sends one pull no message fits in (one byte), which counts as
+// the pinned client pulling, and hands what it brings anyway to got.
+func (f *fetcher) pinPull(got func(jetstream.Msg)) {
 	if f.connected != nil && !f.connected() {
 		return
 	}
@@ -57,20 +151,10 @@ func (f *fetcher) keepPin(ctx context.Context) {
 		return
 	}
 	for m := range batch.Messages() {
-		// Not expected (no message is one byte), but never dropped.
-		f.track.add(m)
-		q := queued{m: m, size: queueSize(m)}
-		if f.order != nil && !f.order.admit(&q) {
-			continue
+		if f.wrap != nil {
+			m = f.wrap(m)
 		}
-		f.bytes.Add(q.size)
-		select {
-		case f.queue <- q:
-		case <-ctx.Done():
-			f.track.remove(m)
-			_ = m.Nak()
-			return
-		}
+		got(m)
 	}
 }
 

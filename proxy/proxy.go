@@ -90,7 +90,11 @@ type Runner struct {
 	log *slog.Logger
 	m   *metrics
 
-	fetch      *fetcher
+	fetch      *fetcher    // nil with partitions
+	parts      *partitions // nil without (partition.go)
+	queue      <-chan queued
+	took       func(queued) // told of each message a worker takes off queue; nil: none
+	rel        *releases    // nil: no order per key
 	track      *tracker
 	flights    *flights
 	gate       *gate
@@ -174,28 +178,31 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	} else {
 		r.wasUp.Store(true)
 	}
-	r.fetch = newFetcher(cons, r.track, r.gate, r.log, o)
-	// While the breaker alone holds and no fresh message is held, the
-	// fetcher pulls one: retries make poor probes (breaker.go, detach).
-	r.fetch.noProbe = func() bool { return r.gate.onlyHeld(causeBreaker) && r.freshProbers.Load() == 0 }
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	r.slots = make(chan struct{}, o.MaxInflight)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
 	}
-	if o.OrderKey != nil {
-		r.order = newOrderer(o.OrderKey, o.Now, func(full bool) {
-			if full {
-				r.log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
-			} else {
-				r.log.Info("messages waiting behind their keys back under the bound: fetching again")
-			}
-		})
-		r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
-		if o.OrderMarks != nil {
-			r.order.marks = newMarker(o.OrderMarks, r.log)
-		}
+	switch {
+	case o.Partitions != nil:
+		r.rel = newReleases()
+		r.parts = newPartitions(r, *o.Partitions)
+		r.queue = r.parts.merged
 		r.registerOrderMetrics(o.Registerer)
+		r.registerPartitionMetrics(o.Registerer)
+	default:
+		r.fetch = newFetcher(cons, r.track, r.gate, r.log, o, false)
+		r.fetch.noProbe = r.noProbe
+		r.queue, r.took = r.fetch.queue, r.fetch.take
+		if o.OrderKey != nil {
+			r.rel = newReleases()
+			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
+			r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
+			if o.OrderMarks != nil {
+				r.order.marks = newMarker(o.OrderMarks, r.log)
+			}
+			r.registerOrderMetrics(o.Registerer)
+		}
 	}
 	if o.MaxRate > 0 {
 		// Burst 1: the cap holds over any window, not just on average.
@@ -208,6 +215,41 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
 	r.prober.stamp = o.Stamp
 	return r, nil
+}
+
+// noProbe reports that the breaker alone holds deliveries and no fresh
+// message is held: the fetcher then pulls one, as retries make poor probes
+// (breaker.go, detach).
+func (r *Runner) noProbe() bool { return r.gate.onlyHeld(causeBreaker) && r.freshProbers.Load() == 0 }
+
+// orderFull logs when the messages waiting behind their keys reach their
+// bound, and when they are back under it.
+func (r *Runner) orderFull(full bool) {
+	if full {
+		r.log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
+	} else {
+		r.log.Info("messages waiting behind their keys back under the bound: fetching again")
+	}
+}
+
+// queued is how many messages wait in the fetch queues.
+func (r *Runner) queued() int {
+	if r.parts != nil {
+		return r.parts.queued()
+	}
+	return len(r.fetch.queue)
+}
+
+// orderers are the lines of order per key: the durable's, or each
+// partition's.
+func (r *Runner) orderers() []*orderer {
+	switch {
+	case r.parts != nil:
+		return r.parts.orderers()
+	case r.order != nil:
+		return []*orderer{r.order}
+	}
+	return nil
 }
 
 // gateChanged logs and counts each change of a cause that holds deliveries:
@@ -247,7 +289,11 @@ func (r *Runner) Ready() error {
 	if c, reason, held := r.gate.firstHeld(); held {
 		return fmt.Errorf("%s: %s", c.readyLine(), reason)
 	}
-	if !r.fetch.bound.Load() {
+	if r.parts != nil {
+		if err := r.parts.ready(); err != nil {
+			return err
+		}
+	} else if !r.fetch.bound.Load() {
 		return errors.New("consumer not bound")
 	}
 	if n := r.pendingDL.Load(); n > 0 {
@@ -295,11 +341,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	// the last summary counts them.
 	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loopsDone sync.WaitGroup
-	loopsDone.Add(4)
+	loopsDone.Add(3)
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
 	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
-	go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
+	if r.fetch != nil {
+		loopsDone.Add(1)
+		go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
+	}
 	defer r.breaker.stop()
 	if r.order != nil {
 		r.startOrder(ctx, loops, &loopsDone)
@@ -318,7 +367,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.recorders.Add(1)
 	go r.recorder()
 
-	fatal := r.fetch.run(ctx)
+	var fatal error
+	if r.parts != nil {
+		fatal = r.parts.run(ctx, loops)
+	} else {
+		fatal = r.fetch.run(ctx)
+	}
 	if fatal != nil {
 		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
 	}
@@ -358,7 +412,15 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
 		}
 	}
+	// Each partition, holding nothing now, is given up for the next
+	// courier to take at once (partition.go).
+	if r.parts != nil {
+		r.parts.drainAndFinish(loops)
+	}
 	stopLoops()
 	loopsDone.Wait()
+	if r.parts != nil {
+		r.parts.wg.Wait()
+	}
 	return fatal
 }

@@ -85,5 +85,5 @@ func (r *Runner) recorder() {
 // ack (order.go): the recorder then lets no batch gather, as each of them
 // would wait for it in turn.
 func (r *Runner) keyWaits(d *delivery) bool {
-	return r.order != nil && d.okey != "" && r.order.waitingBehind(d.okey) > 0
+	return d.ord != nil && d.okey != "" && d.ord.waitingBehind(d.okey) > 0
 }

@@ -93,6 +93,11 @@ func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
 // having seen it, so such a message is dead-lettered instead, saying so.
 func (r *Runner) giveBack(d *delivery, why string) {
 	<-r.ph.fetched.Done()
+	r.giveBackDelivery(d, why)
+}
+
+// giveBackDelivery is giveBack once no pull can bring the message back.
+func (r *Runner) giveBackDelivery(d *delivery, why string) {
 	if !d.last(r.o.MaxDeliver) {
 		r.release(d.m, why)
 		return
@@ -119,6 +124,16 @@ func (r *Runner) giveBackMsg(m jetstream.Msg, meta *jetstream.MsgMetadata, err e
 		return
 	}
 	r.giveBack(r.newDelivery(m, meta, r.ph.lane0(), r.ph.noStart), why)
+}
+
+// giveBackNow is giveBackMsg for a message of a partition that no longer
+// fetches (partition.go): nothing waits for the last pull.
+func (r *Runner) giveBackNow(m jetstream.Msg, meta *jetstream.MsgMetadata, err error, why string) {
+	if err != nil {
+		r.release(m, why)
+		return
+	}
+	r.giveBackDelivery(r.newDelivery(m, meta, r.ph.lane0(), r.ph.noStart), why)
 }
 
 // release NAKs m without delay so another instance can take it at once.
@@ -202,8 +217,8 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		Reason: f.reason, Attempts: d.attempt, FailedAt: r.o.Now(),
 		OrderKey: d.okey,
 	}
-	if d.okey != "" {
-		l.OrderWaiting = r.order.waitingBehind(d.okey)
+	if d.okey != "" && d.ord != nil {
+		l.OrderWaiting = d.ord.waitingBehind(d.okey)
 	}
 	if f.err != nil {
 		l.Error = f.err.Error()

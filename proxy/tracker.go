@@ -30,15 +30,27 @@ func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *track
 	return t
 }
 
+// add tracks m; a partition's message counts among what the courier holds
+// of its partition (session.held) until it is removed.
 func (t *tracker) add(m jetstream.Msg) {
 	t.mu.Lock()
+	if _, ok := t.msgs[m]; !ok {
+		if sm, ok := m.(*sourcedMsg); ok {
+			sm.part.held.Add(1)
+		}
+	}
 	t.msgs[m] = t.now()
 	t.mu.Unlock()
 }
 
 func (t *tracker) remove(m jetstream.Msg) {
 	t.mu.Lock()
-	delete(t.msgs, m)
+	if _, ok := t.msgs[m]; ok {
+		delete(t.msgs, m)
+		if sm, ok := m.(*sourcedMsg); ok {
+			sm.part.held.Add(-1)
+		}
+	}
 	t.mu.Unlock()
 }
 

@@ -53,24 +53,26 @@ func (r *Runner) worker() {
 // (order.go), else one from the fetch queue; false once the queue is
 // closed and nothing released is left.
 func (r *Runner) next() (queued, bool) {
-	if r.order == nil {
-		q, ok := <-r.fetch.queue
-		if ok {
-			r.fetch.take(q)
+	if r.rel == nil {
+		q, ok := <-r.queue
+		if ok && r.took != nil {
+			r.took(q)
 		}
 		return q, ok
 	}
 	for {
-		if q, ok := r.order.pop(); ok {
+		if q, ok := r.rel.pop(); ok {
 			return q, true
 		}
 		select {
-		case <-r.order.wake:
-		case q, ok := <-r.fetch.queue:
+		case <-r.rel.wake:
+		case q, ok := <-r.queue:
 			if !ok {
-				return r.order.pop()
+				return r.rel.pop()
 			}
-			r.fetch.take(q)
+			if r.took != nil {
+				r.took(q)
+			}
 			return q, true
 		}
 	}
@@ -80,17 +82,22 @@ func (r *Runner) next() (queued, bool) {
 // duplicate, dead-lettered), and returns how many of its key's messages
 // waited behind it.
 func (r *Runner) orderSettled(d *delivery) int {
-	if r.order == nil || d.okey == "" {
+	if d.ord == nil || d.okey == "" {
 		return 0
 	}
-	return r.order.settled(d.okey, d.meta.Sequence.Stream)
+	return d.ord.settled(d.okey, streamSeq(d.m, d.meta))
 }
 
 // orderRetrying notes that d was NAK'd for a retry: its key waits for its
-// redelivery.
+// redelivery (or, while its partition is handed on, its key's later
+// messages are given back, in stream order).
 func (r *Runner) orderRetrying(d *delivery) {
-	if r.order != nil && d.okey != "" {
-		r.order.retrying(d.okey, d.meta.Sequence.Stream)
+	if d.ord == nil || d.okey == "" {
+		return
+	}
+	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta)) {
+		meta, err := q.m.Metadata()
+		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier, and an earlier message of its key is retried")
 	}
 }
 
@@ -148,7 +155,7 @@ func (r *Runner) countHeld(wait func()) {
 func (r *Runner) heldMessages() float64 {
 	n := r.parked.Load()
 	if !r.open() {
-		n += int64(len(r.fetch.queue))
+		n += int64(r.queued())
 	}
 	return float64(n)
 }

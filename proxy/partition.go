@@ -1,0 +1,364 @@
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A durable split into partitions by its ordering key
+// (Options.Partitions; README, "Order per key"). The runner pulls from the
+// partitions its Assignment gives it: a session each, with a fetcher of its
+// own that keeps the partition's pin (pin.go) and lines of its own (keys
+// never span partitions), all feeding the one pool of workers. A partition
+// taken from the runner is handed on (handOn): fetching stops, what no
+// worker can finish here is given back in stream order, the rest is
+// delivered, and once nothing of it is held, its marks written and the
+// hand-over recorded, the pin is given up so that the next courier takes it
+// at once. Run's shutdown does the same for every session.
+
+// Partitions is a durable split into partitions (package partition): one
+// consumer per partition on a work stream, each pinned to one courier at a
+// time (its priority group, Options.PriorityGroup).
+type Partitions struct {
+	// Consumers are the partitions' consumers, by partition number.
+	// Required.
+	Consumers []jetstream.Consumer
+	// Assignment says which partitions to pull from. Required.
+	Assignment Assignment
+	// Marks returns partition i's order marks; nil: none kept.
+	Marks func(i int) OrderMarks
+	// Unpin gives partition i's pin up at once
+	// (jetstream.Stream.UnpinConsumer); nil: it lapses after the
+	// consumer's PinnedTTL.
+	Unpin func(ctx context.Context, i int) error
+	// HandedOn records, before the pin is given up, that this courier
+	// handed partition i on holding nothing of it. Clean reports whether a
+	// pin this courier was given at pinnedAt (the server's time) follows
+	// such a record within window, and forgets the record: first
+	// deliveries then need not wait for what another courier held. Either
+	// may be nil (every takeover waits).
+	HandedOn func(ctx context.Context, i int) error
+	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
+}
+
+// Assignment is the partitions a courier is to pull from. Safe for
+// concurrent use.
+type Assignment interface {
+	// Assigned returns them and a channel closed when they change.
+	Assigned() ([]int, <-chan struct{})
+}
+
+// partitions are the sessions of the partitions this runner pulls from or
+// is handing on.
+type partitions struct {
+	r      *Runner
+	o      Partitions
+	merged chan queued // the workers' queue, fed by every session's fetcher
+
+	mu       sync.Mutex
+	sessions map[int]*session // not yet handed on
+	ended    chan struct{}    // a session was handed on
+	fatal    chan error       // a partition's consumer is gone
+	feeders  sync.WaitGroup   // forwarders into merged
+	wg       sync.WaitGroup   // fetch loops and hand-overs
+}
+
+// session is one partition's, from its assignment to its hand-over.
+type session struct {
+	i     int
+	ps    *partitions
+	f     *fetcher
+	order *orderer
+	// held counts the partition's messages the runner tracks (tracker):
+	// fetched and not yet settled or given back.
+	held      atomic.Int64
+	stopFetch context.CancelFunc
+	fetched   chan struct{} // closed once its fetcher's last pull ended
+	stopLoops context.CancelFunc
+	loopsDone sync.WaitGroup
+	handing   bool // under partitions.mu
+	finish    sync.Once
+}
+
+func newPartitions(r *Runner, o Partitions) *partitions {
+	return &partitions{r: r, o: o, merged: make(chan queued), sessions: map[int]*session{},
+		ended: make(chan struct{}, 1), fatal: make(chan error, len(o.Consumers))}
+}
+
+// run starts and hands on sessions as the assignment changes, until ctx
+// ends or a partition's consumer is gone; it returns once every fetcher's
+// last pull has ended. The merged queue is closed once the fetchers' queues
+// are empty.
+func (ps *partitions) run(ctx, loops context.Context) error {
+	var fatal error
+	for fatal == nil && ctx.Err() == nil {
+		want, changed := ps.o.Assignment.Assigned()
+		ps.reconcile(ctx, loops, want)
+		select {
+		case <-ctx.Done():
+		case fatal = <-ps.fatal:
+		case <-changed:
+		case <-ps.ended:
+		}
+	}
+	ps.mu.Lock()
+	all := ps.all()
+	ps.mu.Unlock()
+	for _, s := range all {
+		s.stopFetch()
+		<-s.fetched
+	}
+	go func() { ps.feeders.Wait(); close(ps.merged) }()
+	return fatal
+}
+
+// reconcile starts a session for each partition of want without one, and
+// hands on the sessions of the others.
+func (ps *partitions) reconcile(ctx, loops context.Context, want []int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, i := range want {
+		if i >= 0 && i < len(ps.o.Consumers) && ps.sessions[i] == nil {
+			ps.sessions[i] = ps.start(ctx, loops, i)
+		}
+	}
+	for i, s := range ps.sessions {
+		if !s.handing && !slices.Contains(want, i) {
+			s.handing = true
+			ps.wg.Add(1)
+			go ps.handOn(s, loops)
+		}
+	}
+}
+
+// start begins pulling from partition i. Called with mu held.
+func (ps *partitions) start(ctx, loops context.Context, i int) *session {
+	r := ps.r
+	s := &session{i: i, ps: ps, fetched: make(chan struct{})}
+	log := r.log.With("partition", i)
+	f := newFetcher(ps.o.Consumers[i], r.track, r.gate, log, r.o, true)
+	f.group, f.part, f.noProbe = r.o.PriorityGroup, s, r.noProbe
+	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
+	f.bound.Store(true) // until a pull fails
+	s.f = f
+	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.rel, r.orderFull)
+	s.order.staleAfter = r.staleAfter()
+	if ps.o.Marks != nil {
+		if st := ps.o.Marks(i); st != nil {
+			s.order.marks = newMarker(st, log)
+		}
+	}
+	f.order = s.order
+
+	fctx, stop := context.WithCancel(ctx)
+	lctx, stopLoops := context.WithCancel(loops)
+	s.stopFetch, s.stopLoops = stop, stopLoops
+	s.loopsDone.Add(2)
+	go func() { defer s.loopsDone.Done(); f.watch(lctx) }()
+	go func() { defer s.loopsDone.Done(); liftLoop(lctx, s.order) }()
+	if s.order.marks != nil {
+		s.loopsDone.Add(1)
+		go func() { defer s.loopsDone.Done(); s.order.marks.run(lctx) }()
+	}
+	ps.wg.Add(1)
+	go func() {
+		defer ps.wg.Done()
+		err := f.run(fctx)
+		close(s.fetched)
+		if err != nil {
+			select {
+			case ps.fatal <- fmt.Errorf("partition %d: %w", i, err):
+			default: // one is enough to stop
+			}
+		}
+	}()
+	ps.feeders.Add(1)
+	go func() {
+		defer ps.feeders.Done()
+		for q := range f.queue {
+			ps.merged <- q
+			f.take(q)
+		}
+	}()
+	log.Info("pulling from partition", "consumer", f.cons.CachedInfo().Name)
+	return s
+}
+
+// handOn hands partition s on to the courier it is now assigned to:
+// fetching stops, what cannot be finished here is given back in stream
+// order, the rest is delivered while the pin is kept (holdPin), and once
+// nothing of it is held, finish gives the pin up. If the runner stops
+// first, Run's shutdown finishes the session.
+func (ps *partitions) handOn(s *session, loops context.Context) {
+	defer ps.wg.Done()
+	r := ps.r
+	s.stopFetch()
+	<-s.fetched
+	for _, q := range s.order.handOn() {
+		meta, err := q.m.Metadata()
+		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier")
+	}
+	s.f.holdPin(loops, func() bool { return s.held.Load() == 0 }, func(m jetstream.Msg) {
+		r.release(m, "its partition is handed to another courier")
+	})
+	if loops.Err() != nil {
+		return
+	}
+	ps.finishSession(loops, s)
+	ps.mu.Lock()
+	delete(ps.sessions, s.i)
+	ps.mu.Unlock()
+	select {
+	case ps.ended <- struct{}{}:
+	default:
+	}
+	s.f.log.Info("partition handed on")
+}
+
+// finishSession ends session s once it holds nothing: its loops stop (its
+// marks are written), and if the pin is still this courier's and nothing
+// was abandoned, the hand-over is recorded and the pin given up, so that
+// the next courier takes the partition at once; else the pin lapses after
+// the consumer's PinnedTTL.
+func (ps *partitions) finishSession(ctx context.Context, s *session) {
+	s.finish.Do(func() {
+		s.stopLoops()
+		s.loopsDone.Wait()
+		if s.held.Load() != 0 || ps.r.ph.requests.Err() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if !s.f.stillPinned(ctx) {
+			return
+		}
+		if ps.o.HandedOn != nil {
+			if err := ps.o.HandedOn(ctx, s.i); err != nil {
+				s.f.log.Warn("cannot record the partition's hand-over; the next courier waits an ack wait before first deliveries", "error", err)
+			}
+		}
+		if ps.o.Unpin != nil {
+			if err := ps.o.Unpin(ctx, s.i); err != nil {
+				s.f.log.Warn("cannot give up the partition's pin; it lapses after the consumer's pinned TTL", "error", err)
+			}
+		}
+	})
+}
+
+// clean reports whether the courier before this one handed the partition
+// on holding nothing of it just before the pin in info came to this one
+// (Partitions.Clean, within the consumer's PinnedTTL).
+func (s *session) clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool {
+	if s.ps.o.Clean == nil {
+		return false
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == group && !g.PinnedTS.IsZero() {
+			return s.ps.o.Clean(ctx, s.i, g.PinnedTS, info.Config.PinnedTTL)
+		}
+	}
+	return false
+}
+
+// all is every session, in partition order. Called with mu held.
+func (ps *partitions) all() []*session {
+	out := make([]*session, 0, len(ps.sessions))
+	for _, s := range ps.sessions {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *session) int { return a.i - b.i })
+	return out
+}
+
+// drainAndFinish gives back, at Run's shutdown, what every session's lines
+// still hold, in the work stream's order, then finishes each session.
+func (ps *partitions) drainAndFinish(ctx context.Context) {
+	ps.mu.Lock()
+	all := ps.all()
+	ps.mu.Unlock()
+	var left []queued
+	for _, s := range all {
+		left = append(left, s.order.drain()...)
+	}
+	slices.SortFunc(left, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
+	for _, q := range left {
+		meta, err := q.m.Metadata()
+		ps.r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
+	}
+	for _, s := range all {
+		ps.finishSession(ctx, s)
+	}
+}
+
+// ready reports why a session cannot pull, if one cannot.
+func (ps *partitions) ready() error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, s := range ps.all() {
+		if !s.handing && !s.f.bound.Load() {
+			return fmt.Errorf("partition %d: consumer not bound", s.i)
+		}
+	}
+	return nil
+}
+
+// queued is how many messages the sessions' fetch queues hold.
+func (ps *partitions) queued() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	n := 0
+	for _, s := range ps.sessions {
+		n += len(s.f.queue)
+	}
+	return n
+}
+
+// orderers are the sessions' lines.
+func (ps *partitions) orderers() []*orderer {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	out := make([]*orderer, 0, len(ps.sessions))
+	for _, s := range ps.sessions {
+		out = append(out, s.order)
+	}
+	return out
+}
+
+// Pins returns, for each partition this courier holds the pin of, the pin
+// id the server gave it (its consumer's priority group state names it):
+// `courier status` matches them. Nil without partitions.
+func (r *Runner) Pins() map[int]string {
+	if r.parts == nil {
+		return nil
+	}
+	ps := r.parts
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	out := map[int]string{}
+	for i, s := range ps.sessions {
+		if p := s.f.pinNow.Load(); p != nil {
+			out[i] = *p
+		}
+	}
+	return out
+}
+
+// registerPartitionMetrics registers courier_order_partitions_held.
+func (r *Runner) registerPartitionMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "courier_order_partitions_held",
+		Help: "Partitions of the durable this courier pulls from or is handing on (COURIER_ORDER_PARTITIONS).",
+	}, func() float64 {
+		r.parts.mu.Lock()
+		defer r.parts.mu.Unlock()
+		return float64(len(r.parts.sessions))
+	}))
+}

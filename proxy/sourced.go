@@ -1,0 +1,81 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// sourcedMsg is a message of a partition's work stream (partition.go) as
+// the rest of courier sees it: the subject, stream and sequence of the
+// message it copies, so that the app, dead letters, success records and
+// dedup keys see what they would without partitions. The server adds them
+// to every sourced message in the Nats-Stream-Source header, "<stream>
+// <seq> <filters> <destinations> <subject> [<id>]" (nats-server stream.go,
+// genSourceHeader), which is then dropped. Acks go to the work stream's
+// message, whose own sequence orders its key's line (streamSeq).
+type sourcedMsg struct {
+	jetstream.Msg
+	part    *session
+	subject string
+	header  nats.Header
+	meta    *jetstream.MsgMetadata // the origin's stream and sequence
+	seq     uint64                 // the work stream's sequence
+}
+
+// sourceHeader is the header the server adds to a sourced message.
+const sourceHeader = "Nats-Stream-Source"
+
+// newSourced wraps m, a message of partition s's consumer.
+func newSourced(m jetstream.Msg, s *session) jetstream.Msg {
+	meta, err := m.Metadata()
+	if err != nil {
+		return m // no metadata: the worker NAKs it as it is
+	}
+	sm := &sourcedMsg{Msg: m, part: s, seq: meta.Sequence.Stream, subject: m.Subject()}
+	own := *meta
+	sm.meta = &own
+	h := m.Headers()
+	if src := h.Get(sourceHeader); src != "" {
+		f := strings.Fields(src)
+		if len(f) >= 5 {
+			if seq, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+				own.Stream, own.Sequence.Stream, sm.subject = f[0], seq, f[4]
+			}
+		}
+		sm.header = make(nats.Header, len(h))
+		for k, v := range h {
+			if k != sourceHeader {
+				sm.header[k] = v
+			}
+		}
+	} else {
+		sm.header = h
+		// No origin named: strip the partition token the transform added.
+		if _, rest, ok := strings.Cut(sm.subject, "."); ok {
+			sm.subject = rest
+		}
+	}
+	return sm
+}
+
+func (m *sourcedMsg) Subject() string      { return m.subject }
+func (m *sourcedMsg) Headers() nats.Header { return m.header }
+
+// Metadata returns the origin's stream and sequence, and the work stream's
+// delivery count and time.
+func (m *sourcedMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	c := *m.meta
+	return &c, nil
+}
+
+// streamSeq is the sequence m has in the stream its consumer reads: the
+// work stream's for a partition's message, whose line it orders.
+func streamSeq(m jetstream.Msg, meta *jetstream.MsgMetadata) uint64 {
+	if sm, ok := m.(*sourcedMsg); ok {
+		return sm.seq
+	}
+	return meta.Sequence.Stream
+}

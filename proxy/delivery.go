@@ -18,9 +18,9 @@ import (
 type delivery struct {
 	m       jetstream.Msg
 	meta    *jetstream.MsgMetadata
-	attempt int    // JetStream's delivery count, 1-based
-	key     string // the resolved dedup key, as the app sees it
-	skey    string // the key as the dedup store holds it
+	attempt int      // JetStream's delivery count, 1-based
+	key     string   // the resolved dedup key, as the app sees it
+	skey    string   // the key as the dedup store holds it
 	okey    string   // the ordering key (order.go); "" when not ordered
 	ord     *orderer // the lines okey is in (of its partition, partition.go)
 	// detached: held for a probe apart from the workers (detach); its

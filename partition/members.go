@@ -87,8 +87,11 @@ type Options struct {
 type Members struct {
 	o   Options
 	kv  jetstream.KeyValue
-	w   jetstream.KeyWatcher
 	log *slog.Logger
+	// w is the watch of the members' keys, alive until stopWatch (its
+	// subscription ends with the context it was made with).
+	w         jetstream.KeyWatcher
+	stopWatch context.CancelFunc
 
 	mu       sync.Mutex
 	seen     map[string]time.Time // member → when its key was last put (this clock)
@@ -135,24 +138,48 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 	if err := m.put(ctx); err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}
-	if m.w, err = kv.Watch(ctx, memberPrefix+">"); err != nil {
+	if err := m.watch(ctx); err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}
+	m.reassign()
+	return m, nil
+}
+
+// watch starts the watch of the members' keys and takes the values there
+// are. The watch lives until stopWatch, not as long as ctx: nats.go ends a
+// watch's subscription with the context it was made with.
+func (m *Members) watch(ctx context.Context) error {
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	abort := context.AfterFunc(ctx, stop) // ctx bounds the making only
+	w, err := m.kv.Watch(wctx, memberPrefix+">")
+	if !abort() || err != nil {
+		stop()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return err
+	}
+	seen := map[string]time.Time{}
 	for {
 		select {
-		case e, ok := <-m.w.Updates():
+		case e, ok := <-w.Updates():
 			if !ok {
-				_ = m.w.Stop()
-				return nil, fmt.Errorf("membership bucket %s: watch ended", bucket)
+				stop()
+				return errors.New("watch ended")
 			}
-			if e == nil { // the values there were: what follows is news
-				m.reassign()
-				return m, nil
+			if e != nil {
+				noteIn(seen, e, m.o.Now())
+				continue
 			}
-			m.note(e)
+			// The values there were: what follows is news.
+			m.mu.Lock()
+			m.seen = seen
+			m.mu.Unlock()
+			m.w, m.stopWatch = w, stop
+			return nil
 		case <-ctx.Done():
-			_ = m.w.Stop()
-			return nil, ctx.Err()
+			stop()
+			return ctx.Err()
 		}
 	}
 }
@@ -172,7 +199,7 @@ func (m *Members) Assigned() ([]int, <-chan struct{}) {
 // deletes the key (the others take this courier's partitions at once).
 func (m *Members) Run(ctx context.Context) {
 	defer func() {
-		_ = m.w.Stop()
+		m.stopWatch()
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		if err := m.kv.Delete(lctx, memberPrefix+m.o.Instance); err != nil {
@@ -182,19 +209,34 @@ func (m *Members) Run(ctx context.Context) {
 	t := time.NewTicker(m.o.Interval)
 	defer t.Stop()
 	failing := false
+	updates := m.w.Updates()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case e, ok := <-m.w.Updates():
+		case e, ok := <-updates:
 			if !ok {
-				return
+				// The connection closed, or the bucket is gone: watched
+				// again at the next tick.
+				m.log.Warn("the watch of the membership ended; watching again")
+				m.stopWatch()
+				updates = nil
+				continue
 			}
 			if e != nil {
-				m.note(e)
+				m.mu.Lock()
+				noteIn(m.seen, e, m.o.Now())
+				m.mu.Unlock()
 				m.reassign()
 			}
 		case <-t.C:
+			if updates == nil {
+				wctx, cancel := context.WithTimeout(ctx, m.o.Interval)
+				if m.watch(wctx) == nil {
+					updates = m.w.Updates()
+				}
+				cancel()
+			}
 			pctx, cancel := context.WithTimeout(ctx, m.o.Interval)
 			err := m.put(pctx)
 			cancel()
@@ -224,16 +266,14 @@ func (m *Members) put(ctx context.Context) error {
 	return err
 }
 
-// note takes one entry of the watch.
-func (m *Members) note(e jetstream.KeyValueEntry) {
+// noteIn takes one entry of the watch into seen, at now.
+func noteIn(seen map[string]time.Time, e jetstream.KeyValueEntry, now time.Time) {
 	id := strings.TrimPrefix(e.Key(), memberPrefix)
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
-		m.seen[id] = m.o.Now()
+		seen[id] = now
 	default: // deleted (stopped) or purged by the TTL (killed)
-		delete(m.seen, id)
+		delete(seen, id)
 	}
 }
 
@@ -271,6 +311,33 @@ func formatList(ps []int) string {
 		s[i] = strconv.Itoa(p)
 	}
 	return strings.Join(s, ",")
+}
+
+// handedKey is the record that partition i was handed on cleanly.
+func handedKey(i int) string { return "handed." + strconv.Itoa(i) }
+
+// HandedOn records that this courier handed partition i on holding nothing
+// of it, before it gives the pin up (proxy.Partitions.HandedOn). The record
+// lives for the bucket's TTL.
+func (m *Members) HandedOn(ctx context.Context, i int) error {
+	_, err := m.kv.Put(ctx, handedKey(i), []byte(m.o.Instance))
+	return err
+}
+
+// TakeHandedOn reports whether partition i was handed on (HandedOn) no
+// more than window before pinnedAt, when the server gave this courier the
+// pin (both the server's times), and removes the record
+// (proxy.Partitions.Clean). A record from after the pin, or older than the
+// consumer's pinned TTL (another courier may have held the pin between),
+// does not count.
+func (m *Members) TakeHandedOn(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool {
+	e, err := m.kv.Get(ctx, handedKey(i))
+	if err != nil {
+		return false
+	}
+	_ = m.kv.Delete(ctx, handedKey(i), jetstream.LastRevision(e.Revision()))
+	gap := pinnedAt.Sub(e.Created())
+	return gap >= 0 && gap <= window
 }
 
 // ReadMembers returns the members in the bucket now, for `courier status`.

@@ -24,7 +24,10 @@ func TestMembers(t *testing.T) {
 	}
 	join := func(id string, run bool) running {
 		t.Helper()
-		m, err := Join(context.Background(), js, MembersBucket("S", "c"), Options{
+		// Join's context ends as it returns: the watch must outlive it.
+		jctx, jcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer jcancel()
+		m, err := Join(jctx, js, MembersBucket("S", "c"), Options{
 			Instance: id, Partitions: n, Interval: 200 * time.Millisecond, TTL: time.Second,
 			Pins: func() map[int]string { return map[int]string{0: "pin-" + id} },
 		})
@@ -32,7 +35,7 @@ func TestMembers(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !run {
-			return running{m: m, stop: func() { _ = m.w.Stop() }}
+			return running{m: m, stop: m.stopWatch}
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup

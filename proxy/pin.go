@@ -25,7 +25,8 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	first := f.pin == ""
 	f.pin = p
 	f.pinNow.Store(&p)
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// The pull runs to its end after fetching stops; so does this.
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	info, err := f.cons.Info(ictx)
 	if f.part != nil {

@@ -39,7 +39,7 @@ func newSourced(m jetstream.Msg, s *session) jetstream.Msg {
 	sm.meta = &own
 	h := m.Headers()
 	if src := h.Get(sourceHeader); src != "" {
-		f := strings.Fields(src)
+		f := strings.Split(src, " ") // the filters are joined by form feeds, not spaces
 		if len(f) >= 5 {
 			if seq, err := strconv.ParseUint(f[1], 10, 64); err == nil {
 				own.Stream, own.Sequence.Stream, sm.subject = f[0], seq, f[4]

@@ -3,8 +3,8 @@ package proxy_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"

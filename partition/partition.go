@@ -53,8 +53,10 @@ type StreamOptions struct {
 	Token, Partitions int
 	// StartAt, when set, makes a new work stream start with the messages
 	// stored from then on (COURIER_DELIVER_POLICY=new); zero: from the
-	// first.
-	StartAt time.Time
+	// first. StartAfter, when set, makes it start after that sequence of
+	// the stream instead (the ack floor of a durable it replaces).
+	StartAt    time.Time
+	StartAfter uint64
 }
 
 // Metadata keys of the work stream, by which a courier tells that it
@@ -91,7 +93,10 @@ func StreamConfig(o StreamOptions) (jetstream.StreamConfig, error) {
 	for _, t := range trs {
 		source.SubjectTransforms = append(source.SubjectTransforms, jetstream.SubjectTransformConfig{Source: t.Source, Destination: t.Destination})
 	}
-	if !o.StartAt.IsZero() {
+	switch {
+	case o.StartAfter > 0:
+		source.OptStartSeq = o.StartAfter + 1
+	case !o.StartAt.IsZero():
 		at := o.StartAt.UTC()
 		source.OptStartTime = &at
 	}

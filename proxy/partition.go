@@ -206,6 +206,7 @@ func (ps *partitions) handOn(s *session, loops context.Context) {
 		meta, err := q.m.Metadata()
 		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier")
 	}
+	s.f.log.Debug("handing the partition on once what it holds is settled", "held", s.held.Load())
 	s.f.holdPin(loops, func() bool { return s.held.Load() == 0 }, func(m jetstream.Msg) {
 		r.release(m, "its partition is handed to another courier")
 	})

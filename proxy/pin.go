@@ -105,6 +105,7 @@ func (f *fetcher) holdPin(ctx context.Context, done func() bool, giveBack func(j
 			return
 		case <-check.C:
 		case <-pull.C:
+			f.log.Debug("holding the pin until what is held of the partition is settled", "held", f.part.held.Load())
 			f.pinPull(giveBack)
 		}
 	}

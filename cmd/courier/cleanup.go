@@ -29,7 +29,10 @@ not needed):
   - the stream capturing its max-deliveries advisories (and the durable on
     it): only if no advisory waits to be turned into a dead letter;
   - the dead-letter stream: only if courier created it and it holds no dead
-    letter (replay or purge them first: 'courier dlq').
+    letter (replay or purge them first: 'courier dlq');
+  - with COURIER_ORDER_PARTITIONS, the partitions' work stream (with their
+    consumers; not while a courier pulls from them), the membership bucket
+    and the partitions' order marks bucket.
 
 --force lifts those conditions (a dead-letter stream that holds dead letters
 is then deleted with them). Never removed: the stream courier consumes, a
@@ -148,21 +151,33 @@ func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opt
 // midway.
 func cleanupPlan(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) ([]item, error) {
 	var items []item
-	for _, find := range []func(context.Context, jetstream.JetStream, config.Config, bool) (*item, error){
-		planConsumer, planAdvisories, planDeadLetters,
-	} {
-		it, err := find(ctx, js, cfg, force)
+	// The durable, then the partitions it is split into
+	// (COURIER_ORDER_PARTITIONS), then the rest.
+	plans := []func(context.Context, jetstream.JetStream, config.Config, bool) ([]item, error){
+		one(planConsumer), planPartitions, one(planAdvisories), one(planDeadLetters),
+	}
+	for _, find := range plans {
+		found, err := find(ctx, js, cfg, force)
 		if err != nil {
 			return nil, err
 		}
-		if it != nil {
-			items = append(items, *it)
-		}
+		items = append(items, found...)
 	}
 	return append(items, item{
 		what: fmt.Sprintf("stream %q", cfg.Stream),
 		keep: "the stream courier consumes is never removed",
 	}), nil
+}
+
+// one makes a plan of at most one item a plan of a list.
+func one(plan func(context.Context, jetstream.JetStream, config.Config, bool) (*item, error)) func(context.Context, jetstream.JetStream, config.Config, bool) ([]item, error) {
+	return func(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) ([]item, error) {
+		it, err := plan(ctx, js, cfg, force)
+		if it == nil || err != nil {
+			return nil, err
+		}
+		return []item{*it}, nil
+	}
 }
 
 func planConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {

@@ -78,6 +78,9 @@ func runPause(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return err
 	}
 	defer closeConn()
+	if partitioned(cfg) {
+		return pausePartitioned(ctx, js, cfg, end, stdout)
+	}
 	resp, err := js.PauseConsumer(ctx, cfg.Stream, cfg.Consumer, end)
 	if err != nil {
 		return fmt.Errorf("cannot pause consumer %q on stream %q (consumer pause needs nats-server 2.11 or later): %w", cfg.Consumer, cfg.Stream, err)
@@ -122,6 +125,9 @@ func runResume(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return err
 	}
 	defer closeConn()
+	if partitioned(cfg) {
+		return pausePartitioned(ctx, js, cfg, time.Time{}, stdout)
+	}
 	if _, err := js.ResumeConsumer(ctx, cfg.Stream, cfg.Consumer); err != nil {
 		return fmt.Errorf("cannot resume consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
@@ -143,6 +149,20 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return err
 	}
 	defer closeConn()
+	deadLetters := "unknown"
+	if n, err := dlq.Depth(ctx, js, cfg.DLQSubject); err == nil {
+		deadLetters = fmt.Sprint(n)
+	}
+	if partitioned(cfg) {
+		work, consumers, err := partitionsOf(ctx, js, cfg)
+		if err != nil {
+			return err
+		}
+		if work == nil {
+			return fmt.Errorf("the partitions' work stream of consumer %q on stream %q does not exist yet: a courier creates it when it starts", cfg.Consumer, cfg.Stream)
+		}
+		return printPartitionStatus(ctx, js, cfg, work, consumers, deadLetters, stdout)
+	}
 	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	if err != nil {
 		return fmt.Errorf("consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
@@ -151,10 +171,6 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	paused := "no"
 	if info.Paused && info.Config.PauseUntil != nil {
 		paused = "until " + info.Config.PauseUntil.UTC().Format(time.RFC3339)
-	}
-	deadLetters := "unknown"
-	if n, err := dlq.Depth(ctx, js, cfg.DLQSubject); err == nil {
-		deadLetters = fmt.Sprint(n)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "consumer\t%s/%s\n", cfg.Stream, cfg.Consumer)

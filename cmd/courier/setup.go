@@ -75,6 +75,9 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *
 	if err := ensureSuccess(ctx, js, cfg, stream, log); err != nil {
 		return nil, nil, err
 	}
+	if partitioned(cfg) {
+		return stream, nil, nil // the partitions' consumers instead (ensurePartitions)
+	}
 	want := consumerConfig(cfg)
 	if existing, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer); err == nil {
 		keepOperatorSettings(&want, existing.CachedInfo().Config)

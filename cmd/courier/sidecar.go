@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -69,6 +70,9 @@ type sidecar struct {
 	cons   jetstream.Consumer
 	dd     proxy.Deduper    // nil: dedup off
 	marks  *ordermark.Store // nil: no order per key
+	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
+	// runner, once made, tells the membership the pins it holds.
+	runner atomic.Pointer[proxy.Runner]
 	local  *dedup.Store     // the embedded store (the shared store's cache)
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
@@ -82,7 +86,7 @@ type sidecar struct {
 	connLost context.CancelCauseFunc
 
 	// What undoes each step; nil until the step ran.
-	stopReplies, stopGiveup, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
+	stopReplies, stopGiveup, stopMembers, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -169,6 +173,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	s.runner.Store(runner)
 	// The max-deliveries catch: dead-letters what JetStream gave up on
 	// outside courier's sight, from its captured advisories.
 	s.health.at("setting up the max-deliveries catch")
@@ -192,7 +197,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // end.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.stopMembers, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}
@@ -304,21 +309,62 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	}
 	if s.cfg.OrderKey != "" {
 		// Order per key: the bucket of the keys' first unsettled messages.
+		open := ordermark.Open
+		if partitioned(s.cfg) {
+			open = ordermark.OpenPartitions
+		}
 		err := retrySetup(ctx, s.log, "order marks bucket", func(ctx context.Context) error {
 			var err error
-			s.marks, err = ordermark.Open(ctx, s.js, s.cfg.Stream, s.cfg.Consumer, s.cfg.StreamReplicas)
+			s.marks, err = open(ctx, s.js, s.cfg.Stream, s.cfg.Consumer, s.cfg.StreamReplicas)
 			return err
 		})
 		if err != nil {
 			return err
 		}
 	}
+	consumers := []jetstream.Consumer{s.cons}
+	if partitioned(s.cfg) {
+		if err := s.setUpPartitions(ctx); err != nil {
+			return err
+		}
+		consumers = s.parts.consumers
+	}
 	depth, err := dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})
 	if err != nil {
 		return err
 	}
-	s.reg.MustRegister(depth)                                              // courier_dead_letters_stored
-	s.reg.MustRegister(consumerstats.New(s.cons, consumerstats.Options{})) // courier_consumer_*
+	s.reg.MustRegister(depth) // courier_dead_letters_stored
+	for _, c := range consumers {
+		s.reg.MustRegister(consumerstats.New(c, consumerstats.Options{})) // courier_consumer_*
+	}
+	return nil
+}
+
+// setUpPartitions sets up the work stream and the partitions' consumers
+// (ensurePartitions), and joins the membership, kept until the stop
+// signal (runMembers).
+func (s *sidecar) setUpPartitions(ctx context.Context) error {
+	p := &partitions{marks: s.marks}
+	err := retrySetup(ctx, s.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
+		var err error
+		p.work, p.consumers, err = ensurePartitions(ctx, s.js, s.cfg, s.stream, s.log)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = retrySetup(ctx, s.log, "the partitions' membership", func(ctx context.Context) error {
+		var err error
+		p.members, err = joinMembers(ctx, s.js, s.cfg, s.log, &s.runner)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.parts = p
+	s.stopMembers = runMembers(ctx, p.members)
+	s.log.Info("sharing the durable's partitions with the other couriers", "partitions", s.cfg.OrderPartitions,
+		"instance", p.members.Instance(), "work_stream", p.work.CachedInfo().Config.Name)
 	return nil
 }
 
@@ -340,6 +386,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		OrderKey:          orderKey(cfg),
 		OrderMarks:        s.orderMarks(),
 		PriorityGroup:     priorityGroup(cfg),
+		Partitions:        s.runnerPartitions(),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,

@@ -73,7 +73,7 @@ type sidecar struct {
 	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
 	// runner, once made, tells the membership the pins it holds.
 	runner atomic.Pointer[proxy.Runner]
-	local  *dedup.Store     // the embedded store (the shared store's cache)
+	local  *dedup.Store // the embedded store (the shared store's cache)
 	// deadLetters counts dead letters by reason, whoever stores them.
 	deadLetters *prometheus.CounterVec
 	tracing     *tracing.Provider // nil: tracing off

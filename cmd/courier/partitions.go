@@ -90,6 +90,34 @@ func ensurePartitions(ctx context.Context, js jetstream.JetStream, cfg config.Co
 	return work, consumers, nil
 }
 
+// setUpPartitions sets up the work stream and the partitions' consumers
+// (ensurePartitions), and joins the membership, kept until the stop
+// signal (runMembers).
+func (s *sidecar) setUpPartitions(ctx context.Context) error {
+	p := &partitions{marks: s.marks}
+	err := retrySetup(ctx, s.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
+		var err error
+		p.work, p.consumers, err = ensurePartitions(ctx, s.js, s.cfg, s.stream, s.log)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = retrySetup(ctx, s.log, "the partitions' membership", func(ctx context.Context) error {
+		var err error
+		p.members, err = joinMembers(ctx, s.js, s.cfg, s.log, &s.runner)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.parts = p
+	s.stopMembers = runMembers(ctx, p.members)
+	s.log.Info("sharing the durable's partitions with the other couriers", "partitions", s.cfg.OrderPartitions,
+		"instance", p.members.Instance(), "work_stream", p.work.CachedInfo().Config.Name)
+	return nil
+}
+
 // partitionConsumerConfig is partition i's durable: the sidecar's durable
 // (consumerConfig) on the partition's subjects of the work stream, from
 // its first message.

@@ -340,34 +340,6 @@ func (s *sidecar) setUp(ctx context.Context) error {
 	return nil
 }
 
-// setUpPartitions sets up the work stream and the partitions' consumers
-// (ensurePartitions), and joins the membership, kept until the stop
-// signal (runMembers).
-func (s *sidecar) setUpPartitions(ctx context.Context) error {
-	p := &partitions{marks: s.marks}
-	err := retrySetup(ctx, s.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
-		var err error
-		p.work, p.consumers, err = ensurePartitions(ctx, s.js, s.cfg, s.stream, s.log)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	err = retrySetup(ctx, s.log, "the partitions' membership", func(ctx context.Context) error {
-		var err error
-		p.members, err = joinMembers(ctx, s.js, s.cfg, s.log, &s.runner)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	s.parts = p
-	s.stopMembers = runMembers(ctx, p.members)
-	s.log.Info("sharing the durable's partitions with the other couriers", "partitions", s.cfg.OrderPartitions,
-		"instance", p.members.Instance(), "work_stream", p.work.CachedInfo().Config.Name)
-	return nil
-}
-
 // newRunner makes the delivery loop; it does no I/O.
 func (s *sidecar) newRunner() (*proxy.Runner, error) {
 	cfg := s.cfg

@@ -228,25 +228,9 @@ func (f *fetcher) pull(ctx context.Context) error {
 	batch, err := f.cons.Fetch(room, opts...)
 	if err == nil {
 		f.bound.Store(true)
-		// The request ends by itself within fetchWait; only this loop
-		// sends to the queue, and room() left room for the whole pull.
+		// The request ends by itself within fetchWait.
 		for m := range batch.Messages() {
-			if f.wrap != nil {
-				m = f.wrap(m)
-			}
-			f.track.add(m)
-			if f.group != "" && f.order != nil {
-				f.checkPin(ctx, m, room)
-			}
-			q := queued{m: m, size: queueSize(m)}
-			if f.stamp {
-				q.at = time.Now()
-			}
-			if f.order != nil && !f.order.admit(&q) {
-				continue // waits behind its key
-			}
-			f.bytes.Add(q.size)
-			f.queue <- q
+			f.arrived(ctx, m, room)
 		}
 		err = batch.Error()
 	}
@@ -264,6 +248,29 @@ func (f *fetcher) pull(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// arrived takes in m, a message of a pull that asked for asked: tracked
+// from now on, then queued for the workers, or kept behind its key. Only
+// the pull loop sends to the queue, and room() left room for the whole
+// pull.
+func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
+	if f.wrap != nil {
+		m = f.wrap(m)
+	}
+	f.track.add(m)
+	if f.group != "" && f.order != nil {
+		f.checkPin(ctx, m, asked)
+	}
+	q := queued{m: m, size: queueSize(m)}
+	if f.stamp {
+		q.at = time.Now()
+	}
+	if f.order != nil && !f.order.admit(&q) {
+		return // waits behind its key
+	}
+	f.bytes.Add(q.size)
+	f.queue <- q
 }
 
 // waitToFetch waits until the gate opens, or until the breaker alone holds

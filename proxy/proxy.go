@@ -376,11 +376,22 @@ func (r *Runner) Run(ctx context.Context) error {
 	if fatal != nil {
 		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
 	}
+	r.shutdown(loops)
+	stopLoops()
+	loopsDone.Wait()
+	if r.parts != nil {
+		r.parts.wg.Wait()
+	}
+	return fatal
+}
 
-	// Shutdown, in order. Fetching has stopped and the queue is closed:
-	// workers start nothing more and give back what is queued (but send a
-	// message on its last delivery); in-flight requests get the grace
-	// period, then are abandoned.
+// shutdown is Run's shutdown, in order, once fetching has stopped and the
+// queue is closed: workers start nothing more and give back what is queued
+// (but send a message on its last delivery); in-flight requests get the
+// grace period, then are abandoned; what waits behind its key goes back in
+// stream order; each partition is given up. Then Run stops the loops.
+func (r *Runner) shutdown(loops context.Context) {
+	ph := r.ph
 	ph.endNoStart()
 	ph.endFetch()
 	done := make(chan struct{})
@@ -417,10 +428,4 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.parts != nil {
 		r.parts.drainAndFinish(loops)
 	}
-	stopLoops()
-	loopsDone.Wait()
-	if r.parts != nil {
-		r.parts.wg.Wait()
-	}
-	return fatal
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -529,10 +528,7 @@ func TestBatchRateLimitIsPerRequest(t *testing.T) {
 		mu.Unlock()
 		return 200, nil, ""
 	})
-	var keys []string
-	for i := range 40 {
-		keys = append(keys, "r"+strconv.Itoa(i))
-	}
+	keys := numbered("r", 40)
 	publishKeys(t, e, keys...)
 	const perSecond = 4.0
 	o := batchOptions()
@@ -617,17 +613,8 @@ func TestBatchSuccessRecordsPerEntry(t *testing.T) {
 // long it lasts (MaxDeliver 2), and every entry goes once the app listens.
 func TestBatchAppOutageSpendsNothing(t *testing.T) {
 	e := setup(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // the app is not there yet
-	e.url = "http://" + addr
-	var keys []string
-	for i := range 12 {
-		keys = append(keys, "o"+strconv.Itoa(i))
-	}
+	listen := appLater(t, e)
+	keys := numbered("o", 12)
 	publishKeys(t, e, keys...)
 	o := batchOptions()
 	o.MaxDeliver, o.HealthInterval = 2, 50*time.Millisecond
@@ -636,15 +623,8 @@ func TestBatchAppOutageSpendsNothing(t *testing.T) {
 		return counter(t, e.reg, "courier_app_available", "") == 0
 	})
 	time.Sleep(500 * time.Millisecond) // an outage longer than the backoff, many times over
-	ln, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("port taken meanwhile: %v", err)
-	}
 	a := &batchApp{answer: func(entries []batchEntry, _ int) (int, http.Header, string) { return 200, nil, "" }}
-	app := httptest.NewUnstartedServer(a)
-	app.Listener = ln
-	app.Start()
-	t.Cleanup(app.Close)
+	listen(a)
 	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
 	for _, k := range keys {
 		if got := a.sent()[k]; len(got) != 1 || got[0] > 2 {

@@ -8,7 +8,9 @@
 // handled after it starts), fetches each message by sequence and
 // dead-letters it as dlq.ReasonMaxDeliveries; on a work-queue stream it then
 // removes the original, as a Term would have
-// (docs/behaviour.md#messages-jetstream-gave-up-on-are-dead-lettered).
+// (docs/behaviour.md#messages-jetstream-gave-up-on-are-dead-lettered). With
+// partitions (Options.Origin) it follows every consumer of the work stream,
+// and a dead letter names the message the work stream's copy was made of.
 package giveup
 
 import (
@@ -94,6 +96,9 @@ type Catcher struct {
 func New(js jetstream.JetStream, stream jetstream.Stream, consumer string, dl DeadLetterer, o Options) (*Catcher, error) {
 	if js == nil || stream == nil || dl == nil || consumer == "" {
 		return nil, errors.New("giveup: JetStream, stream, consumer and dead-letterer are required")
+	}
+	if (consumer == AllConsumers) != (o.Origin != nil && o.Origin.Stream != nil) {
+		return nil, errors.New("giveup: AllConsumers goes with Options.Origin (a work stream), and only with it")
 	}
 	info := stream.CachedInfo()
 	if info == nil || info.Config.Name == "" {

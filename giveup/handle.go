@@ -14,6 +14,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // advisory is the part of JetStream's JSConsumerDeliveryExceededAdvisory
@@ -37,7 +38,7 @@ func (c *Catcher) parse(data []byte) (advisory, error) {
 	switch {
 	case a.Type != AdvisoryType:
 		return a, fmt.Errorf("type %q, want %q", a.Type, AdvisoryType)
-	case a.Stream != c.info.Config.Name || a.Consumer != c.consumer:
+	case a.Stream != c.info.Config.Name || a.Consumer != c.consumer && c.consumer != AllConsumers:
 		return a, fmt.Errorf("advisory of consumer %q on stream %q, want %q on %q", a.Consumer, a.Stream, c.consumer, c.info.Config.Name)
 	case a.StreamSeq == 0:
 		return a, errors.New("no stream_seq")
@@ -111,7 +112,7 @@ func (c *Catcher) settledAsReference(work context.Context, m jetstream.Msg, a ad
 		return false
 	}
 	sctx, cancel := context.WithTimeout(work, c.o.StepTimeout)
-	ref, err := c.o.ReferenceStored(sctx, a.StreamSeq)
+	ref, err := c.o.ReferenceStored(sctx, c.originSeq(orig, a.StreamSeq))
 	cancel()
 	switch {
 	case err != nil:
@@ -145,6 +146,9 @@ func (c *Catcher) deadLetter(work context.Context, m jetstream.Msg, a advisory, 
 		Attempts:      int(a.Deliveries),
 		FailedAt:      a.Time,
 	}
+	if c.o.Origin != nil {
+		c.asOrigin(&letter)
+	}
 	if letter.FailedAt.IsZero() {
 		letter.FailedAt = c.o.Now()
 	}
@@ -164,7 +168,7 @@ func (c *Catcher) deadLetter(work context.Context, m jetstream.Msg, a advisory, 
 	}
 	log = log.With("subject", orig.Subject)
 
-	if reference {
+	if reference && c.o.Origin == nil {
 		// The dead letter refers to the original for its body: it must
 		// stay, even in a work-queue stream.
 		log.Warn("dead letter stored without the original's body (too large with its envelope); the original is left in its stream, where replay reads it",
@@ -261,6 +265,30 @@ func (c *Catcher) retry(m jetstream.Msg, tries int, log *slog.Logger) {
 
 func (c *Catcher) count(result string) {
 	c.handled.WithLabelValues(result).Inc()
+}
+
+// asOrigin makes l, the dead letter of a message of the work stream, that
+// of the message it copies (Options.Origin): its subject, stream and
+// sequence, without the header that named them.
+func (c *Catcher) asOrigin(l *dlq.Letter) {
+	o := c.o.Origin
+	l.Stream, l.StreamCreated, l.Consumer = o.Stream.Config.Name, o.Stream.Created, o.Consumer
+	if stream, seq, subject, ok := natshdr.Source(l.Header); ok {
+		l.Stream, l.Sequence, l.Subject = stream, seq, subject
+	}
+	delete(l.Header, natshdr.SourceHeader)
+}
+
+// originSeq is the sequence ReferenceStored is asked of for orig: the
+// original's, for a copy (Options.Origin).
+func (c *Catcher) originSeq(orig *jetstream.RawStreamMsg, seq uint64) uint64 {
+	if c.o.Origin == nil {
+		return seq
+	}
+	if _, s, _, ok := natshdr.Source(orig.Header); ok {
+		return s
+	}
+	return seq
 }
 
 // stripServerHeaders returns the headers of m as its publisher stored them,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -53,6 +54,26 @@ type Options struct {
 	// handled again later. Nil: only the DLQ's duplicate window guards. It
 	// must be safe for concurrent use.
 	ReferenceStored func(ctx context.Context, seq uint64) (bool, error)
+	// Origin, when set, says that the stream is the partitions' work
+	// stream (COURIER_ORDER_PARTITIONS), whose messages copy those of
+	// another (package partition): New is then given AllConsumers, each
+	// dead letter names the message copied (its Nats-Stream-Source
+	// header), as the delivery loop's do, and ReferenceStored is asked of
+	// its sequence. The copy is removed once its dead letter is stored,
+	// even one that refers to the original for its body: the original is
+	// in its own stream.
+	Origin *Origin
+}
+
+// Origin is the stream a work stream copies, and the durable it stands
+// for.
+type Origin struct {
+	// Stream is the copied stream's info: its name and creation time (part
+	// of every dead letter's Nats-Msg-Id).
+	Stream *jetstream.StreamInfo
+	// Consumer is the durable's name (COURIER_CONSUMER), the dead letters'
+	// consumer.
+	Consumer string
 }
 
 // defaults fills the zero values of o with the defaults. A negative value,

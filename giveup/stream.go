@@ -62,11 +62,19 @@ func StreamName(stream, consumer string) string {
 	return jsutil.SafeStreamName(streamPrefix, stream+"_"+consumer, stream+"\x00"+consumer)
 }
 
+// AllConsumers, given to New as the consumer, catches the advisories of
+// every consumer of the stream (the partitions' work stream, whose
+// consumers are all courier's).
+const AllConsumers = "*"
+
 // ConsumerName returns the name of the durable consumer through which the
 // replicas of courier share the advisories of consumer, in the stream
 // EnsureStream creates for them (StreamName), which holds no other
 // consumer's advisories.
 func ConsumerName(consumer string) string {
+	if consumer == AllConsumers {
+		consumer = "all" // a consumer's name holds no wildcard
+	}
 	return consumerPrefix + consumer
 }
 

@@ -1,11 +1,12 @@
 package proxy
 
 import (
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // sourcedMsg is a message of a partition's work stream (partition.go) as
@@ -25,9 +26,6 @@ type sourcedMsg struct {
 	seq     uint64                 // the work stream's sequence
 }
 
-// sourceHeader is the header the server adds to a sourced message.
-const sourceHeader = "Nats-Stream-Source"
-
 // newSourced wraps m, a message of partition s's consumer.
 func newSourced(m jetstream.Msg, s *session) jetstream.Msg {
 	meta, err := m.Metadata()
@@ -38,24 +36,21 @@ func newSourced(m jetstream.Msg, s *session) jetstream.Msg {
 	own := *meta
 	sm.meta = &own
 	h := m.Headers()
-	if src := h.Get(sourceHeader); src != "" {
-		f := strings.Split(src, " ") // the filters are joined by form feeds, not spaces
-		if len(f) >= 5 {
-			if seq, err := strconv.ParseUint(f[1], 10, 64); err == nil {
-				own.Stream, own.Sequence.Stream, sm.subject = f[0], seq, f[4]
-			}
-		}
-		sm.header = make(nats.Header, len(h))
-		for k, v := range h {
-			if k != sourceHeader {
-				sm.header[k] = v
-			}
-		}
-	} else {
+	if _, ok := h[natshdr.SourceHeader]; !ok {
 		sm.header = h
 		// No origin named: strip the partition token the transform added.
 		if _, rest, ok := strings.Cut(sm.subject, "."); ok {
 			sm.subject = rest
+		}
+		return sm
+	}
+	if stream, seq, subject, ok := natshdr.Source(h); ok {
+		own.Stream, own.Sequence.Stream, sm.subject = stream, seq, subject
+	}
+	sm.header = make(nats.Header, len(h))
+	for k, v := range h {
+		if k != natshdr.SourceHeader {
+			sm.header[k] = v
 		}
 	}
 	return sm

@@ -209,7 +209,13 @@ func planConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Config
 const advisoryDescription = "courier: max-deliveries advisories"
 
 func planAdvisories(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
-	name := giveup.StreamName(cfg.Stream, cfg.Consumer)
+	return planAdvisoriesOf(ctx, js, cfg.Stream, cfg.Consumer, force)
+}
+
+// planAdvisoriesOf is planAdvisories for consumer (giveup.AllConsumers: every
+// one) of stream.
+func planAdvisoriesOf(ctx context.Context, js jetstream.JetStream, stream, consumer string, force bool) (*item, error) {
+	name := giveup.StreamName(stream, consumer)
 	s, err := js.Stream(ctx, name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):

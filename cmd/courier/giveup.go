@@ -18,15 +18,20 @@ import (
 // consumer's max-deliveries advisories and a durable consumer on it, retried
 // like the rest of start-up) and runs it until the returned stop is called.
 // stream is the handle the delivery loop uses, so both derive the same
-// dead-letter ids. referenceStored tells the originals of reference dead
+// dead-letter ids; with partitions, the work stream, whose every consumer's
+// advisories are caught, and origin the stream it copies. referenceStored tells the originals of reference dead
 // letters the delivery loop stored (proxy.Runner.ReferenceStored), which get
 // no second one. stop ends the catch, lets the advisory in hand finish, and
 // waits; it may be called more than once.
-func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger, reg prometheus.Registerer,
+func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, origin *giveup.Origin, log *slog.Logger, reg prometheus.Registerer,
 	onDeadLetter func(), referenceStored func(context.Context, uint64) (bool, error)) (stop func(), err error) {
-	c, err := giveup.New(js, stream, cfg.Consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
+	consumer := cfg.Consumer
+	if origin != nil {
+		consumer = giveup.AllConsumers
+	}
+	c, err := giveup.New(js, stream, consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
 		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg, OnDeadLetter: onDeadLetter,
-		ReferenceStored: referenceStored,
+		ReferenceStored: referenceStored, Origin: origin,
 	})
 	if err != nil {
 		return nil, err

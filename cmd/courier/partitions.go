@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
@@ -181,6 +182,16 @@ func (s *sidecar) runnerPartitions() *proxy.Partitions {
 	}
 }
 
+// giveupStream is the stream whose advisories the max-deliveries catch
+// follows: the consumed stream, or with partitions the work stream (and the
+// stream it copies, which the dead letters name).
+func (s *sidecar) giveupStream() (jetstream.Stream, *giveup.Origin) {
+	if s.parts == nil {
+		return s.stream, nil
+	}
+	return s.parts.work, &giveup.Origin{Stream: s.stream.CachedInfo(), Consumer: s.cfg.Consumer}
+}
+
 // partitionsOf finds the work stream and the partitions' consumers of cfg's
 // durable, for status, pause and cleanup; nil when there is no work stream.
 func partitionsOf(ctx context.Context, js jetstream.JetStream, cfg config.Config) (jetstream.Stream, []jetstream.Consumer, error) {
@@ -289,6 +300,11 @@ func planPartitions(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	}
 	it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
 	items := []item{it}
+	if adv, err := planAdvisoriesOf(ctx, js, name, giveup.AllConsumers, force); err != nil {
+		return nil, err
+	} else if adv != nil {
+		items = append(items, *adv)
+	}
 	for _, bucket := range []string{partition.MembersBucket(cfg.Stream, cfg.Consumer), ordermark.PartitionsBucketName(cfg.Stream, cfg.Consumer)} {
 		if _, err := js.KeyValue(ctx, bucket); err == nil {
 			items = append(items, item{what: fmt.Sprintf("key-value bucket %q", bucket),

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -206,5 +208,58 @@ func TestPartitionsRefused(t *testing.T) {
 				t.Error("a work stream was created though courier refused to start")
 			}
 		})
+	}
+}
+
+// courier pause and resume act on every partition, status says so, and
+// cleanup removes what partitions need beside the stream (the work stream,
+// its advisory stream, the membership and marks buckets), never the stream.
+func TestPartitionsPauseAndCleanup(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	env := h.env(a.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=4")
+	for i := range 3 {
+		h.publish(fmt.Sprintf("orders.k%d.e", i), "x", nil)
+	}
+	c := start(t, env)
+	work := partition.StreamName("ORDERS", "courier")
+	waitFor(t, 20*time.Second, "every message delivered and settled", func() bool {
+		return a.count() == 3 && h.streamExists(work) && h.streamMsgsOf(work) == 0
+	})
+	command := func(args ...string) string {
+		t.Helper()
+		var out, errOut strings.Builder
+		if err := run(context.Background(), args, env, &out, &errOut); err != nil {
+			t.Fatalf("courier %s: %v\n%s", args[0], err, errOut.String())
+		}
+		return out.String()
+	}
+	if out := command("pause", "--for", "1m"); !strings.Contains(out, "paused ORDERS/courier (4 partitions)") {
+		t.Errorf("courier pause: %q", out)
+	}
+	if out := command("status"); !regexp.MustCompile(`(?m)^paused\s+until `).MatchString(out) {
+		t.Errorf("courier status after pause:\n%s", out)
+	}
+	if out := command("resume"); !strings.Contains(out, "resumed ORDERS/courier (4 partitions)") {
+		t.Errorf("courier resume: %q", out)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !h.streamExists(giveup.StreamName(work, giveup.AllConsumers)) {
+		t.Error("no stream captures the partitions' max-deliveries advisories")
+	}
+	out, code := h.cleanupRun(t, "--yes")
+	if code != 0 {
+		t.Fatalf("cleanup: exit %d\n%s", code, out)
+	}
+	for _, name := range []string{work, giveup.StreamName(work, giveup.AllConsumers),
+		"KV_" + partition.MembersBucket("ORDERS", "courier"), "KV_" + ordermark.PartitionsBucketName("ORDERS", "courier")} {
+		if h.streamExists(name) {
+			t.Errorf("%s left after cleanup:\n%s", name, out)
+		}
+	}
+	if !h.streamExists("ORDERS") {
+		t.Error("cleanup removed the stream courier consumes")
 	}
 }

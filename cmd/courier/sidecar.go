@@ -177,7 +177,8 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	// The max-deliveries catch: dead-letters what JetStream gave up on
 	// outside courier's sight, from its captured advisories.
 	s.health.at("setting up the max-deliveries catch")
-	if s.stopGiveup, err = startGiveup(ctx, s.js, s.cfg, s.stream, s.log, s.reg, func() {
+	caught, origin := s.giveupStream()
+	if s.stopGiveup, err = startGiveup(ctx, s.js, s.cfg, caught, origin, s.log, s.reg, func() {
 		s.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
 	}, runner.ReferenceStored); err != nil {
 		return err

@@ -4,6 +4,7 @@
 package natshdr
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -21,4 +22,24 @@ func Get(h nats.Header, name string) string {
 		}
 	}
 	return ""
+}
+
+// SourceHeader is the header the server adds to each message a stream
+// sources from another: "<stream> <seq> <filters> <destinations> <subject>
+// [<id>]", the filters and destinations of several transforms joined by form
+// feeds (nats-server stream.go, genSourceHeader).
+const SourceHeader = "Nats-Stream-Source"
+
+// Source reads h's SourceHeader: the stream, sequence and subject of the
+// message the sourced one copies; ok is false without a header in that form.
+func Source(h nats.Header) (stream string, seq uint64, subject string, ok bool) {
+	f := strings.Split(h.Get(SourceHeader), " ")
+	if len(f) < 5 || f[0] == "" || f[4] == "" {
+		return "", 0, "", false
+	}
+	seq, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return "", 0, "", false
+	}
+	return f[0], seq, f[4], true
 }

@@ -17,3 +17,16 @@ func TestGet(t *testing.T) {
 		}
 	}
 }
+
+func TestSource(t *testing.T) {
+	h := nats.Header{SourceHeader: {"ORDERS 42 orders.*.>\forders.* {{partition(4,1)}}.orders.{{wildcard(1)}}.>\f{{partition(4,1)}}.orders.{{wildcard(1)}} orders.o1.paid Qsb5Ci"}}
+	stream, seq, subject, ok := Source(h)
+	if !ok || stream != "ORDERS" || seq != 42 || subject != "orders.o1.paid" {
+		t.Errorf("Source = %q %d %q %v, want ORDERS 42 orders.o1.paid", stream, seq, subject, ok)
+	}
+	for _, v := range []string{"", "ORDERS 42", "ORDERS x a b orders.x", "ORDERS 1 a b"} {
+		if _, _, _, ok := Source(nats.Header{SourceHeader: {v}}); ok {
+			t.Errorf("Source(%q) reports an origin", v)
+		}
+	}
+}

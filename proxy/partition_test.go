@@ -202,11 +202,12 @@ func (e *partEnv) publish(keys []string, from, to int) {
 	}
 }
 
-// delivered reports whether every key has at least n messages delivered.
+// delivered reports whether every key has at least n messages delivered
+// (a redelivery counted once).
 func (e *partEnv) delivered(keys []string, n int) func() bool {
 	return func() bool {
 		for _, k := range keys {
-			if len(e.rec.delivered(k)) < n {
+			if len(slices.Compact(e.rec.delivered(k))) < n {
 				return false
 			}
 		}
@@ -216,11 +217,13 @@ func (e *partEnv) delivered(keys []string, n int) func() bool {
 
 // checkOrder fails the test unless each key's 2xx calls were its messages
 // 0..n-1 in stream order, none of a key while an earlier one was at the
-// app, each with the origin's subject and stream.
+// app, each with the origin's subject and stream. A message repeated right
+// after itself is a redelivery (its ack lost with a server; no dedup store
+// here), not a break of the order.
 func (e *partEnv) checkOrder(keys []string, n int) {
 	e.t.Helper()
 	for _, k := range keys {
-		if got := e.rec.delivered(k); !inOrder(got, n) {
+		if got := e.rec.delivered(k); !inOrder(slices.Compact(got), n) {
 			e.t.Errorf("%s delivered in the order %v, want 0..%d", k, got, n-1)
 		}
 	}
@@ -302,7 +305,33 @@ func TestPartitionsScaleOneThreeOne(t *testing.T) {
 	if handled := e.handled["b"] + e.handled["c"]; handled == 0 {
 		t.Errorf("b and c handled nothing (%v): the partitions never moved", e.handled)
 	}
-	if !slices.Equal(e.rec.delivered("k0"), []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
-		t.Errorf("k0 delivered %v", e.rec.delivered("k0"))
-	}
+}
+
+// Two couriers restarted one after the other (SIGTERM, then a new one in
+// its place) while messages are published, then the work stream's leader
+// lost on the 3-node cluster: every key reaches the app in stream order,
+// nothing lost.
+func TestPartitionsRollingRestartAndNodeLoss(t *testing.T) {
+	e := newPartEnv(t, 6, func(key string, n, attempt int) (int, string) {
+		if n%4 == 1 && attempt == 1 {
+			return 503, "" // retries on the way
+		}
+		return 200, ""
+	})
+	e.rec.took = 5 * time.Millisecond
+	keys := keysN(12)
+	stopA, stopB := e.replica("a"), e.replica("b")
+	e.publish(keys, 0, 3)
+	poll.Until(t, 30*time.Second, "a and b delivering", e.delivered(keys, 2))
+	stopA()
+	e.replica("a2")
+	e.publish(keys, 3, 6)
+	stopB()
+	e.replica("b2")
+	e.publish(keys, 6, 9)
+	poll.Until(t, 60*time.Second, "a2 and b2 delivering", e.delivered(keys, 8))
+	e.c.Shutdown(e.c.StreamLeader(e.work))
+	e.publish(keys, 9, 12)
+	poll.Until(t, 90*time.Second, "every key delivered", e.delivered(keys, 12))
+	e.checkOrder(keys, 12)
 }

@@ -1,22 +1,37 @@
 package partition
 
-import "hash/fnv"
+import (
+	"hash/fnv"
+	"slices"
+)
 
 // Assign returns the partitions, out of partitions, that self is to pull
-// from among members (self included or not), in increasing order: each
-// partition goes to the member that scores highest for it (rendezvous
-// hashing), so that a member joining or leaving moves only the partitions
-// it takes or held, and every member computes the same answer from the
-// same members.
+// from among members (self included or not), in increasing order. Each
+// partition, in turn, goes to the member that scores highest for it
+// (rendezvous hashing) among those still under their share, ceil(partitions
+// / members): so that every member holds about as many (a replica's
+// throughput is bounded by its share), a member joining or leaving moves
+// few partitions, and every member computes the same answer from the same
+// members.
 func Assign(members []string, self string, partitions int) []int {
+	ms := slices.Compact(slices.Sorted(slices.Values(members)))
+	if len(ms) == 0 {
+		return nil
+	}
+	share := (partitions + len(ms) - 1) / len(ms)
+	load := make(map[string]int, len(ms))
 	var out []int
 	for p := range partitions {
 		best, bestScore := "", uint64(0)
-		for _, m := range members {
-			if s := score(m, p); best == "" || s > bestScore || s == bestScore && m > best {
+		for _, m := range ms {
+			if load[m] >= share {
+				continue
+			}
+			if s := score(m, p); best == "" || s > bestScore {
 				best, bestScore = m, s
 			}
 		}
+		load[best]++
 		if best == self {
 			out = append(out, p)
 		}

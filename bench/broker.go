@@ -81,10 +81,15 @@ func (b *broker) createStream(ctx context.Context, name, subject string) error {
 // preload publishes messages [0, n) of run to subject, asynchronously in
 // batches, and checks that stream holds all n.
 func (b *broker) preload(ctx context.Context, stream, subject string, run uint64, n, size int) error {
+	return b.preloadTo(ctx, stream, func(uint64) string { return subject }, run, n, size)
+}
+
+// preloadTo is preload with message id's subject given by subject.
+func (b *broker) preloadTo(ctx context.Context, stream string, subject func(id uint64) string, run uint64, n, size int) error {
 	const batch = 1000
 	for from := 0; from < n; from += batch {
 		for id := from; id < min(from+batch, n); id++ {
-			if _, err := b.js.PublishAsync(subject, newBody(size, run, uint64(id), time.Now())); err != nil {
+			if _, err := b.js.PublishAsync(subject(uint64(id)), newBody(size, run, uint64(id), time.Now())); err != nil {
 				return fmt.Errorf("preloading %s: %w", stream, err)
 			}
 		}
@@ -148,6 +153,29 @@ func (b *broker) waitSettled(ctx context.Context, stream, name string) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for consumer %s on %s to settle: %w", name, stream, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitPartitionsSettled waits until every consumer on the partitions' work
+// stream has nothing pending or unacked.
+func (b *broker) waitPartitionsSettled(ctx context.Context, work string) error {
+	for {
+		s, err := b.js.Stream(ctx, work)
+		if err == nil {
+			settled, n := true, 0
+			for info := range s.ListConsumers(ctx).Info() {
+				n++
+				settled = settled && info.NumAckPending == 0 && info.NumPending == 0
+			}
+			if settled && n > 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the partitions of %s to settle: %w", work, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

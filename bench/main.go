@@ -10,8 +10,9 @@
 // its default but those naming what the benchmark sets up (NATS, stream,
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared
-// store on one durable, draining to an app that takes 20 ms a request (see
-// replicas.go). Then publishing: courier's HTTP publish API at 16 callers
+// store on one durable, draining to an app that takes 20 ms a request, and
+// the same with 1,000 keys kept in order by partitions ("replicas ordered";
+// see replicas.go). Then publishing: courier's HTTP publish API at 16 callers
 // against nats.go's synchronous js.Publish at 16 and a minimal HTTP
 // forwarder (./bench/pubforwarder) at 16 (see publish.go).
 //
@@ -252,14 +253,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Replicas: one and three couriers on one durable, alternately.
 	if o.replicasN > 0 {
 		for round := range o.repeat {
-			for _, k := range replicaCounts(round) {
-				r, err := b.drainReplicas(ctx, k)
-				if err != nil {
-					return err
+			for _, ordered := range []bool{false, true} {
+				name := map[bool]string{false: replicasName, true: replicasOrderedName}[ordered]
+				if o.only != nil && !o.only.MatchString(name) {
+					continue
 				}
-				rep.replicas = append(rep.replicas, r)
-				fmt.Fprintf(stderr, "bench: replicas: %d × courier, app %s a request: %8.0f msgs/s (steady %.0f)%s\n",
-					k, replicasAppDelay, r.rate(), r.steadyRate(), noteIf(r.err))
+				for _, k := range replicaCounts(round) {
+					r, err := b.drainReplicas(ctx, k, ordered)
+					if err != nil {
+						return err
+					}
+					rep.replicas = append(rep.replicas, r)
+					fmt.Fprintf(stderr, "bench: %s: %d × courier, app %s a request: %8.0f msgs/s (steady %.0f)%s\n",
+						name, k, replicasAppDelay, r.rate(), r.steadyRate(), noteIf(r.err))
+				}
 			}
 		}
 	}
@@ -384,7 +391,7 @@ func (b *bench) launch(v variant, run uint64, stream string, inflight int) (*chi
 
 // launchReplica is launch for one of several processes on the same durable:
 // each has a dedup directory and a log of its own.
-func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, replica int) (*child, string, error) {
+func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, replica int, extra ...string) (*child, string, error) {
 	env := append(slices.Clone(b.baseEnv),
 		"NATS_URL="+b.broker.URL(),
 		"COURIER_STREAM="+stream,
@@ -416,6 +423,7 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 		if v == dedupBatch {
 			env = append(env, "COURIER_BATCH_MAX="+strconv.Itoa(benchBatch))
 		}
+		env = append(env, extra...)
 	}
 	var logPath string
 	var logFile *os.File

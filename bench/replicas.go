@@ -8,19 +8,33 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/courierhq/courier/partition"
 )
 
 // The replicas scenario: scale-out is for apps whose requests wait on
 // something else (a database, a remote call), where one courier's in-flight
 // limit, not the CPU, bounds the drain rate. Each courier runs with the
 // shared store (as replicas are deployed) and replicasInflight requests in
-// flight; the app answers each after replicasAppDelay.
+// flight; the app answers each after replicasAppDelay. Its ordered variant
+// ("replicas ordered") keeps the order of replicasKeys keys, the key in the
+// subject, the durable split into replicasPartitions partitions that the
+// couriers share out (COURIER_ORDER_PARTITIONS).
 const (
 	replicasAppDelay = 20 * time.Millisecond
 	replicasInflight = 8
 	// replicasTarget is what three replicas should reach over one: the
 	// ideal is 3, and a little goes to start-up and to sharing the CPUs.
 	replicasTarget = 2.4
+	// replicasKeys and replicasPartitions shape the ordered variant.
+	replicasKeys       = 1000
+	replicasPartitions = 12
+)
+
+// Names of the replicas scenario's variants, as -only matches them.
+const (
+	replicasName        = "replicas"
+	replicasOrderedName = "replicas ordered"
 )
 
 // replicaCounts is the order of one round: one and three, the first
@@ -34,6 +48,7 @@ func replicaCounts(round int) []int {
 
 // replicasResult is one drain of the latency-bound app by k couriers.
 type replicasResult struct {
+	ordered  bool // keys in order, the durable in partitions
 	k        int
 	n        int
 	elapsed  time.Duration // first process start → every message received and acked
@@ -56,16 +71,25 @@ func (r replicasResult) steadyRate() float64 {
 }
 
 // drainReplicas preloads o.replicasN messages, starts k couriers on one
-// durable, and measures how long they take to deliver and ack them all.
-func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error) {
-	r := replicasResult{k: k, n: b.o.replicasN}
+// durable, and measures how long they take to deliver and ack them all;
+// ordered, the messages spread over replicasKeys keys in their subjects,
+// kept in order across the couriers by partitions.
+func (b *bench) drainReplicas(ctx context.Context, k int, ordered bool) (replicasResult, error) {
+	r := replicasResult{k: k, n: b.o.replicasN, ordered: ordered}
 	run, stream, subject := b.next()
 	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
+	var extra []string
+	keyed := func(uint64) string { return subject }
+	if ordered {
+		keyed = func(id uint64) string { return fmt.Sprintf("%s.k%d", subject, id%replicasKeys) }
+		subject += ".*"
+		extra = []string{"COURIER_ORDER_KEY=subject:3", fmt.Sprintf("COURIER_ORDER_PARTITIONS=%d", replicasPartitions)}
+	}
 	if err := b.broker.createStream(pctx, stream, subject); err != nil {
 		return r, err
 	}
-	if err := b.broker.preload(pctx, stream, subject, run, r.n, b.o.size); err != nil {
+	if err := b.broker.preloadTo(pctx, stream, keyed, run, r.n, b.o.size); err != nil {
 		return r, err
 	}
 	t := newTally(run, r.n)
@@ -81,7 +105,7 @@ func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error
 		}
 	}()
 	for i := range k {
-		c, logPath, err := b.launchReplica(dedupShared, run, stream, replicasInflight, i)
+		c, logPath, err := b.launchReplica(dedupShared, run, stream, replicasInflight, i, extra...)
 		if err != nil {
 			return r, err
 		}
@@ -102,7 +126,11 @@ func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error
 	defer cancelRun()
 	select {
 	case <-t.Done():
-		r.err = b.broker.waitSettled(rctx, stream, consumerName)
+		if ordered {
+			r.err = b.broker.waitPartitionsSettled(rctx, partition.StreamName(stream, consumerName))
+		} else {
+			r.err = b.broker.waitSettled(rctx, stream, consumerName)
+		}
 	case <-exited:
 		r.err = errors.New("a courier exited before draining")
 	case <-rctx.Done():
@@ -138,15 +166,28 @@ func (rep *report) printReplicas(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nReplicas: drain of %d preloaded messages by couriers on one durable (shared store, %d in flight each)\n",
 		rep.o.replicasN, replicasInflight)
-	fmt.Fprintf(w, "  to an app answering each request after %s: latency-bound, not CPU-bound\n", replicasAppDelay)
+	fmt.Fprintf(w, "  to an app answering each request after %s: latency-bound, not CPU-bound; ordered: %d keys in order,\n", replicasAppDelay, replicasKeys)
+	fmt.Fprintf(w, "  the key a subject token, the durable in %d partitions shared out (COURIER_ORDER_PARTITIONS)\n", replicasPartitions)
+	for _, ordered := range []bool{false, true} {
+		rep.printReplicasOf(w, ordered)
+	}
+}
+
+// printReplicasOf writes the figures of the ordered or the unordered
+// variant, if it ran.
+func (rep *report) printReplicasOf(w io.Writer, ordered bool) {
+	name := replicasName
+	if ordered {
+		name = replicasOrderedName
+	}
 	var t table
-	t.add("couriers", "msgs/s", "steady msgs/s", "ideal msgs/s", "every drain: msgs/s (steady)")
+	t.add(name, "msgs/s", "steady msgs/s", "ideal msgs/s", "every drain: msgs/s (steady)")
 	med := map[int][2]float64{}
 	for _, k := range []int{1, 3} {
 		var rates, steadies []float64
 		var runs []string
 		for _, r := range rep.replicas {
-			if r.k == k {
+			if r.k == k && r.ordered == ordered {
 				rates, steadies = append(rates, r.rate()), append(steadies, r.steadyRate())
 				runs = append(runs, fmt.Sprintf("%.0f (%.0f)", r.rate(), r.steadyRate()))
 			}
@@ -156,8 +197,11 @@ func (rep *report) printReplicas(w io.Writer) {
 		}
 		med[k] = [2]float64{median(rates), median(steadies)}
 		ideal := float64(k*replicasInflight) / replicasAppDelay.Seconds()
-		t.add(fmt.Sprint(k), fmt.Sprintf("%.0f", med[k][0]), fmt.Sprintf("%.0f", med[k][1]),
+		t.add(fmt.Sprintf("%d couriers", k), fmt.Sprintf("%.0f", med[k][0]), fmt.Sprintf("%.0f", med[k][1]),
 			fmt.Sprintf("%.0f", ideal), strings.Join(runs, ", "))
+	}
+	if len(med) == 0 {
+		return
 	}
 	t.write(w)
 	one, okOne := med[1]
@@ -188,7 +232,11 @@ func (rep *report) replicasAnomalies(w io.Writer) int {
 		}
 		if len(notes) > 0 {
 			n++
-			fmt.Fprintf(w, "  replicas: %d couriers: %s\n", r.k, strings.Join(notes, "; "))
+			name := replicasName
+			if r.ordered {
+				name = replicasOrderedName
+			}
+			fmt.Fprintf(w, "  %s: %d couriers: %s\n", name, r.k, strings.Join(notes, "; "))
 		}
 	}
 	return n

@@ -82,7 +82,8 @@ func (b *bench) drainReplicas(ctx context.Context, k int, ordered bool) (replica
 	var extra []string
 	keyed := func(uint64) string { return subject }
 	if ordered {
-		keyed = func(id uint64) string { return fmt.Sprintf("%s.k%d", subject, id%replicasKeys) }
+		base := subject
+		keyed = func(id uint64) string { return fmt.Sprintf("%s.k%d", base, id%replicasKeys) }
 		subject += ".*"
 		extra = []string{"COURIER_ORDER_KEY=subject:3", fmt.Sprintf("COURIER_ORDER_PARTITIONS=%d", replicasPartitions)}
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/orderkey"
@@ -39,6 +40,9 @@ type orderer struct {
 	now func() time.Time
 	log func(full bool) // told when the bound is reached and left
 	rel *releases       // where a settled head's successor goes
+	// untrack, when set, stops keeping a message in progress (tracker): a
+	// waiting copy replaced by its redelivery. Set once, before use.
+	untrack func(jetstream.Msg)
 
 	mu      sync.Mutex
 	lines   map[string]*keyLine
@@ -200,7 +204,11 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	i, _ := slices.BinarySearchFunc(l.waiting, seq, func(w queued, s uint64) int { return cmp.Compare(w.seq, s) })
 	if i < len(l.waiting) && l.waiting[i].seq == seq {
 		// A redelivery of a message already waiting (its ack wait ran
-		// out while courier held it): the later copy replaces it.
+		// out while courier held it): the later copy replaces it, and
+		// the earlier is no longer kept in progress.
+		if o.untrack != nil {
+			o.untrack(l.waiting[i].m)
+		}
 		o.bytes -= l.waiting[i].size
 		l.waiting[i] = q
 		o.bytes += q.size

@@ -150,6 +150,7 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	f.bound.Store(true) // until a pull fails
 	s.f = f
 	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.rel, r.orderFull)
+	s.order.untrack = r.track.remove
 	s.order.staleAfter = r.staleAfter()
 	if ps.o.Marks != nil {
 		if st := ps.o.Marks(i); st != nil {

@@ -197,6 +197,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		if o.OrderKey != nil {
 			r.rel = newReleases()
 			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
+			r.order.untrack = r.track.remove
 			r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
 			if o.OrderMarks != nil {
 				r.order.marks = newMarker(o.OrderMarks, r.log)

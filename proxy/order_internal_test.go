@@ -1,0 +1,80 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/orderkey"
+)
+
+func testOrderer(t *testing.T) (*orderer, *[]jetstream.Msg) {
+	t.Helper()
+	key, err := orderkey.Parse("subject:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := newOrderer(key, time.Now, newReleases(), func(bool) {})
+	var untracked []jetstream.Msg
+	o.untrack = func(m jetstream.Msg) { untracked = append(untracked, m) }
+	return o, &untracked
+}
+
+// A message waiting behind its key that comes back (its ack wait ran out
+// while courier held it; the tracker prevents it, so the messages here are
+// made up) replaces the waiting copy, which is no longer kept in progress:
+// a partition's hand-over waits for nothing that will never be settled.
+func TestOrderRedeliveredWaitingCopyUntracked(t *testing.T) {
+	o, untracked := testOrderer(t)
+	head, first, again := &fakeMsg{seq: 1}, &fakeMsg{seq: 2}, &fakeMsg{seq: 2}
+	if !o.admit(&queued{m: head}) {
+		t.Fatal("the key's first message waits")
+	}
+	if o.admit(&queued{m: first}) || o.admit(&queued{m: again}) {
+		t.Fatal("a later message of a busy key goes")
+	}
+	if len(*untracked) != 1 || (*untracked)[0] != first {
+		t.Fatalf("untracked %v, want the replaced copy", *untracked)
+	}
+	if n := o.waitingBehind("x"); n != 1 {
+		t.Errorf("%d waiting, want 1", n)
+	}
+}
+
+// Handing a partition on: what waits behind a head that is not in flight
+// (retried) is returned in stream order and its line forgotten; a line
+// whose head is in flight goes on, until that head is retried too.
+func TestOrderHandOn(t *testing.T) {
+	o, _ := testOrderer(t)
+	msgs := map[uint64]*fakeMsg{}
+	admit := func(seq uint64, subject string) bool {
+		m := &fakeMsg{seq: seq, subject: subject}
+		msgs[seq] = m
+		return o.admit(&queued{m: m})
+	}
+	admit(1, "s.a")
+	admit(2, "s.b")
+	admit(4, "s.a")
+	admit(3, "s.a")
+	admit(5, "s.b")
+	o.retrying("a", 1) // a's head awaits its redelivery
+	got := o.handOn()
+	if len(got) != 2 || got[0].seq != 3 || got[1].seq != 4 {
+		t.Fatalf("handOn returned %v, want a's 3 and 4", seqs(got))
+	}
+	if n := o.waitingBehind("b"); n != 1 {
+		t.Errorf("b has %d waiting, want its 5 still", n)
+	}
+	if back := o.retrying("b", 2); len(back) != 1 || back[0].seq != 5 {
+		t.Errorf("b's head retried while handing on gave back %v, want 5", seqs(back))
+	}
+}
+
+func seqs(qs []queued) []uint64 {
+	out := make([]uint64, len(qs))
+	for i, q := range qs {
+		out[i] = q.seq
+	}
+	return out
+}

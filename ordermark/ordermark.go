@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -62,9 +63,21 @@ func id(key string) string {
 	return hex.EncodeToString(sum[:20])
 }
 
-// Mark records that key's first unsettled message is at seq.
-func (s *Store) Mark(ctx context.Context, key string, seq uint64) error {
-	_, err := s.kv.PutString(ctx, id(key), strconv.FormatUint(seq, 10)+"\n"+key)
+// Mark is a key's first unsettled message: its stream sequence, and when
+// it is due back from a retry (zero: it is not being retried, and comes
+// back within an ack wait of the death of a courier that held it).
+type Mark struct {
+	Seq uint64
+	Due time.Time
+}
+
+// Mark records key's first unsettled message.
+func (s *Store) Mark(ctx context.Context, key string, m Mark) error {
+	v := strconv.FormatUint(m.Seq, 10)
+	if !m.Due.IsZero() {
+		v += " " + strconv.FormatInt(m.Due.UnixMilli(), 10)
+	}
+	_, err := s.kv.PutString(ctx, id(key), v+"\n"+key)
 	return err
 }
 
@@ -77,9 +90,9 @@ func (s *Store) Unmark(ctx context.Context, key string) error {
 	return err
 }
 
-// Marks returns every mark: ordering key → stream sequence.
-func (s *Store) Marks(ctx context.Context) (map[string]uint64, error) {
-	out := map[string]uint64{}
+// Marks returns every mark, by ordering key.
+func (s *Store) Marks(ctx context.Context) (map[string]Mark, error) {
+	out := map[string]Mark{}
 	lister, err := s.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
@@ -96,12 +109,30 @@ func (s *Store) Marks(ctx context.Context) (map[string]uint64, error) {
 		if err != nil {
 			return nil, err
 		}
-		seqText, key, ok := strings.Cut(string(e.Value()), "\n")
-		seq, perr := strconv.ParseUint(seqText, 10, 64)
-		if !ok || perr != nil {
+		m, key, ok := parse(string(e.Value()))
+		if !ok {
 			continue // not a mark of ours
 		}
-		out[key] = seq
+		out[key] = m
 	}
 	return out, nil
+}
+
+// parse reads a mark as Mark writes it: "<seq>[ <due, Unix ms>]\n<key>".
+func parse(v string) (m Mark, key string, ok bool) {
+	head, key, ok := strings.Cut(v, "\n")
+	seqText, dueText, retried := strings.Cut(head, " ")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if !ok || err != nil || seq == 0 {
+		return Mark{}, "", false
+	}
+	m.Seq = seq
+	if retried {
+		ms, err := strconv.ParseInt(dueText, 10, 64)
+		if err != nil {
+			return Mark{}, "", false
+		}
+		m.Due = time.UnixMilli(ms)
+	}
+	return m, key, true
 }

@@ -208,7 +208,7 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 	case outRetry:
 		span.setOutcome("retried")
 		delay, fromApp := r.retryDelay(err, d.attempt)
-		r.orderRetrying(d)
+		r.orderRetrying(d, delay)
 		r.nak(d.m, delay)
 		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
 			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)

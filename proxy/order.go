@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/ordermark"
 )
 
 // Order per key (Options.OrderKey), as README's "Order per key" describes
@@ -49,12 +50,13 @@ type orderer struct {
 
 	// Crash safety (README, "Order per key"): marks, when kept, name each
 	// busy key's first unsettled message for a courier that comes after.
-	// Until barrierUntil, first deliveries of keyed messages wait (in
-	// barrier): a message another courier held when it died comes back
-	// within the ack wait, and must go first. stale counts lines whose
+	// Until barrierUntil, keyed messages wait (in barrier), and then go in
+	// stream order: the messages another courier held when it died come
+	// back within the ack wait, in any order, and must go before later
+	// ones. stale counts lines whose
 	// head came from a mark and is awaited only until its line's stale.
 	marks        *marker
-	staleAfter   time.Duration
+	markWait     time.Duration // how long a marked head is awaited (addMarked)
 	barrierUntil time.Time
 	barrier      []queued
 	stale        int
@@ -103,7 +105,10 @@ func (o *orderer) admit(q *queued) bool {
 	}
 	q.okey, q.seq = k, meta.Sequence.Stream
 	o.mu.Lock()
-	if !o.barrierUntil.IsZero() && meta.NumDelivered == 1 {
+	if !o.barrierUntil.IsZero() {
+		// Redeliveries too: what a courier that died held comes back
+		// when each message's ack wait runs out, not in stream order;
+		// lift lets them in in stream order.
 		q.held = o.now()
 		o.barrier = append(o.barrier, *q)
 		o.mu.Unlock()
@@ -152,7 +157,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	l.waiting = slices.Insert(l.waiting, i, q)
 	if o.marks != nil && !l.marked {
 		l.marked = true
-		o.marks.set(k, l.head)
+		o.marks.set(k, ordermark.Mark{Seq: l.head})
 	}
 	o.waiting++
 	o.bytes += q.size
@@ -181,7 +186,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 	if n == 0 {
 		delete(o.lines, k)
 		if l.marked {
-			o.marks.set(k, 0)
+			o.marks.set(k, ordermark.Mark{})
 		}
 		o.mu.Unlock()
 		return 0
@@ -192,10 +197,10 @@ func (o *orderer) settled(k string, seq uint64) int {
 	switch {
 	case o.marks != nil && len(l.waiting) > 0:
 		l.marked = true
-		o.marks.set(k, next.seq)
+		o.marks.set(k, ordermark.Mark{Seq: next.seq})
 	case l.marked:
 		l.marked = false
-		o.marks.set(k, 0)
+		o.marks.set(k, ordermark.Mark{})
 	}
 	next.released = true
 	o.waiting--
@@ -214,16 +219,16 @@ func (o *orderer) settled(k string, seq uint64) int {
 	return n
 }
 
-// retrying notes that the head seq of key k was NAK'd for a retry: its line
-// waits for JetStream to redeliver it.
-func (o *orderer) retrying(k string, seq uint64) {
+// retrying notes that the head seq of key k was NAK'd for a retry in
+// delay: its line waits for JetStream to redeliver it.
+func (o *orderer) retrying(k string, seq uint64, delay time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if l := o.lines[k]; l != nil && l.head == seq {
 		l.inFlight = false
 		if o.marks != nil {
 			l.marked = true
-			o.marks.set(k, seq)
+			o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
 		}
 	}
 }

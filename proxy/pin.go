@@ -14,9 +14,10 @@ import (
 
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
-// replica gone quiet), and if the consumer has more messages out than this
-// pull asked for, another courier may hold some of them: order per key
-// waits for them as after a restart (orderer.takeover).
+// replica gone quiet): it reads the marks as the courier that had the pin
+// left them, and if the consumer has more messages out than this pull
+// asked for, another courier may hold some of them: order per key waits
+// for them as after a restart (orderer.takeover).
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -25,6 +26,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	f.pin = p
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
 	if err == nil && info.NumAckPending <= asked {
 		return
@@ -32,7 +34,6 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())
 	f.order.takeover(orderBarrier(f.ackWaitNow()))
-	f.order.reload(ictx)
 }
 
 // ackWaitNow is the consumer's ack wait as last read.

@@ -60,6 +60,9 @@ type orderer struct {
 	barrierUntil time.Time
 	barrier      []queued
 	stale        int
+	// epoch counts the times the pin moved away (unpinned): a message
+	// admitted before is not sent.
+	epoch uint64
 }
 
 // keyLine is one key's head and the later messages waiting behind it.
@@ -105,6 +108,7 @@ func (o *orderer) admit(q *queued) bool {
 	}
 	q.okey, q.seq = k, meta.Sequence.Stream
 	o.mu.Lock()
+	q.epoch = o.epoch
 	if !o.barrierUntil.IsZero() {
 		// Redeliveries too: what a courier that died held comes back
 		// when each message's ack wait runs out, not in stream order;
@@ -276,13 +280,32 @@ func (o *orderer) drain() []queued {
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}
-	o.lines, o.ready, o.waiting, o.bytes = make(map[string]*keyLine), nil, 0, 0
+	o.lines, o.ready, o.waiting, o.bytes, o.stale = make(map[string]*keyLine), nil, 0, 0, 0
 	if o.full {
 		o.full = false
 		close(o.room)
 	}
 	slices.SortFunc(out, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	return out
+}
+
+// unpinned forgets every line when the pin of the durable's priority group
+// moved away from this courier, and returns, in stream order, the messages
+// waiting behind their keys, to be given back. A message admitted before,
+// queued or with a worker, is given back by its worker (outdated).
+func (o *orderer) unpinned() []queued {
+	o.mu.Lock()
+	o.epoch++
+	o.mu.Unlock()
+	return o.drain()
+}
+
+// outdated reports whether a message admitted in epoch was admitted before
+// the pin last moved away from this courier: it must not be sent.
+func (o *orderer) outdated(epoch uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return epoch != o.epoch
 }
 
 // stats is what the metrics show: keys with messages waiting, the messages

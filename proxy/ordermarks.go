@@ -140,6 +140,29 @@ func (o *orderer) lift() {
 	}
 }
 
+// ackFloor is told the consumer's ack floor: every message at or below it
+// is settled. A line whose head is one of them and is not with a worker
+// goes on: the head was settled by another courier (one that held it too
+// while the pin moved) or known from a mark left behind. A head known from
+// a mark only is let go without removing the mark: it may be the pinned
+// courier's.
+func (o *orderer) ackFloor(floor uint64) {
+	o.mu.Lock()
+	heads := map[string]uint64{}
+	for k, l := range o.lines {
+		if !l.inFlight && l.head <= floor {
+			if !l.stale.IsZero() {
+				l.marked = false
+			}
+			heads[k] = l.head
+		}
+	}
+	o.mu.Unlock()
+	for k, seq := range heads {
+		o.settled(k, seq)
+	}
+}
+
 // OrderMarks keeps, durably and for every replica of the durable, the
 // stream sequence of the first unsettled message of each key that has later
 // messages waiting or is being retried (package ordermark). Safe for

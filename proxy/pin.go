@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,6 +58,7 @@ func (f *fetcher) keepPin(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	defer func() { f.checkUnpinned(batch.Error()) }()
 	for m := range batch.Messages() {
 		// Not expected (no message is one byte), but never dropped.
 		f.track.add(m)
@@ -72,6 +74,25 @@ func (f *fetcher) keepPin(ctx context.Context) {
 			_ = m.Nak()
 			return
 		}
+	}
+}
+
+// checkUnpinned is told how a pull ended: refused the pin id this courier
+// had, the pin has moved (another courier took it after this one went
+// quiet, or the consumer's new leader gives it anew) and the courier now
+// pinned receives the durable's messages. What this courier holds behind
+// keys is given back, in stream order, for that courier to send in it,
+// and what it admitted but has not sent is given back by the workers
+// (orderer.unpinned); its in-flight requests finish.
+func (f *fetcher) checkUnpinned(err error) {
+	if f.order == nil || f.pin == "" || !errors.Is(err, jetstream.ErrPinIDMismatch) {
+		return
+	}
+	f.pin = ""
+	held := f.order.unpinned()
+	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
+	for _, q := range held {
+		f.release(q.m, "the durable's pin moved while it waited behind its key")
 	}
 }
 

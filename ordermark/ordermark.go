@@ -20,6 +20,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Description is the description Open gives the bucket it creates: `courier
+// cleanup` removes only a bucket that carries it.
+const Description = "courier: order per key (COURIER_ORDER_KEY), the first unsettled message of busy keys"
+
 // Store is the marks of one durable consumer. Safe for concurrent use.
 type Store struct {
 	kv jetstream.KeyValue
@@ -45,7 +49,7 @@ func BucketName(stream, consumer string) string {
 func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketName(stream, consumer),
-		Description: "courier: order per key (COURIER_ORDER_KEY), the first unsettled message of busy keys",
+		Description: Description,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),

@@ -155,8 +155,8 @@ const benchBatch = 32
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
 		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32",
-		"courier, 1000 keys, unordered", "courier, 1000 keys, ordered", "courier, one key, ordered",
-		"forwarder, one key, MaxAckPending 1"}[v]
+		"order: courier, 1000 keys, unordered", "order: courier, 1000 keys, ordered", "order: courier, one key",
+		"order: forwarder, one key, MaxAckPending 1"}[v]
 }
 
 func (v variant) courier() bool { return v != baseline && v != orderForwarder }

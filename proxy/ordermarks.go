@@ -86,11 +86,12 @@ func (o *orderer) reload(ctx context.Context) {
 	gone := map[string]uint64{}
 	for k, l := range o.lines {
 		if m, ok := marks[k]; !l.stale.IsZero() && !l.inFlight && (!ok || m.Seq != l.head) {
+			// The mark is the other courier's to change or remove.
 			if len(l.waiting) > 0 {
-				gone[k] = l.head
+				gone[k], l.marked = l.head, false
 				continue
 			}
-			delete(o.lines, k) // the mark is the other courier's to remove
+			delete(o.lines, k)
 			o.stale--
 		}
 	}

@@ -80,17 +80,16 @@ func (b *bench) drainReplicas(ctx context.Context, k int, ordered bool) (replica
 	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
 	var extra []string
-	keyed := func(uint64) string { return subject }
+	captured, keys := subject, 0
 	if ordered {
-		base := subject
-		keyed = func(id uint64) string { return fmt.Sprintf("%s.k%d", base, id%replicasKeys) }
-		subject += ".*"
+		// Message i on bench.<run>.<i % replicasKeys> (preload).
+		captured, keys = subject+".*", replicasKeys
 		extra = []string{"COURIER_ORDER_KEY=subject:3", fmt.Sprintf("COURIER_ORDER_PARTITIONS=%d", replicasPartitions)}
 	}
-	if err := b.broker.createStream(pctx, stream, subject); err != nil {
+	if err := b.broker.createStream(pctx, stream, captured); err != nil {
 		return r, err
 	}
-	if err := b.broker.preloadTo(pctx, stream, keyed, run, r.n, b.o.size); err != nil {
+	if err := b.broker.preload(pctx, stream, subject, keys, run, r.n, b.o.size); err != nil {
 		return r, err
 	}
 	t := newTally(run, r.n)

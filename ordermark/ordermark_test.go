@@ -2,11 +2,52 @@ package ordermark
 
 import (
 	"context"
-	"fmt"
 	"testing"
+	"time"
 
 	"github.com/courierhq/courier/internal/natstest"
 )
+
+// Marks read back as written: the head's sequence and, for a retried
+// head, when its retry is due (to the millisecond); an unmarked key is
+// gone, and a value that is not a mark is skipped.
+func TestMarks(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	s, err := Open(ctx, js, "ORDERS", "courier", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := time.UnixMilli(time.Now().Add(time.Minute).UnixMilli())
+	for key, m := range map[string]Mark{"a": {Seq: 7}, "b.c/d": {Seq: 9, Due: due}, "gone": {Seq: 3}} {
+		if err := s.Mark(ctx, key, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Unmark(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unmark(ctx, "never marked"); err != nil {
+		t.Errorf("unmarking a key with no mark: %v", err)
+	}
+	kv, err := js.KeyValue(ctx, BucketName("ORDERS", "courier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"x\nbad", "0\nzero", "5 soon\nbad-due", "no key"} {
+		if _, err := kv.PutString(ctx, id(v), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Marks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["a"] != (Mark{Seq: 7}) || got["b.c/d"].Seq != 9 || !got["b.c/d"].Due.Equal(due) {
+		t.Errorf("marks %v, want a at 7 and b.c/d at 9 due %s", got, due)
+	}
+}
 
 // Each partition's marks are its own: a mark of one is not seen by
 // another, and unmarking removes it.
@@ -27,11 +68,11 @@ func TestPartitionMarks(t *testing.T) {
 		key string
 		seq uint64
 	}{{p0, "k.a", 7}, {p0, "k b", 9}, {p1, "k.a", 3}} {
-		if err := m.s.Mark(ctx, m.key, m.seq); err != nil {
+		if err := m.s.Mark(ctx, m.key, Mark{Seq: m.seq}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got, err := p0.Marks(ctx); err != nil || fmt.Sprint(got) != "map[k b:9 k.a:7]" {
+	if got, err := p0.Marks(ctx); err != nil || len(got) != 2 || got["k.a"].Seq != 7 || got["k b"].Seq != 9 {
 		t.Errorf("partition 0 marks %v, %v", got, err)
 	}
 	if err := p1.Unmark(ctx, "k.a"); err != nil {

@@ -23,6 +23,7 @@ type delivery struct {
 	skey    string   // the key as the dedup store holds it
 	okey    string   // the ordering key (order.go); "" when not ordered
 	ord     *orderer // the lines okey is in (of its partition, partition.go)
+	oepoch  uint64   // ord's epoch when it was admitted
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
 	detached bool
@@ -60,7 +61,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	d := r.newDelivery(m, meta, ln, wait)
-	d.probe, d.arrived, d.okey, d.ord = probe, q.at, q.okey, q.ord
+	d.probe, d.arrived, d.okey, d.ord, d.oepoch = probe, q.at, q.okey, q.ord, q.epoch
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once.
@@ -142,12 +143,17 @@ func (r *Runner) attempt(d *delivery) {
 // breaker's probe, or courier is stopping (d then goes out as its worker
 // decided). Otherwise (the gate closed while d waited for its key or the
 // store, or d was the probe and handed that on) d is held until it may; it
-// reports false if d was settled meanwhile.
+// reports false if d was settled meanwhile, or given back because the pin
+// of the durable moved away since d's key admitted it (orderer.unpinned).
 func (r *Runner) mayStart(d *delivery, span *attemptSpan) bool {
 	for !d.probe && !r.open() && r.ph.fetched.Err() == nil {
 		if !r.holdAgain(d, span, "deliveries were held") {
 			return false
 		}
+	}
+	if d.okey != "" && d.ord != nil && d.ord.outdated(d.oepoch) {
+		r.release(d.m, "the durable's pin moved to another courier") // which sends it in its key's order
+		return false
 	}
 	return true
 }
@@ -209,7 +215,7 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 	case outRetry:
 		span.setOutcome("retried")
 		delay, fromApp := r.retryDelay(err, d.attempt)
-		r.orderRetrying(d)
+		r.orderRetrying(d, delay)
 		r.nak(d.m, delay)
 		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
 			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)

@@ -58,6 +58,7 @@ type queued struct {
 	held     time.Time
 	released bool
 	ord      *orderer
+	epoch    uint64 // ord's epoch when it was admitted (unpinned)
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -98,6 +99,9 @@ type fetcher struct {
 	// before run.
 	part *session
 	wrap func(jetstream.Msg) jetstream.Msg
+	// release gives a message back at once (Runner.release). Set once,
+	// before run, with order.
+	release func(m jetstream.Msg, why string)
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -233,6 +237,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 			f.arrived(ctx, m, room)
 		}
 		err = batch.Error()
+		f.checkUnpinned(err)
 	}
 	if endsNormally(err) {
 		return nil
@@ -418,6 +423,9 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		}
 	}
 	f.replicated = info.Cluster != nil && info.Cluster.Name != ""
+	if f.order != nil {
+		f.order.ackFloor(info.AckFloor.Stream)
+	}
 	if c.MaxRequestBatch != f.reqBatch || c.MaxRequestMaxBytes != f.reqBytes {
 		f.log.Info("pulling within the consumer's request limits",
 			"max_request_batch", c.MaxRequestBatch, "max_request_max_bytes", c.MaxRequestMaxBytes)

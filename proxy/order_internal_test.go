@@ -58,7 +58,7 @@ func TestOrderHandOn(t *testing.T) {
 	admit(4, "s.a")
 	admit(3, "s.a")
 	admit(5, "s.b")
-	o.retrying("a", 1) // a's head awaits its redelivery
+	o.retrying("a", 1, time.Second) // a's head awaits its redelivery
 	got := o.handOn()
 	if len(got) != 2 || got[0].seq != 3 || got[1].seq != 4 {
 		t.Fatalf("handOn returned %v, want a's 3 and 4", seqs(got))
@@ -66,7 +66,7 @@ func TestOrderHandOn(t *testing.T) {
 	if n := o.waitingBehind("b"); n != 1 {
 		t.Errorf("b has %d waiting, want its 5 still", n)
 	}
-	if back := o.retrying("b", 2); len(back) != 1 || back[0].seq != 5 {
+	if back := o.retrying("b", 2, time.Second); len(back) != 1 || back[0].seq != 5 {
 		t.Errorf("b's head retried while handing on gave back %v, want 5", seqs(back))
 	}
 }

@@ -145,13 +145,13 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	s := &session{i: i, ps: ps, fetched: make(chan struct{})}
 	log := r.log.With("partition", i)
 	f := newFetcher(ps.o.Consumers[i], r.track, r.gate, log, r.o, true)
-	f.group, f.part, f.noProbe = r.o.PriorityGroup, s, r.noProbe
+	f.group, f.part, f.noProbe, f.release = r.o.PriorityGroup, s, r.noProbe, r.release
 	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
 	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.rel, r.orderFull)
 	s.order.untrack = r.track.remove
-	s.order.staleAfter = r.staleAfter()
+	s.order.markWait = orderBarrier(r.o.AckWait)
 	if ps.o.Marks != nil {
 		if st := ps.o.Marks(i); st != nil {
 			s.order.marks = newMarker(st, log)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,9 +15,10 @@ import (
 
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
-// replica gone quiet), and if the consumer has more messages out than this
-// pull asked for, another courier may hold some of them: order per key
-// waits for them as after a restart (orderer.takeover).
+// replica gone quiet): it reads the marks as the courier that had the pin
+// left them, and if the consumer has more messages out than this pull
+// asked for, another courier may hold some of them: order per key waits
+// for them as after a restart (orderer.takeover).
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -28,6 +30,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	// The pull runs to its end after fetching stops; so does this.
 	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
 	if f.part != nil {
 		f.partitionPinned(ictx, info, err, first && asked == 1)
@@ -36,32 +39,27 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	if err == nil && info.NumAckPending <= asked {
 		return
 	}
-	floor := uint64(0)
-	if err == nil {
-		floor = info.AckFloor.Stream
-	}
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())
 	f.order.takeover(orderBarrier(f.ackWaitNow()))
-	f.order.reload(ictx, floor)
 }
 
 // partitionPinned takes a partition over when its pin has come to this
-// courier: it reads the marks the courier before left, and unless that one
+// courier (checkPin has read the marks the courier before left): lines
+// whose head is at or below the ack floor go on, and unless that courier
 // handed the partition on holding nothing (Partitions.Clean) or the
 // consumer has nothing out but the one message of this courier's first
-// pull (exact: the pin came with it), first deliveries of keyed messages
-// wait for what another courier may still hold.
+// pull (exact: the pin came with it), keyed messages wait for what another
+// courier may still hold.
 func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) {
 	if err != nil {
 		f.log.Info("pinned to this partition; its consumer cannot be read: keyed messages wait for what another courier may hold",
 			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		f.order.reload(ctx, 0)
 		return
 	}
 	clean := f.part.clean(ctx, info, f.group)
-	f.order.reload(ctx, info.AckFloor.Stream)
+	f.order.ackFloor(info.AckFloor.Stream)
 	if clean || exact && info.NumAckPending <= 1 {
 		f.log.Info("pinned to this partition", "handed_on", clean)
 		return
@@ -152,11 +150,32 @@ func (f *fetcher) pinPull(got func(jetstream.Msg)) {
 	if err != nil {
 		return
 	}
+	defer func() { f.checkUnpinned(batch.Error()) }()
 	for m := range batch.Messages() {
 		if f.wrap != nil {
 			m = f.wrap(m)
 		}
 		got(m)
+	}
+}
+
+// checkUnpinned is told how a pull ended: refused the pin id this courier
+// had, the pin has moved (another courier took it after this one went
+// quiet, or the consumer's new leader gives it anew) and the courier now
+// pinned receives the durable's messages. What this courier holds behind
+// keys is given back, in stream order, for that courier to send in it,
+// and what it admitted but has not sent is given back by the workers
+// (orderer.unpinned); its in-flight requests finish.
+func (f *fetcher) checkUnpinned(err error) {
+	if f.order == nil || f.pin == "" || !errors.Is(err, jetstream.ErrPinIDMismatch) {
+		return
+	}
+	f.pin = ""
+	f.pinNow.Store(nil)
+	held := f.order.unpinned()
+	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
+	for _, q := range held {
+		f.release(q.m, "the durable's pin moved while it waited behind its key")
 	}
 }
 

@@ -198,7 +198,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 			r.rel = newReleases()
 			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
 			r.order.untrack = r.track.remove
-			r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
+			r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.release
 			if o.OrderMarks != nil {
 				r.order.marks = newMarker(o.OrderMarks, r.log)
 			}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -88,14 +89,14 @@ func (r *Runner) orderSettled(d *delivery) int {
 	return d.ord.settled(d.okey, streamSeq(d.m, d.meta))
 }
 
-// orderRetrying notes that d was NAK'd for a retry: its key waits for its
-// redelivery (or, while its partition is handed on, its key's later
+// orderRetrying notes that d was NAK'd for a retry in delay: its key waits
+// for its redelivery (or, while its partition is handed on, its key's later
 // messages are given back, in stream order).
-func (r *Runner) orderRetrying(d *delivery) {
+func (r *Runner) orderRetrying(d *delivery, delay time.Duration) {
 	if d.ord == nil || d.okey == "" {
 		return
 	}
-	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta)) {
+	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta), delay) {
 		meta, err := q.m.Metadata()
 		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier, and an earlier message of its key is retried")
 	}

@@ -42,6 +42,10 @@ type delivery struct {
 	wait  context.Context
 	timer *requestTimer
 	log   msgLog
+	// With batches: d as an entry of one, answered on its worker's
+	// channel (lane.batchDone; nil: a channel of its own).
+	entry     batchEntry
+	batchDone chan batchResult
 }
 
 // last reports whether this is the message's last allowed delivery.
@@ -87,7 +91,8 @@ func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln la
 	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
 	return &delivery{
 		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
-		log: msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
+		batchDone: ln.batchDone,
+		log:       msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
 
@@ -111,7 +116,7 @@ func (r *Runner) expired(d *delivery) (failure, bool) {
 // with dedup on, recording the key and the ack are handed to the recorder,
 // so the worker takes the next message while the key commits.
 func (r *Runner) attempt(d *delivery) {
-	h, dropped := BuildHeaders(d.m, d.meta, d.key)
+	h, ct, dropped := r.requestHeaders(d)
 	for _, dh := range dropped {
 		r.m.dropped.Inc()
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
@@ -127,7 +132,7 @@ func (r *Runner) attempt(d *delivery) {
 	}()
 	for r.mayStart(d, span) {
 		span.request()
-		answer, took, err := r.send(d, h, span)
+		answer, took, err := r.send(d, h, ct, span)
 		lastErr = err
 		out := r.decide(d, err, took)
 		delivered = out == outDelivered
@@ -332,11 +337,23 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Ans
 	return a, time.Since(began), err
 }
 
-// send sends d with headers h: on its own (post), or in a batch (batcher)
-// when batches are on; span is d's attempt span (nil: tracing off).
-func (r *Runner) send(d *delivery, h http.Header, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+// requestHeaders returns the headers d is sent with (BuildHeaders), or with
+// batches on those of its entry and its content type (entryHeaders), and
+// those of its own that were dropped.
+func (r *Runner) requestHeaders(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
 	if r.batcher != nil {
-		res := r.batcher.submit(d, h, span)
+		return entryHeaders(d.m, r.o.Tracer != nil)
+	}
+	h, dropped := BuildHeaders(d.m, d.meta, d.key)
+	return h, "", dropped
+}
+
+// send sends d with headers h: on its own (post), or in a batch (batcher)
+// when batches are on, with content type ct; span is d's attempt span (nil:
+// tracing off).
+func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+	if r.batcher != nil {
+		res := r.batcher.submit(d, h, ct, span)
 		return res.answer, res.took, res.err
 	}
 	return r.post(d.timer, h, d.m.Data())

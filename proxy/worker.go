@@ -19,6 +19,9 @@ func (r *Runner) worker() {
 	ln, stop := r.ph.lane()
 	defer stop()
 	ln.timer = newRequestTimer(ln.requests, r.o.HTTPTimeout)
+	if r.batcher != nil {
+		ln.batchDone = make(chan batchResult, 1)
+	}
 	defer ln.timer.close()
 	for {
 		q, ok := r.next()

@@ -74,11 +74,13 @@ func (e *entryError) Error() string {
 
 func (e *entryError) Unwrap() error { return e.app }
 
-// batcher gathers deliveries into batch requests. Run starts it and, once
-// every worker has returned, closes in and waits for it (stop).
+// batcher gathers deliveries into batch requests. The workers add their
+// entries to the batch that is gathering, under mu, and the one whose entry
+// fills it hands it on; a timer sends one that is not full BatchWait after
+// its first entry. Run starts it and, once every worker has returned,
+// stops it and waits for the batches in flight (stop).
 type batcher struct {
 	r     *Runner
-	in    chan *batchEntry
 	max   int
 	bytes int
 	wait  time.Duration
@@ -86,6 +88,17 @@ type batcher struct {
 	// (MaxInflight): a request takes one, and its buffers with it.
 	slots chan *sendBuf
 	wg    sync.WaitGroup
+	quit  chan struct{} // closed by stop: the watch on shutdown ends
+
+	// The batch gathering: its entries and their message bytes; gen names
+	// it (the timer set for it sends only it); timer is nil until its
+	// first entry. now: courier is stopping, every entry goes at once.
+	mu    sync.Mutex
+	cur   []*batchEntry
+	size  int
+	gen   uint64
+	timer *time.Timer
+	now   bool
 
 	// Batches as batches; their entries count as messages in every other
 	// metric.
@@ -95,8 +108,8 @@ type batcher struct {
 
 func newBatcher(r *Runner) *batcher {
 	b := &batcher{
-		r: r, in: make(chan *batchEntry), max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait,
-		slots: make(chan *sendBuf, r.o.MaxInflight),
+		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait,
+		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -120,81 +133,88 @@ func newBatcher(r *Runner) *batcher {
 // submit hands d, with its application headers h and content type ct
 // (entryHeaders), to the next batch and returns its part of the answer.
 func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
+	if b.r.ph.requests.Err() != nil {
+		return batchResult{err: errNotSent}
+	}
 	e := &d.entry
 	*e = batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone}
 	if e.done == nil {
 		e.done = make(chan batchResult, 1)
 	}
-	select {
-	case b.in <- e:
-	case <-b.r.ph.requests.Done():
-		return batchResult{err: errNotSent}
-	}
-	return <-e.done // every entry taken is answered
+	b.add(e)
+	return <-e.done // every entry added is answered
 }
 
-// start runs the gathering loop until stop.
+// add adds e to the batch gathering. A batch goes when full (entries or
+// bytes: an entry that would take it over BatchBytes goes in the next one),
+// BatchWait after its first entry, or at once once courier is stopping.
+func (b *batcher) add(e *batchEntry) {
+	n := len(e.d.m.Data())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.cur) > 0 && b.size+n > b.bytes {
+		b.flushLocked()
+	}
+	if b.cur == nil {
+		b.cur = make([]*batchEntry, 0, b.max)
+	}
+	b.cur, b.size = append(b.cur, e), b.size+n
+	switch {
+	case len(b.cur) >= b.max || b.size >= b.bytes || b.now || b.wait <= 0:
+		b.flushLocked()
+	case len(b.cur) == 1:
+		gen := b.gen
+		b.timer = time.AfterFunc(b.wait, func() { b.flushGen(gen) })
+	}
+}
+
+// flushGen sends the batch gen once its BatchWait is over, unless it went
+// already.
+func (b *batcher) flushGen(gen uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gen == gen {
+		b.flushLocked()
+	}
+}
+
+// flushLocked sends the batch gathering, if it has entries, and starts the
+// next. b.mu is held.
+func (b *batcher) flushLocked() {
+	if b.timer != nil {
+		b.timer.Stop() // if it fired already, flushGen finds gen moved on
+		b.timer = nil
+	}
+	b.gen++
+	if len(b.cur) > 0 {
+		b.send(b.cur)
+	}
+	b.cur, b.size = nil, 0
+}
+
+// start watches for shutdown until stop: once nothing new starts, what has
+// gathered goes at once, and so does every entry from then on (a last
+// delivery sent in the grace period).
 func (b *batcher) start() {
 	b.wg.Add(1)
-	go b.gather()
-}
-
-// stop ends the loop once no entry can come (the workers have returned) and
-// waits for the batches in flight.
-func (b *batcher) stop() {
-	close(b.in)
-	b.wg.Wait()
-}
-
-// gather forms batches: full (entries or bytes), or BatchWait after their
-// first entry, or at once once courier is stopping.
-func (b *batcher) gather() {
-	defer b.wg.Done()
-	var (
-		cur      []*batchEntry
-		size     int
-		timer    = time.NewTimer(time.Hour)
-		fire     <-chan time.Time
-		stopping = b.r.ph.noStart.Done()
-		wait     = b.wait
-	)
-	timer.Stop()
-	defer timer.Stop()
-	flush := func() {
-		if len(cur) > 0 {
-			b.send(cur)
-		}
-		cur, size, fire = nil, 0, nil
-		timer.Stop()
-	}
-	for {
+	go func() {
+		defer b.wg.Done()
 		select {
-		case e, ok := <-b.in:
-			if !ok {
-				flush()
-				return
-			}
-			n := len(e.d.m.Data())
-			if len(cur) > 0 && size+n > b.bytes {
-				flush() // it goes in the next one
-			}
-			cur, size = append(cur, e), size+n
-			if len(cur) >= b.max || size >= b.bytes || wait <= 0 {
-				flush()
-			} else if len(cur) == 1 {
-				timer.Reset(wait)
-				fire = timer.C
-			}
-		case <-fire:
-			flush()
-		case <-stopping:
-			// Nothing new starts: what has gathered goes at once, and so
-			// does every entry from now on (a last delivery sent in the
-			// grace period).
-			stopping, wait = nil, 0
-			flush()
+		case <-b.r.ph.noStart.Done():
+		case <-b.quit:
 		}
-	}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.now = true
+		b.flushLocked()
+	}()
+}
+
+// stop, once no entry can come (the workers have returned), waits for the
+// batches in flight.
+func (b *batcher) stop() {
+	close(b.quit)
+	b.wg.Wait()
 }
 
 // send sends entries as one batch once a slot is free.
@@ -264,6 +284,10 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		for _, e := range entries {
 			e.done <- res
 		}
+	}
+	if r.ph.requests.Err() != nil {
+		answerAll(batchResult{err: errNotSent}) // the grace period is over
+		return
 	}
 	if r.limiter != nil {
 		began := time.Now()

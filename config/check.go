@@ -211,7 +211,7 @@ func (c *checker) checkBreaker(cfg *Config) {
 }
 
 // maxBatch bounds COURIER_BATCH_MAX: each entry is a message held in
-// progress while its batch runs, and a worker waits on it.
+// progress while its batch runs, MaxInflight×BatchMax of them at most.
 const maxBatch = 1000
 
 func (c *checker) checkOrder(cfg *Config) {

@@ -24,16 +24,18 @@ import (
 
 // Batches (Options.BatchMax > 1), as README's "Batches" describes them.
 //
-// Each message keeps its own delivery: worker, dedup check, claim, span,
-// breaker, settling. Where a single message would be sent, its worker hands
-// the entry to the batcher (submit) and waits for the entry's own result,
-// which decide reads as it reads the answer to a single request. So every
-// promise holds per entry, and MaxInflight×BatchMax workers run. The
-// batcher gathers entries into one request (batch.Encode) until it holds
-// BatchMax entries or BatchBytes of message data, or BatchWait after its
-// first entry; sends at most MaxInflight batches at once, each one request
-// to the rate limit; and gives each entry its part of the answer
-// (batch.ReadAnswer). A non-2xx answer, or none, is every entry's.
+// Each message keeps its own delivery: dedup check, claim, span, breaker,
+// settling. Where a single message would be sent, its worker hands the
+// delivery to the batch gathering (handoff.go), whose answer settles it, or
+// while the gate is closed or for the breaker's probe, adds its entry
+// (submit) and waits for the entry's own result. Either way decide reads the
+// entry's part as it reads the answer to a single request, so every promise
+// holds per entry. The batcher gathers entries into one request
+// (batch.Encode) until it holds BatchMax entries or BatchBytes of message
+// data, or BatchWait after its first entry; sends at most MaxInflight
+// batches at once, each one request to the rate limit; and gives each
+// entry its part of the answer (batch.ReadAnswer). A non-2xx answer, or
+// none, is every entry's.
 
 // batchAnswerLimit bounds what is read of the app's answer to a batch: a
 // status object per entry fits many times over.
@@ -282,7 +284,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	r := b.r
 	answerAll := func(res batchResult) {
 		for _, e := range entries {
-			e.done <- res
+			b.r.answer(e, res)
 		}
 	}
 	if r.ph.requests.Err() != nil {
@@ -345,12 +347,12 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			if r.o.Success != nil {
 				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
 			}
-			e.done <- batchResult{answer: each, took: took}
+			r.answer(e, batchResult{answer: each, took: took})
 		default:
 			if app == nil {
 				app = &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
 			}
-			e.done <- batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}}
+			r.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
 }

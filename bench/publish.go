@@ -27,11 +27,16 @@ import (
 // messages synchronously with nats.go (js.Publish, one acknowledgement
 // awaited per call) and against the least an HTTP-to-JetStream publisher can
 // do (./bench/pubforwarder: read the body, js.PublishMsg, answer the ack),
-// all at publishConcurrency callers, in the same run, alternated round by
-// round. The HTTP callers and the nats.go program both run in the
-// benchmark's process, beside the embedded server; the forwarder and
-// courier each as a process of their own. Forwarder against nats.go is
-// HTTP's own cost; courier against the forwarder is courier's.
+// and against an HTTP endpoint that answers at once and publishes nothing
+// (the forwarder with BENCH_PUBLISH_NULL=1): the most any HTTP publisher
+// can reach with these callers on this machine, whatever it does behind
+// the request. All at publishConcurrency callers, in the same run,
+// alternated round by round. The HTTP callers and the nats.go program both
+// run in the benchmark's process, beside the embedded server; the
+// forwarder and courier each as a process of their own. Every publisher
+// sets the same Nats-Msg-Id (the server's duplicate window costs each
+// alike). Forwarder against nats.go is HTTP's own cost; courier against the
+// forwarder is courier's.
 const (
 	publishConcurrency = 16
 	// publishTarget is what courier should reach over the direct
@@ -48,9 +53,10 @@ const (
 	publishDirectName    = "publish: nats.go js.Publish"
 	publishForwarderName = "publish: minimal HTTP forwarder"
 	publishCourierName   = "publish: courier HTTP API"
+	publishNullName      = "publish: HTTP alone, nothing published"
 )
 
-var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName}
+var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName, publishNullName}
 
 // publishResult is one timed phase of n publishes.
 type publishResult struct {
@@ -123,7 +129,8 @@ func (b *bench) publishDirect(ctx context.Context) (publishResult, error) {
 		return r, err
 	}
 	send := func(ctx context.Context, id int) error {
-		_, err := js.Publish(ctx, subject, newBody(b.o.size, run, uint64(id), time.Now()))
+		_, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: newBody(b.o.size, run, uint64(id), time.Now()),
+			Header: nats.Header{nats.MsgIdHdr: {publishKey(run, id)}}})
 		return err
 	}
 	_, r.err = publishAll(pctx, 0, publishWarmup, send)
@@ -154,6 +161,9 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 		"COURIER_PUBLISH_ADDR=127.0.0.1:0",
 	)
 	bin := b.pubforwarder
+	if name == publishNullName {
+		env = append(env, "BENCH_PUBLISH_NULL=1")
+	}
 	if name == publishCourierName {
 		bin = b.courier
 		consumed := stream + "IDLE"
@@ -209,7 +219,7 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 		// As an app that wants its retries stored once would: the
 		// forwarder and courier then store alike (courier would
 		// otherwise make an id of its own).
-		req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatUint(run, 10)+"-"+strconv.Itoa(id))
+		req.Header.Set("Idempotency-Key", publishKey(run, id))
 		resp, err := client.Do(req)
 		if err != nil {
 			return err
@@ -234,6 +244,12 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 		}
 	}
 	return r, ctx.Err()
+}
+
+// publishKey is message id's idempotency key in run: every publisher sends
+// the same.
+func publishKey(run uint64, id int) string {
+	return "bench-" + strconv.FormatUint(run, 10) + "-" + strconv.Itoa(id)
 }
 
 // publishAll runs send for ids [from, from+n) from publishConcurrency
@@ -332,7 +348,7 @@ func (rep *report) printPublish(w io.Writer) {
 			strings.Join(runs, ", "))
 	}
 	t.write(w)
-	direct, fwd, courier := byName[publishDirectName], byName[publishForwarderName], byName[publishCourierName]
+	direct, fwd, courier, null := byName[publishDirectName], byName[publishForwarderName], byName[publishCourierName], byName[publishNullName]
 	fmt.Fprintln(w, "Per-round ratios, median (min–max):")
 	if len(courier) > 0 && len(direct) > 0 {
 		fmt.Fprintf(w, "  courier / nats.go:   msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",
@@ -344,6 +360,14 @@ func (rep *report) printPublish(w io.Writer) {
 			spread(publishRatios(courier, fwd, publishResult.rate), "%.2f"),
 			spread(publishRatios(courier, fwd, publishResult.cpuPerPublish), "%.2f"),
 			spread(publishRatios(courier, fwd, publishResult.allPerPublish), "%.2f"))
+	}
+	if len(null) > 0 && len(direct) > 0 {
+		fmt.Fprintf(w, "  HTTP alone / nats.go: msgs/s %s× (the most an HTTP publisher reaches here), all CPU per publish %s×\n",
+			spread(publishRatios(null, direct, publishResult.rate), "%.2f"),
+			spread(publishRatios(null, direct, publishResult.allPerPublish), "%.2f"))
+	}
+	if len(courier) > 0 && len(null) > 0 {
+		fmt.Fprintf(w, "  courier / HTTP alone: msgs/s %s×\n", spread(publishRatios(courier, null, publishResult.rate), "%.2f"))
 	}
 	if len(fwd) > 0 && len(direct) > 0 {
 		fmt.Fprintf(w, "  forwarder / nats.go: msgs/s %s×, all CPU per publish %s× (HTTP's own cost)\n",

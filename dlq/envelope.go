@@ -35,8 +35,9 @@ const (
 	// HeaderAttempts is the number of delivery attempts made.
 	HeaderAttempts = "Courier-Attempts"
 	// HeaderOrderKey is the original's ordering key (COURIER_ORDER_KEY),
-	// and HeaderOrderWaiting how many later messages of that key waited
-	// for it; both only on an ordered message's dead letter.
+	// and HeaderOrderWaiting how many later messages of that key courier
+	// held waiting for it (those it had fetched; more may follow in the
+	// stream); both only on an ordered message's dead letter.
 	HeaderOrderKey     = "Courier-Order-Key"
 	HeaderOrderWaiting = "Courier-Order-Waiting"
 	// HeaderSubject is the original message's subject, made a readable

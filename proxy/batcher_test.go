@@ -5,8 +5,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -22,6 +25,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/success"
 )
 
 // batchEntry is an entry of a batch request as the app reads it.
@@ -506,5 +510,128 @@ func TestBatchWithOrderPerKey(t *testing.T) {
 			}
 			next[k]++
 		}
+	}
+}
+
+// A batch is one request to COURIER_MAX_RATE's limiter: requests stay
+// within the rate, and the messages go faster than the rate, several to a
+// request.
+func TestBatchRateLimitIsPerRequest(t *testing.T) {
+	e := setup(t)
+	var (
+		mu    sync.Mutex
+		times []time.Time
+	)
+	a := newBatchApp(t, e, func(entries []batchEntry, _ int) (int, http.Header, string) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		return 200, nil, ""
+	})
+	keys := numbered("r", 40)
+	publishKeys(t, e, keys...)
+	const perSecond = 4.0
+	o := batchOptions()
+	o.MaxRate = perSecond
+	_, _ = e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	for _, k := range keys {
+		if len(a.sent()[k]) != 1 {
+			t.Errorf("%s sent %d times, want once", k, len(a.sent()[k]))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(times) > len(keys)/2 {
+		t.Errorf("%d requests for %d messages: batches not formed while waiting for the rate", len(times), len(keys))
+	}
+	for i := range times {
+		in := 0
+		for j := i; j < len(times) && times[j].Sub(times[i]) < time.Second; j++ {
+			in++
+		}
+		if in > int(perSecond)+1 {
+			t.Fatalf("%d batch requests within one second from request %d, cap %v/s", in, i, perSecond)
+		}
+	}
+}
+
+// Success records with batches: one per entry answered SUCCESS, with the
+// batch's status and the entry's own attempt; a retried entry's record is
+// its second attempt's, a dropped entry has none.
+func TestBatchSuccessRecordsPerEntry(t *testing.T) {
+	e := setup(t)
+	if _, _, err := success.EnsureStream(context.Background(), e.js, "ok.s", 1, dlq.CheckStream); err != nil {
+		t.Fatal(err)
+	}
+	var retried atomic.Bool
+	newBatchApp(t, e, func(entries []batchEntry, _ int) (int, http.Header, string) {
+		return 200, nil, statuses(entries, func(b batchEntry) string {
+			switch {
+			case b.IdempotencyKey == "drop":
+				return "DROP"
+			case b.IdempotencyKey == "retry" && !retried.Swap(true):
+				return "RETRY"
+			}
+			return "SUCCESS"
+		})
+	})
+	keys := []string{"a", "b", "retry", "drop", "c"}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.Success = success.NewPublisher(e.js, "ok.s")
+	_, _ = e.runWith(t, openStore(t), o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "four success records", func() bool { return len(records(t, e.js, "ok.s")) >= 4 })
+	recs := records(t, e.js, "ok.s")
+	byKey := map[string]*jetstream.RawStreamMsg{}
+	for _, m := range recs {
+		byKey[m.Header.Get(success.HeaderKey)] = m
+	}
+	if len(recs) != 4 || len(byKey) != 4 || byKey["drop"] != nil {
+		t.Fatalf("%d records for keys %v, want one each for a, b, retry, c", len(recs), slices.Sorted(maps.Keys(byKey)))
+	}
+	for k, m := range byKey {
+		want := "1"
+		if k == "retry" {
+			want = "2"
+		}
+		if got := m.Header.Get(success.HeaderAttempt); got != want {
+			t.Errorf("record of %s carries attempt %q, want %s", k, got, want)
+		}
+		if got := m.Header.Get(success.HeaderStatus); got != "200" {
+			t.Errorf("record of %s carries status %q, want 200", k, got)
+		}
+	}
+	if got := e.deadLetters(t); got != 1 {
+		t.Errorf("%d dead letters, want 1 (drop)", got)
+	}
+}
+
+// An app that cannot be reached holds a batch's messages as it holds one
+// message: no attempt spent on the outage, nothing dead-lettered however
+// long it lasts (MaxDeliver 2), and every entry goes once the app listens.
+func TestBatchAppOutageSpendsNothing(t *testing.T) {
+	e := setup(t)
+	listen := appLater(t, e)
+	keys := numbered("o", 12)
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.MaxDeliver, o.HealthInterval = 2, 50*time.Millisecond
+	_, _ = e.runWith(t, nil, o)
+	poll.Until(t, 10*time.Second, "the app counted unavailable", func() bool {
+		return counter(t, e.reg, "courier_app_available", "") == 0
+	})
+	time.Sleep(500 * time.Millisecond) // an outage longer than the backoff, many times over
+	a := &batchApp{answer: func(entries []batchEntry, _ int) (int, http.Header, string) { return 200, nil, "" }}
+	listen(a)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	for _, k := range keys {
+		if got := a.sent()[k]; len(got) != 1 || got[0] > 2 {
+			t.Errorf("%s sent at attempts %v, want once within its budget", k, got)
+		}
+	}
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from an app outage, want none", got)
 	}
 }

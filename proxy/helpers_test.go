@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -290,4 +291,38 @@ func (e *env) publishKeyed(t *testing.T, subj, key string) {
 	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// appLater points e at an address where no app listens yet, and returns
+// the function that starts h there: an app outage from the start, ended
+// when the test says. It skips the test if the port is taken meanwhile.
+func appLater(t *testing.T, e *env) func(h http.Handler) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	e.url = "http://" + addr
+	return func(h http.Handler) {
+		t.Helper()
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Skipf("port taken meanwhile: %v", err)
+		}
+		app := httptest.NewUnstartedServer(h)
+		app.Listener = ln
+		app.Start()
+		t.Cleanup(app.Close)
+	}
+}
+
+// numbered is n keys: prefix0, prefix1, ...
+func numbered(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return keys
 }

@@ -158,44 +158,54 @@ func TestOrderPerKeyThroughRetries(t *testing.T) {
 }
 
 // A key whose first message always fails is dead-lettered after its budget
-// while the other keys drain; its later messages then go on, and the dead
-// letter says how many waited.
+// while 999 other keys drain; its later messages then go on, and the dead
+// letter says how many waited. None of them reaches the app before the
+// head's last attempt is answered.
 func TestOrderFailingKeyHoldsOnlyItself(t *testing.T) {
 	e := setup(t)
-	a := newOrderApp(t, e, func(key string, n, _ int) (int, string) {
-		if key == "bad" && n == 0 {
+	var headDone atomic.Bool // the head's last attempt answered
+	var early atomic.Int32   // later messages of bad sent before that
+	a := newOrderApp(t, e, func(key string, n, attempt int) (int, string) {
+		switch {
+		case key == "bad" && n == 0:
+			if attempt == 5 { // orderOptions' MaxDeliver
+				headDone.Store(true)
+			}
 			return 503, ""
+		case key == "bad" && !headDone.Load():
+			early.Add(1)
 		}
 		return 200, ""
 	})
-	var keys []string
-	for i := range 50 {
-		keys = append(keys, fmt.Sprintf("k%d", i))
-	}
-	keys = append(keys, "bad")
+	keys := append(numbered("k", 999), "bad")
 	const n = 4
 	publishOrdered(t, e, keys, n)
 	o := orderOptions(t)
-	o.BackoffInitial, o.BackoffMax = 200*time.Millisecond, 300*time.Millisecond
+	o.BackoffInitial, o.BackoffMax = 500*time.Millisecond, 800*time.Millisecond
 	e.runWith(t, nil, o)
-	poll.Until(t, 10*time.Second, "every other key delivered", func() bool {
-		for _, k := range keys[:50] {
+	poll.Until(t, 30*time.Second, "every other key delivered", func() bool {
+		for _, k := range keys[:999] {
 			if len(a.delivered(k)) != n {
 				return false
 			}
 		}
 		return true
 	})
-	if got := a.delivered("bad"); len(got) != 0 {
-		t.Fatalf("bad's later messages went before its first was settled: %v", got)
-	}
 	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := early.Load(); got != 0 {
+		t.Errorf("%d of bad's later messages went before its first was settled", got)
+	}
 	if got := a.delivered("bad"); fmt.Sprint(got) != "[1 2 3]" {
 		t.Errorf("bad delivered %v after its first was dead-lettered, want [1 2 3]", got)
 	}
 	dl := deadLetterHeaders(t, e)
-	if len(dl) != 1 || dl[0].Get(dlq.HeaderOrderKey) != "bad" || dl[0].Get(dlq.HeaderOrderWaiting) != "3" {
-		t.Errorf("dead letters %v, want one for bad saying 3 waited", dl)
+	// What courier had fetched of the key waited: of 4,000 messages, the
+	// later ones of bad may not all have been fetched yet.
+	if len(dl) != 1 || dl[0].Get(dlq.HeaderOrderKey) != "bad" {
+		t.Fatalf("dead letters %v, want one for bad", dl)
+	}
+	if w, err := strconv.Atoi(dl[0].Get(dlq.HeaderOrderWaiting)); err != nil || w < 0 || w > 3 {
+		t.Errorf("%s %q, want how many of bad's 3 later messages were held", dlq.HeaderOrderWaiting, dl[0].Get(dlq.HeaderOrderWaiting))
 	}
 }
 
@@ -455,4 +465,143 @@ func orderCluster(t *testing.T, maxDeliver int, pinnedTTL time.Duration) (*natst
 		return err
 	})
 	return c, js, cons
+}
+
+// newOrderAppLater is an orderApp that starts listening when the returned
+// function is called: an app outage from the start.
+func newOrderAppLater(t *testing.T, e *env) (*orderApp, func()) {
+	listen := appLater(t, e)
+	a := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
+	return a, func() { listen(a) }
+}
+
+// checkOrdered fails the test unless every key's n messages reached the app
+// in stream order, none while an earlier one of its key was there.
+func checkOrdered(t *testing.T, a *orderApp, keys []string, n int) {
+	t.Helper()
+	for _, k := range keys {
+		if got := a.delivered(k); !inOrder(got, n) {
+			t.Errorf("%s delivered in the order %v, want 0..%d", k, got, n-1)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.overlaps != 0 {
+		t.Errorf("%d requests of a key while an earlier one of the key was at the app", a.overlaps)
+	}
+}
+
+// An app that cannot be reached holds every key where it is: once it
+// listens, each key's messages go in stream order, none dead-lettered
+// (MaxDeliver 2: the outage spends no attempt).
+func TestOrderThroughAnAppOutage(t *testing.T) {
+	e := setup(t)
+	a, listen := newOrderAppLater(t, e)
+	keys := numbered("k", 10)
+	const n = 6
+	publishOrdered(t, e, keys, n)
+	o := orderOptions(t)
+	o.MaxDeliver, o.HealthInterval = 2, 50*time.Millisecond
+	e.runWith(t, nil, o)
+	poll.Until(t, 10*time.Second, "the app counted unavailable", func() bool {
+		return counter(t, e.reg, "courier_app_available", "") == 0
+	})
+	time.Sleep(300 * time.Millisecond) // an outage longer than the backoff, many times over
+	listen()
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	checkOrdered(t, a, keys, n)
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from an app outage, want none", got)
+	}
+}
+
+// A storm opens the breaker while keys are under way; its probes and the
+// messages it held keep each key's order, and everything is delivered once
+// the app recovers.
+func TestOrderThroughTheBreaker(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	a := newOrderApp(t, e, func(string, int, int) (int, string) {
+		if storming.Load() {
+			return 503, ""
+		}
+		return 200, ""
+	})
+	keys := numbered("k", 8)
+	const n = 5
+	publishOrdered(t, e, keys, n)
+	o := orderOptions(t)
+	o.MaxDeliver, o.BreakerFailures, o.BreakerProbe = 20, 4, 100*time.Millisecond
+	r, _ := e.runWith(t, nil, o)
+	waitBreakerOpen(t, r)
+	storming.Store(false)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	checkOrdered(t, a, keys, n)
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm, want none", got)
+	}
+}
+
+// A key's head that outlives COURIER_MAX_AGE while it is retried is
+// dead-lettered as expired, and the key goes on with the messages that
+// waited behind it, in order.
+func TestOrderExpiredHeadLetsTheKeyGoOn(t *testing.T) {
+	e := setup(t)
+	var headTries atomic.Int32
+	a := newOrderApp(t, e, func(key string, n, _ int) (int, string) {
+		if n == 0 {
+			headTries.Add(1)
+			return 503, ""
+		}
+		return 200, ""
+	})
+	publishOrdered(t, e, []string{"old"}, 1)
+	o := orderOptions(t)
+	o.MaxDeliver, o.MaxAge = 100, 1500*time.Millisecond
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: o.MaxDeliver, AckWait: o.AckWait})
+	e.runWith(t, nil, o)
+	poll.Until(t, 10*time.Second, "the head retried", func() bool { return headTries.Load() >= 2 })
+	time.Sleep(500 * time.Millisecond) // the later ones younger than the head by this
+	for i := 1; i <= 3; i++ {
+		m := nats.NewMsg("s.order")
+		m.Header.Set("Order", "old")
+		m.Header.Set("N", strconv.Itoa(i))
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if got := a.delivered("old"); fmt.Sprint(got) != "[1 2 3]" {
+		t.Errorf("delivered %v after the head expired, want [1 2 3]", got)
+	}
+	dl := deadLetterHeaders(t, e)
+	if len(dl) != 1 || dl[0].Get(dlq.HeaderReason) != dlq.ReasonExpired || dl[0].Get(dlq.HeaderOrderKey) != "old" {
+		t.Errorf("dead letters %v, want the head, expired", dl)
+	}
+}
+
+// The durable paused mid-run (and resumed) keeps each key's order: what
+// courier holds goes on, nothing more is fetched meanwhile.
+func TestOrderThroughAPause(t *testing.T) {
+	e := setup(t)
+	a := newOrderApp(t, e, nil)
+	a.took = 10 * time.Millisecond
+	keys := numbered("k", 6)
+	const n = 10
+	publishOrdered(t, e, keys, n)
+	o := orderOptions(t)
+	o.InfoInterval = 50 * time.Millisecond
+	e.runWith(t, nil, o)
+	poll.Until(t, 10*time.Second, "deliveries under way", func() bool { return len(a.delivered("k0")) >= 2 })
+	ctx := context.Background()
+	if _, err := e.js.PauseConsumer(ctx, "S", "c", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // paused a while
+	if _, err := e.js.ResumeConsumer(ctx, "S", "c"); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	checkOrdered(t, a, keys, n)
 }

@@ -2,9 +2,7 @@ package proxy_test
 
 import (
 	"context"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -20,13 +18,7 @@ import (
 // dead letter's does.
 func TestAttemptSpanOutcomeExpiredDuringOutage(t *testing.T) {
 	e := setup(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // the app is not there yet
-	e.url = "http://" + addr
+	listen := appLater(t, e)
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -36,14 +28,7 @@ func TestAttemptSpanOutcomeExpiredDuringOutage(t *testing.T) {
 	_, _ = e.runWith(t, nil, proxy.Options{Tracer: tp.Tracer("test"), MaxAge: 300 * time.Millisecond,
 		HealthInterval: 50 * time.Millisecond})
 	time.Sleep(600 * time.Millisecond) // held past MaxAge
-	ln, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("port taken meanwhile: %v", err)
-	}
-	app := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	app.Listener = ln
-	app.Start()
-	t.Cleanup(app.Close)
+	listen(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 
 	waitFor(t, "the dead letter", func() bool { return e.deadLetters(t) == 1 && len(rec.Ended()) == 1 })
 	for _, a := range rec.Ended()[0].Attributes() {

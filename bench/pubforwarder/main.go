@@ -8,6 +8,10 @@
 // What courier's publish API costs beyond it is courier's; what it costs
 // beyond nats.go's js.Publish is HTTP's.
 //
+// With BENCH_PUBLISH_NULL=1 it publishes nothing and answers every request
+// at once as if the stream had stored it: HTTP's cost alone, the ceiling of
+// any HTTP publisher on the machine.
+//
 // It reads NATS_URL and COURIER_PUBLISH_ADDR, logs the address it listens
 // on as courier does (a JSON line {"msg":"publish API listening","addr":...}
 // on stderr, which the benchmark reads), and stops on SIGTERM or SIGINT.
@@ -24,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,7 +68,17 @@ func run(ctx context.Context) error {
 		return err
 	}
 	mux := http.NewServeMux()
+	null := os.Getenv("BENCH_PUBLISH_NULL") == "1"
+	var seq atomic.Uint64
 	mux.HandleFunc("POST /v1/publish/{subject...}", func(w http.ResponseWriter, r *http.Request) {
+		if null {
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			answer(w, &jetstream.PubAck{Stream: "NULL", Sequence: seq.Add(1)})
+			return
+		}
 		publish(w, r, js)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -101,6 +116,11 @@ func publish(w http.ResponseWriter, r *http.Request, js jetstream.JetStream) {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
+	answer(w, ack)
+}
+
+// answer writes ack as courier's publish API does.
+func answer(w http.ResponseWriter, ack *jetstream.PubAck) {
 	// The answer courier gives, without an encoder: stream names are
 	// letters, digits, '-' and '_' (no JSON escaping needed).
 	b := make([]byte, 0, 64)

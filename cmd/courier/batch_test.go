@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Batches end to end, through a courier killed (SIGKILL) while the app
@@ -116,4 +119,115 @@ func TestBatchesThroughAKill(t *testing.T) {
 	if _, ok := stored["drop"]; ok {
 		t.Error("the dropped entry was stored")
 	}
+}
+
+// Batches with replicas on a 3-node cluster: two couriers with batches on
+// share one durable and the shared store; one is killed (SIGKILL) and
+// replaced mid-run, and the stream's leader node is shut down. The app
+// answers in Dapr's shape, RETRY for every seventh key the first time it
+// sees it. Every key is stored (answered SUCCESS), nothing is
+// dead-lettered, and the keys stored twice are no more than the killed
+// courier had in flight when it died.
+func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
+	k := newCluster(t)
+	var (
+		mu      sync.Mutex
+		stored  = map[string]int{} // key → times answered SUCCESS
+		retried = map[string]bool{}
+		batches int
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Entries []struct {
+				EntryID        string `json:"entryId"`
+				IdempotencyKey string `json:"idempotencyKey"`
+			} `json:"entries"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || r.Header.Get("Courier-Batch") != fmt.Sprint(len(body.Entries)) {
+			http.Error(w, "not a batch", http.StatusBadRequest)
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // a write to a database
+		out := make([]map[string]string, 0, len(body.Entries))
+		mu.Lock()
+		batches++
+		for _, e := range body.Entries {
+			status := "SUCCESS"
+			var n int
+			if _, err := fmt.Sscanf(e.IdempotencyKey, "b-%d", &n); err == nil && n%7 == 0 && !retried[e.IdempotencyKey] {
+				retried[e.IdempotencyKey] = true
+				status = "RETRY"
+			} else {
+				stored[e.IdempotencyKey]++
+			}
+			out = append(out, map[string]string{"entryId": e.EntryID, "status": status})
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"statuses": out})
+	}))
+	t.Cleanup(srv.Close)
+	storedCount := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(stored)
+	}
+
+	const inflight, batchMax, total = 2, 8, 400
+	env := func(i int) []string {
+		return k.env(srv.URL, i, fmt.Sprint("COURIER_MAX_INFLIGHT=", inflight), fmt.Sprint("COURIER_BATCH_MAX=", batchMax),
+			"COURIER_BATCH_WAIT=5ms", "COURIER_ACK_WAIT=3s", "COURIER_BACKOFF_INITIAL=50ms", "COURIER_BACKOFF_MAX=200ms")
+	}
+	victim := startChild(t, env(0))
+	other := start(t, env(1))
+	waitReady(t, victim.asCourier())
+	waitReady(t, other)
+
+	keys := make([]string, total)
+	var futures []jetstream.PubAckFuture
+	for i := range total / 2 {
+		keys[i] = fmt.Sprint("b-", i)
+		m := nats.NewMsg("orders.batched")
+		m.Header.Set("Nats-Msg-Id", keys[i])
+		m.Data = []byte(`{"n":` + fmt.Sprint(i) + `}`)
+		f, err := k.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	awaitAcks(t, futures)
+	waitFor(t, 20*time.Second, "batches under way", func() bool { return storedCount() >= 40 })
+	victim.kill(t)
+	t.Logf("killed one courier after %d keys stored", storedCount())
+	replacement := start(t, env(2))
+	waitReady(t, replacement)
+	leader := k.c.StreamLeader("ORDERS")
+	t.Logf("shutting down node %d, the stream's leader, after %d keys stored", leader, storedCount())
+	k.c.Shutdown(leader)
+	for i := total / 2; i < total; i++ {
+		keys[i] = fmt.Sprint("b-", i)
+		k.publishRetry("orders.batched", `{"n":`+fmt.Sprint(i)+`}`, map[string]string{"Nats-Msg-Id": keys[i]})
+	}
+	waitFor(t, 90*time.Second, "every key stored and every message acked", func() bool {
+		return storedCount() == total && k.drained()
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	twice := 0
+	for _, key := range keys {
+		if stored[key] > 1 {
+			twice += stored[key] - 1
+		}
+	}
+	t.Logf("%d keys in %d batches, %d stored more than once", total, batches, twice)
+	if twice > inflight*batchMax {
+		t.Errorf("%d keys stored twice, want at most %d (what the killed courier had in flight)", twice, inflight*batchMax)
+	}
+	for i := 0; i < total; i += 7 {
+		if !retried[keys[i]] {
+			t.Errorf("%s was never answered RETRY", keys[i])
+		}
+	}
+	k.noDeadLetters()
 }

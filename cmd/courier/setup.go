@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,11 +46,22 @@ func transientSetupError(err error) bool {
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed) ||
 		// A cluster without a meta leader (quorum lost, nodes restarting)
 		// answers "JetStream system temporarily unavailable": time fixes it.
-		errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeClusterNotAvailable
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeClusterNotAvailable ||
+			// Too few peers for the replicas asked, because one is offline
+			// (restarting, or not yet heard from): it comes back. Too few
+			// in the cluster at all ("no suitable peers for placement"
+			// alone, or for want of resources) is final.
+			apiErr.ErrorCode == errCodeNoPeers && strings.Contains(apiErr.Description, "peer offline"))
 }
 
-// errCodeClusterNotAvailable is the server's JSClusterNotAvailErr.
-const errCodeClusterNotAvailable jetstream.ErrorCode = 10008
+// errCodeClusterNotAvailable is the server's JSClusterNotAvailErr;
+// errCodeNoPeers its JSClusterNoPeersErrF ("no suitable peers for
+// placement", followed by the reasons: nats-server's
+// server/jetstream_cluster.go, selectPeerError).
+const (
+	errCodeClusterNotAvailable jetstream.ErrorCode = 10008
+	errCodeNoPeers             jetstream.ErrorCode = 10005
+)
 
 // setUp checks the stream, makes sure dead letters are kept, and creates or
 // updates the durable consumer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -79,12 +80,18 @@ func (b *broker) createStream(ctx context.Context, name, subject string) error {
 }
 
 // preload publishes messages [0, n) of run to subject, asynchronously in
-// batches, and checks that stream holds all n.
-func (b *broker) preload(ctx context.Context, stream, subject string, run uint64, n, size int) error {
+// batches, and checks that stream holds all n. With keys > 0, message id
+// goes to subject.<id % keys> instead: keys ordering keys, in turn (the
+// stream captures subject.>).
+func (b *broker) preload(ctx context.Context, stream, subject string, keys int, run uint64, n, size int) error {
 	const batch = 1000
 	for from := 0; from < n; from += batch {
 		for id := from; id < min(from+batch, n); id++ {
-			if _, err := b.js.PublishAsync(subject, newBody(size, run, uint64(id), time.Now())); err != nil {
+			to := subject
+			if keys > 0 {
+				to = subject + "." + strconv.Itoa(id%keys)
+			}
+			if _, err := b.js.PublishAsync(to, newBody(size, run, uint64(id), time.Now())); err != nil {
 				return fmt.Errorf("preloading %s: %w", stream, err)
 			}
 		}

@@ -6,7 +6,8 @@
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
 // with dedup off and on (at 16 in flight also with the shared store, to the
-// app's Unix socket, and logging a line per message at debug). Courier runs with every setting at
+// app's Unix socket, logging a line per message at debug, and with order
+// per key on 1,000 keys or one, see order.go). Courier runs with every setting at
 // its default but those naming what the benchmark sets up (NATS, stream,
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared
@@ -141,6 +142,11 @@ const (
 	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
 	dedupSocket                // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
 	dedupBatch                 // dedupOn with batches of benchBatch (COURIER_BATCH_MAX)
+	// Order per key (bench/order.go): messages on orderKeys keys, or one.
+	orderUnordered // dedupOn on orderKeys keys
+	orderKeyed     // dedupOn on orderKeys keys with COURIER_ORDER_KEY
+	orderOneKey    // dedupOn on one key with COURIER_ORDER_KEY
+	orderForwarder // the forwarder on one key with MaxAckPending 1
 )
 
 // benchBatch is the batch size of the batches variant.
@@ -148,12 +154,15 @@ const benchBatch = 32
 
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
-		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32"}[v]
+		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32",
+		"order: courier, 1000 keys, unordered", "order: courier, 1000 keys, ordered", "order: courier, one key",
+		"order: forwarder, one key, MaxAckPending 1"}[v]
 }
 
-func (v variant) courier() bool { return v != baseline }
+func (v variant) courier() bool { return v != baseline && v != orderForwarder }
 func (v variant) dedup() bool {
-	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket || v == dedupBatch
+	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket || v == dedupBatch ||
+		v == orderUnordered || v == orderKeyed || v == orderOneKey
 }
 func (v variant) info() bool { return v == dedupOnInfo }
 
@@ -222,6 +231,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		vs := []variant{baseline, dedupOff, dedupOn}
 		if inflight == focusInflight {
 			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch)
+			vs = append(vs, orderVariants...)
 		}
 		return slices.DeleteFunc(vs, o.skip)
 	}
@@ -417,6 +427,7 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 			env = append(env, "COURIER_BATCH_MAX="+strconv.Itoa(benchBatch))
 		}
 	}
+	env = append(env, v.orderEnv()...)
 	var logPath string
 	var logFile *os.File
 	if !v.info() {
@@ -530,10 +541,14 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	run, stream, subject := b.next()
 	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
-	if err := b.broker.createStream(pctx, stream, subject); err != nil {
+	captured := subject
+	if v.keys() > 0 {
+		captured = subject + ".>" // subject.<key> (preload)
+	}
+	if err := b.broker.createStream(pctx, stream, captured); err != nil {
 		return r, err
 	}
-	if err := b.broker.preload(pctx, stream, subject, run, b.o.n, b.o.size); err != nil {
+	if err := b.broker.preload(pctx, stream, subject, v.keys(), run, b.o.n, b.o.size); err != nil {
 		return r, err
 	}
 	t := newTally(run, b.o.n)

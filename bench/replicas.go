@@ -65,7 +65,7 @@ func (b *bench) drainReplicas(ctx context.Context, k int) (replicasResult, error
 	if err := b.broker.createStream(pctx, stream, subject); err != nil {
 		return r, err
 	}
-	if err := b.broker.preload(pctx, stream, subject, run, r.n, b.o.size); err != nil {
+	if err := b.broker.preload(pctx, stream, subject, 0, run, r.n, b.o.size); err != nil {
 		return r, err
 	}
 	t := newTally(run, r.n)

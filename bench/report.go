@@ -294,6 +294,7 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 
+	rep.printOrder(w, rows)
 	rep.printReplicas(w)
 	rep.printPublish(w)
 

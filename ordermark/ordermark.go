@@ -15,9 +15,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// Description is the description Open gives the bucket it creates: `courier
+// cleanup` removes only a bucket that carries it.
+const Description = "courier: order per key (COURIER_ORDER_KEY), the first unsettled message of busy keys"
 
 // Store is the marks of one durable consumer. Safe for concurrent use.
 type Store struct {
@@ -44,7 +49,7 @@ func BucketName(stream, consumer string) string {
 func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketName(stream, consumer),
-		Description: "courier: order per key (COURIER_ORDER_KEY), the first unsettled message of busy keys",
+		Description: Description,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
@@ -62,9 +67,21 @@ func id(key string) string {
 	return hex.EncodeToString(sum[:20])
 }
 
-// Mark records that key's first unsettled message is at seq.
-func (s *Store) Mark(ctx context.Context, key string, seq uint64) error {
-	_, err := s.kv.PutString(ctx, id(key), strconv.FormatUint(seq, 10)+"\n"+key)
+// Mark is a key's first unsettled message: its stream sequence, and when
+// it is due back from a retry (zero: it is not being retried, and comes
+// back within an ack wait of the death of a courier that held it).
+type Mark struct {
+	Seq uint64
+	Due time.Time
+}
+
+// Mark records key's first unsettled message.
+func (s *Store) Mark(ctx context.Context, key string, m Mark) error {
+	v := strconv.FormatUint(m.Seq, 10)
+	if !m.Due.IsZero() {
+		v += " " + strconv.FormatInt(m.Due.UnixMilli(), 10)
+	}
+	_, err := s.kv.PutString(ctx, id(key), v+"\n"+key)
 	return err
 }
 
@@ -77,9 +94,9 @@ func (s *Store) Unmark(ctx context.Context, key string) error {
 	return err
 }
 
-// Marks returns every mark: ordering key → stream sequence.
-func (s *Store) Marks(ctx context.Context) (map[string]uint64, error) {
-	out := map[string]uint64{}
+// Marks returns every mark, by ordering key.
+func (s *Store) Marks(ctx context.Context) (map[string]Mark, error) {
+	out := map[string]Mark{}
 	lister, err := s.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
@@ -96,12 +113,30 @@ func (s *Store) Marks(ctx context.Context) (map[string]uint64, error) {
 		if err != nil {
 			return nil, err
 		}
-		seqText, key, ok := strings.Cut(string(e.Value()), "\n")
-		seq, perr := strconv.ParseUint(seqText, 10, 64)
-		if !ok || perr != nil {
+		m, key, ok := parse(string(e.Value()))
+		if !ok {
 			continue // not a mark of ours
 		}
-		out[key] = seq
+		out[key] = m
 	}
 	return out, nil
+}
+
+// parse reads a mark as Mark writes it: "<seq>[ <due, Unix ms>]\n<key>".
+func parse(v string) (m Mark, key string, ok bool) {
+	head, key, ok := strings.Cut(v, "\n")
+	seqText, dueText, retried := strings.Cut(head, " ")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if !ok || err != nil || seq == 0 {
+		return Mark{}, "", false
+	}
+	m.Seq = seq
+	if retried {
+		ms, err := strconv.ParseInt(dueText, 10, 64)
+		if err != nil {
+			return Mark{}, "", false
+		}
+		m.Due = time.UnixMilli(ms)
+	}
+	return m, key, true
 }

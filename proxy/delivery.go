@@ -22,6 +22,7 @@ type delivery struct {
 	key     string // the resolved dedup key, as the app sees it
 	skey    string // the key as the dedup store holds it
 	okey    string // the ordering key (order.go); "" when not ordered
+	oepoch  uint64 // the orderer's epoch when it was admitted
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
 	detached bool
@@ -74,7 +75,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	d := r.newDelivery(m, meta, ln, wait)
-	d.probe, d.arrived, d.okey = probe, q.at, q.okey
+	d.probe, d.arrived, d.okey, d.oepoch = probe, q.at, q.okey, q.epoch
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once. A
@@ -193,12 +194,17 @@ func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *a
 // breaker's probe, or courier is stopping (d then goes out as its worker
 // decided). Otherwise (the gate closed while d waited for its key or the
 // store, or d was the probe and handed that on) d is held until it may; it
-// reports false if d was settled meanwhile.
+// reports false if d was settled meanwhile, or given back because the pin
+// of the durable moved away since d's key admitted it (orderer.unpinned).
 func (r *Runner) mayStart(d *delivery, span *attemptSpan) bool {
 	for !d.probe && !r.open() && r.ph.fetched.Err() == nil {
 		if !r.holdAgain(d, span, "deliveries were held") {
 			return false
 		}
+	}
+	if d.okey != "" && r.order.outdated(d.oepoch) {
+		r.release(d.m, "the durable's pin moved to another courier") // which sends it in its key's order
+		return false
 	}
 	return true
 }
@@ -260,7 +266,7 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 	case outRetry:
 		span.setOutcome("retried")
 		delay, fromApp := r.retryDelay(err, d.attempt)
-		r.orderRetrying(d)
+		r.orderRetrying(d, delay)
 		r.nak(d.m, delay)
 		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
 			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)

@@ -59,6 +59,7 @@ type queued struct {
 	seq      uint64
 	held     time.Time
 	released bool
+	epoch    uint64 // the orderer's epoch when it was admitted (unpinned)
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -92,6 +93,9 @@ type fetcher struct {
 	// group is the priority group pulls name ("": none); pin, the pin id
 	// last seen on a message (the fetcher's own).
 	group, pin string
+	// release gives a message back at once (Runner.release). Set once,
+	// before run, with order.
+	release func(m jetstream.Msg, why string)
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -227,6 +231,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 			f.queue <- q
 		}
 		err = batch.Error()
+		f.checkUnpinned(err)
 	}
 	if endsNormally(err) {
 		return nil
@@ -389,6 +394,9 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		}
 	}
 	f.replicated = info.Cluster != nil && info.Cluster.Name != ""
+	if f.order != nil {
+		f.order.ackFloor(info.AckFloor.Stream)
+	}
 	if c.MaxRequestBatch != f.reqBatch || c.MaxRequestMaxBytes != f.reqBytes {
 		f.log.Info("pulling within the consumer's request limits",
 			"max_request_batch", c.MaxRequestBatch, "max_request_max_bytes", c.MaxRequestMaxBytes)

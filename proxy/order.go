@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/ordermark"
 )
 
 // Order per key (Options.OrderKey), as README's "Order per key" describes
@@ -49,15 +50,19 @@ type orderer struct {
 
 	// Crash safety (README, "Order per key"): marks, when kept, name each
 	// busy key's first unsettled message for a courier that comes after.
-	// Until barrierUntil, first deliveries of keyed messages wait (in
-	// barrier): a message another courier held when it died comes back
-	// within the ack wait, and must go first. stale counts lines whose
+	// Until barrierUntil, keyed messages wait (in barrier), and then go in
+	// stream order: the messages another courier held when it died come
+	// back within the ack wait, in any order, and must go before later
+	// ones. stale counts lines whose
 	// head came from a mark and is awaited only until its line's stale.
 	marks        *marker
-	staleAfter   time.Duration
+	markWait     time.Duration // how long a marked head is awaited (addMarked)
 	barrierUntil time.Time
 	barrier      []queued
 	stale        int
+	// epoch counts the times the pin moved away (unpinned): a message
+	// admitted before is not sent.
+	epoch uint64
 }
 
 // keyLine is one key's head and the later messages waiting behind it.
@@ -103,7 +108,11 @@ func (o *orderer) admit(q *queued) bool {
 	}
 	q.okey, q.seq = k, meta.Sequence.Stream
 	o.mu.Lock()
-	if !o.barrierUntil.IsZero() && meta.NumDelivered == 1 {
+	q.epoch = o.epoch
+	if !o.barrierUntil.IsZero() {
+		// Redeliveries too: what a courier that died held comes back
+		// when each message's ack wait runs out, not in stream order;
+		// lift lets them in in stream order.
 		q.held = o.now()
 		o.barrier = append(o.barrier, *q)
 		o.mu.Unlock()
@@ -152,7 +161,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	l.waiting = slices.Insert(l.waiting, i, q)
 	if o.marks != nil && !l.marked {
 		l.marked = true
-		o.marks.set(k, l.head)
+		o.marks.set(k, ordermark.Mark{Seq: l.head})
 	}
 	o.waiting++
 	o.bytes += q.size
@@ -181,7 +190,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 	if n == 0 {
 		delete(o.lines, k)
 		if l.marked {
-			o.marks.set(k, 0)
+			o.marks.set(k, ordermark.Mark{})
 		}
 		o.mu.Unlock()
 		return 0
@@ -192,10 +201,10 @@ func (o *orderer) settled(k string, seq uint64) int {
 	switch {
 	case o.marks != nil && len(l.waiting) > 0:
 		l.marked = true
-		o.marks.set(k, next.seq)
+		o.marks.set(k, ordermark.Mark{Seq: next.seq})
 	case l.marked:
 		l.marked = false
-		o.marks.set(k, 0)
+		o.marks.set(k, ordermark.Mark{})
 	}
 	next.released = true
 	o.waiting--
@@ -214,16 +223,16 @@ func (o *orderer) settled(k string, seq uint64) int {
 	return n
 }
 
-// retrying notes that the head seq of key k was NAK'd for a retry: its line
-// waits for JetStream to redeliver it.
-func (o *orderer) retrying(k string, seq uint64) {
+// retrying notes that the head seq of key k was NAK'd for a retry in
+// delay: its line waits for JetStream to redeliver it.
+func (o *orderer) retrying(k string, seq uint64, delay time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if l := o.lines[k]; l != nil && l.head == seq {
 		l.inFlight = false
 		if o.marks != nil {
 			l.marked = true
-			o.marks.set(k, seq)
+			o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
 		}
 	}
 }
@@ -271,13 +280,32 @@ func (o *orderer) drain() []queued {
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}
-	o.lines, o.ready, o.waiting, o.bytes = make(map[string]*keyLine), nil, 0, 0
+	o.lines, o.ready, o.waiting, o.bytes, o.stale = make(map[string]*keyLine), nil, 0, 0, 0
 	if o.full {
 		o.full = false
 		close(o.room)
 	}
 	slices.SortFunc(out, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	return out
+}
+
+// unpinned forgets every line when the pin of the durable's priority group
+// moved away from this courier, and returns, in stream order, the messages
+// waiting behind their keys, to be given back. A message admitted before,
+// queued or with a worker, is given back by its worker (outdated).
+func (o *orderer) unpinned() []queued {
+	o.mu.Lock()
+	o.epoch++
+	o.mu.Unlock()
+	return o.drain()
+}
+
+// outdated reports whether a message admitted in epoch was admitted before
+// the pin last moved away from this courier: it must not be sent.
+func (o *orderer) outdated(epoch uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return epoch != o.epoch
 }
 
 // stats is what the metrics show: keys with messages waiting, the messages

@@ -1,25 +1,29 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/courierhq/courier/ordermark"
 )
 
 // Order per key across a courier's death or a takeover by another replica
 // (order.go keeps it within one courier's life): the marks of each busy
 // key's first unsettled message, read at start and on takeover; the
-// barrier that makes first deliveries wait one ack wait for what another
-// courier held; and the stale time after which a marked head is no longer
-// awaited.
+// barrier that makes keyed messages wait one ack wait for what another
+// courier held, and then go in stream order; and the stale time after
+// which a marked head is no longer awaited.
 
 // load reads the marks at start (floor: the consumer's ack floor, below
 // which every message is settled) and, if other couriers may hold messages
 // (pending: the consumer's ack-pending count), raises the barrier for
-// barrier (the ack wait and a margin). staleAfter bounds the wait for a
-// marked head.
-func (o *orderer) load(ctx context.Context, floor uint64, pending int, barrier, staleAfter time.Duration) error {
+// barrier (the ack wait and a margin). A marked head is awaited as long,
+// or that long after its retry is due.
+func (o *orderer) load(ctx context.Context, floor uint64, pending int, barrier time.Duration) error {
 	o.mu.Lock()
 	if pending > 0 {
 		o.barrierUntil = o.now().Add(barrier)
@@ -34,29 +38,42 @@ func (o *orderer) load(ctx context.Context, floor uint64, pending int, barrier, 
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.staleAfter = staleAfter
-	for k, seq := range marks {
-		if seq <= floor {
-			o.marks.set(k, 0) // settled: left behind by a courier that died
+	o.markWait = barrier
+	for k, m := range marks {
+		if m.Seq <= floor {
+			o.marks.set(k, ordermark.Mark{}) // settled: left behind by a courier that died
 			continue
 		}
-		o.addMarked(k, seq)
+		o.addMarked(k, m)
 	}
 	return nil
 }
 
-// addMarked makes seq the awaited head of key k, known from a mark, unless
-// this courier has a line for k already. Called with mu held.
-func (o *orderer) addMarked(k string, seq uint64) {
+// addMarked makes m's message the awaited head of key k, known from a
+// mark, unless this courier has a line for k already. It is awaited for
+// markWait, or as long after its retry is due: a head not being retried
+// comes back within an ack wait of the death of the courier that held it,
+// and one that does not was settled before its mark could be changed.
+// Called with mu held.
+func (o *orderer) addMarked(k string, m ordermark.Mark) {
 	if o.lines[k] != nil {
 		return
 	}
-	o.lines[k] = &keyLine{head: seq, marked: true, stale: o.now().Add(o.staleAfter)}
+	o.lines[k] = &keyLine{head: m.Seq, marked: true, stale: later(o.now(), m.Due).Add(o.markWait)}
 	o.stale++
 }
 
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // reload reads the marks again after a takeover: those of the courier that
-// had the pin.
+// had the pin. A head known from an earlier read of the marks (at start,
+// while another courier was pinned) that the marks no longer name was
+// settled meanwhile: its line goes on.
 func (o *orderer) reload(ctx context.Context) {
 	if o.marks == nil {
 		return
@@ -66,9 +83,26 @@ func (o *orderer) reload(ctx context.Context) {
 		return
 	}
 	o.mu.Lock()
+	gone := map[string]uint64{}
+	for k, l := range o.lines {
+		if m, ok := marks[k]; !l.stale.IsZero() && !l.inFlight && (!ok || m.Seq != l.head) {
+			// The mark is the other courier's to change or remove.
+			if len(l.waiting) > 0 {
+				gone[k], l.marked = l.head, false
+				continue
+			}
+			delete(o.lines, k)
+			o.stale--
+		}
+	}
+	o.mu.Unlock()
+	for k, seq := range gone {
+		o.settled(k, seq)
+	}
+	o.mu.Lock()
 	defer o.mu.Unlock()
-	for k, seq := range marks {
-		o.addMarked(k, seq)
+	for k, m := range marks {
+		o.addMarked(k, m)
 	}
 }
 
@@ -80,12 +114,15 @@ func (o *orderer) lift() {
 	var held []queued
 	if !o.barrierUntil.IsZero() && now.After(o.barrierUntil) {
 		o.barrierUntil, held, o.barrier = time.Time{}, o.barrier, nil
+		slices.SortFunc(held, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	}
 	heads := map[string]uint64{}
 	if o.stale > 0 {
 		for k, l := range o.lines {
 			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
-				heads[k] = l.head
+				// Given up without removing the mark: it may be the
+				// pinned courier's, if this one stands by.
+				heads[k], l.marked = l.head, false
 			}
 		}
 	}
@@ -104,14 +141,37 @@ func (o *orderer) lift() {
 	}
 }
 
+// ackFloor is told the consumer's ack floor: every message at or below it
+// is settled. A line whose head is one of them and is not with a worker
+// goes on: the head was settled by another courier (one that held it too
+// while the pin moved) or known from a mark left behind. A head known from
+// a mark only is let go without removing the mark: it may be the pinned
+// courier's.
+func (o *orderer) ackFloor(floor uint64) {
+	o.mu.Lock()
+	heads := map[string]uint64{}
+	for k, l := range o.lines {
+		if !l.inFlight && l.head <= floor {
+			if !l.stale.IsZero() {
+				l.marked = false
+			}
+			heads[k] = l.head
+		}
+	}
+	o.mu.Unlock()
+	for k, seq := range heads {
+		o.settled(k, seq)
+	}
+}
+
 // OrderMarks keeps, durably and for every replica of the durable, the
 // stream sequence of the first unsettled message of each key that has later
 // messages waiting or is being retried (package ordermark). Safe for
 // concurrent use.
 type OrderMarks interface {
-	Mark(ctx context.Context, key string, seq uint64) error
+	Mark(ctx context.Context, key string, m ordermark.Mark) error
 	Unmark(ctx context.Context, key string) error
-	Marks(ctx context.Context) (map[string]uint64, error)
+	Marks(ctx context.Context) (map[string]ordermark.Mark, error)
 }
 
 // marker writes marks in the background, the latest wish per key first
@@ -122,20 +182,20 @@ type marker struct {
 	store   OrderMarks
 	log     *slog.Logger
 	mu      sync.Mutex
-	want    map[string]uint64 // key → seq to mark; 0: unmark
+	want    map[string]ordermark.Mark // key → its mark; Seq 0: unmark
 	wake    chan struct{}
 	done    chan struct{}
 	failing bool
 }
 
 func newMarker(store OrderMarks, log *slog.Logger) *marker {
-	return &marker{store: store, log: log, want: map[string]uint64{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	return &marker{store: store, log: log, want: map[string]ordermark.Mark{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-// set asks for key's mark to be seq (0: none).
-func (m *marker) set(key string, seq uint64) {
+// set asks for key's mark to be mk (Seq 0: none).
+func (m *marker) set(key string, mk ordermark.Mark) {
 	m.mu.Lock()
-	m.want[key] = seq
+	m.want[key] = mk
 	m.mu.Unlock()
 	select {
 	case m.wake <- struct{}{}:
@@ -161,15 +221,15 @@ func (m *marker) run(ctx context.Context) {
 func (m *marker) flush(ctx context.Context) {
 	m.mu.Lock()
 	want := m.want
-	m.want = map[string]uint64{}
+	m.want = map[string]ordermark.Mark{}
 	m.mu.Unlock()
-	for key, seq := range want {
+	for key, mk := range want {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
-		if seq == 0 {
+		if mk.Seq == 0 {
 			err = m.store.Unmark(wctx, key)
 		} else {
-			err = m.store.Mark(wctx, key, seq)
+			err = m.store.Mark(wctx, key, mk)
 		}
 		cancel()
 		switch {
@@ -198,8 +258,7 @@ func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync
 	if info, err := r.fetch.cons.Info(ictx); err == nil {
 		floor, pending = info.AckFloor.Stream, info.NumAckPending
 	}
-	stale := max(r.o.AckWait, r.o.BackoffMax, r.o.RetryAfterMax) + r.o.AckWait
-	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait), stale); err != nil {
+	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait)); err != nil {
 		r.log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
 	}
 	if r.order.marks != nil {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,9 +15,10 @@ import (
 
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
-// replica gone quiet), and if the consumer has more messages out than this
-// pull asked for, another courier may hold some of them: order per key
-// waits for them as after a restart (orderer.takeover).
+// replica gone quiet): it reads the marks as the courier that had the pin
+// left them, and if the consumer has more messages out than this pull
+// asked for, another courier may hold some of them: order per key waits
+// for them as after a restart (orderer.takeover).
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -25,6 +27,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	f.pin = p
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
 	if err == nil && info.NumAckPending <= asked {
 		return
@@ -32,7 +35,6 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())
 	f.order.takeover(orderBarrier(f.ackWaitNow()))
-	f.order.reload(ictx)
 }
 
 // ackWaitNow is the consumer's ack wait as last read.
@@ -56,6 +58,7 @@ func (f *fetcher) keepPin(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	defer func() { f.checkUnpinned(batch.Error()) }()
 	for m := range batch.Messages() {
 		// Not expected (no message is one byte), but never dropped.
 		f.track.add(m)
@@ -71,6 +74,25 @@ func (f *fetcher) keepPin(ctx context.Context) {
 			_ = m.Nak()
 			return
 		}
+	}
+}
+
+// checkUnpinned is told how a pull ended: refused the pin id this courier
+// had, the pin has moved (another courier took it after this one went
+// quiet, or the consumer's new leader gives it anew) and the courier now
+// pinned receives the durable's messages. What this courier holds behind
+// keys is given back, in stream order, for that courier to send in it,
+// and what it admitted but has not sent is given back by the workers
+// (orderer.unpinned); its in-flight requests finish.
+func (f *fetcher) checkUnpinned(err error) {
+	if f.order == nil || f.pin == "" || !errors.Is(err, jetstream.ErrPinIDMismatch) {
+		return
+	}
+	f.pin = ""
+	held := f.order.unpinned()
+	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
+	for _, q := range held {
+		f.release(q.m, "the durable's pin moved while it waited behind its key")
 	}
 }
 

@@ -194,7 +194,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 				r.log.Info("messages waiting behind their keys back under the bound: fetching again")
 			}
 		})
-		r.fetch.order, r.fetch.group = r.order, o.PriorityGroup
+		r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.release
 		if o.OrderMarks != nil {
 			r.order.marks = newMarker(o.OrderMarks, r.log)
 		}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -98,11 +99,11 @@ func (r *Runner) orderSettled(d *delivery) int {
 	return r.order.settled(d.okey, d.meta.Sequence.Stream)
 }
 
-// orderRetrying notes that d was NAK'd for a retry: its key waits for its
-// redelivery.
-func (r *Runner) orderRetrying(d *delivery) {
+// orderRetrying notes that d was NAK'd for a retry in delay: its key waits
+// for its redelivery.
+func (r *Runner) orderRetrying(d *delivery, delay time.Duration) {
 	if r.order != nil && d.okey != "" {
-		r.order.retrying(d.okey, d.meta.Sequence.Stream)
+		r.order.retrying(d.okey, d.meta.Sequence.Stream, delay)
 	}
 }
 

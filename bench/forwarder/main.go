@@ -6,8 +6,10 @@
 // letters, no metrics, no logs per message.
 //
 // It reads the same variables as courier: NATS_URL, COURIER_STREAM,
-// COURIER_CONSUMER, COURIER_APP_URL and COURIER_MAX_INFLIGHT. It stops on
-// SIGTERM or SIGINT.
+// COURIER_CONSUMER, COURIER_APP_URL, COURIER_MAX_INFLIGHT and
+// COURIER_MAX_ACK_PENDING (the consumer's; by default far above the pool
+// size: 1 keeps order as consumers without courier do, one message
+// unacked at a time). It stops on SIGTERM or SIGINT.
 package main
 
 import (
@@ -42,6 +44,7 @@ func main() {
 type config struct {
 	natsURL, stream, consumer, appURL string
 	inflight                          int
+	maxAckPending                     int // 0: max(1000, 4 × inflight)
 }
 
 func loadConfig() (config, error) {
@@ -65,6 +68,13 @@ func loadConfig() (config, error) {
 		}
 		c.inflight = n
 	}
+	if v := os.Getenv("COURIER_MAX_ACK_PENDING"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return c, fmt.Errorf("COURIER_MAX_ACK_PENDING=%q: want a positive integer", v)
+		}
+		c.maxAckPending = n
+	}
 	if c.stream == "" || c.appURL == "" {
 		return c, errors.New("COURIER_STREAM and COURIER_APP_URL are required")
 	}
@@ -85,13 +95,17 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Far above the pool size, as courier's is, so the server never stalls
+	// delivery on pending acks, unless set.
+	maxAckPending := max(1000, 4*cfg.inflight)
+	if cfg.maxAckPending > 0 {
+		maxAckPending = cfg.maxAckPending
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.stream, jetstream.ConsumerConfig{
-		Durable:   cfg.consumer,
-		AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait:   30 * time.Second,
-		// Far above the pool size, as courier's is, so the server never
-		// stalls delivery on pending acks.
-		MaxAckPending: max(1000, 4*cfg.inflight),
+		Durable:       cfg.consumer,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: maxAckPending,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer %q on stream %q: %w", cfg.consumer, cfg.stream, err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/ordermark"
 )
 
 const cleanupUsage = `Usage:
@@ -29,7 +30,10 @@ not needed):
   - the stream capturing its max-deliveries advisories (and the durable on
     it): only if no advisory waits to be turned into a dead letter;
   - the dead-letter stream: only if courier created it and it holds no dead
-    letter (replay or purge them first: 'courier dlq').
+    letter (replay or purge them first: 'courier dlq');
+  - the key-value bucket of order per key's marks (COURIER_ORDER_KEY): only
+    if courier created it, and not while the consumer is kept (a courier
+    that starts on it reads them).
 
 --force lifts those conditions (a dead-letter stream that holds dead letters
 is then deleted with them). Never removed: the stream courier consumes, a
@@ -149,7 +153,7 @@ func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opt
 func cleanupPlan(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) ([]item, error) {
 	var items []item
 	for _, find := range []func(context.Context, jetstream.JetStream, config.Config, bool) (*item, error){
-		planConsumer, planAdvisories, planDeadLetters,
+		planConsumer, planAdvisories, planDeadLetters, planOrderMarks,
 	} {
 		it, err := find(ctx, js, cfg, force)
 		if err != nil {
@@ -248,6 +252,46 @@ func planDeadLetters(ctx context.Context, js jetstream.JetStream, cfg config.Con
 	}
 	if it.keep == "" {
 		it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
+	}
+	return it, nil
+}
+
+// planOrderMarks finds the bucket of order per key's marks (ordermark),
+// whether or not COURIER_ORDER_KEY is set now: it is kept with the
+// consumer, whose crash safety it holds.
+func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	name := ordermark.BucketName(cfg.Stream, cfg.Consumer)
+	kv, err := js.KeyValue(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	marks, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing key-value bucket %q: %w", name, err)
+	}
+	n := 0
+	for range marks.Keys() {
+		n++
+	}
+	st, err := js.Stream(ctx, "KV_"+name) // a bucket's stream
+	if err != nil {
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	it := &item{what: fmt.Sprintf("key-value bucket %q (order per key's marks, %d keys)", name, n)}
+	consumer, err := planConsumer(ctx, js, cfg, force)
+	switch {
+	case err != nil:
+		return nil, err
+	case st.CachedInfo().Config.Description != ordermark.Description:
+		it.keep = "not created by courier: delete it yourself if it is not needed (nats kv rm)"
+	case consumer != nil && consumer.keep != "":
+		it.keep = "the consumer is kept, and a courier that starts on it reads these marks"
+	}
+	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
 	}
 	return it, nil
 }

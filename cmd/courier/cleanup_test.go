@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/ordermark"
 )
 
 // cleanupRun runs `courier cleanup args...` in h's environment.
@@ -139,5 +142,51 @@ func TestCleanupUsage(t *testing.T) {
 	err = run(context.Background(), []string{"cleanup", "--yes"}, []string{"COURIER_REPLY_SUBJECTS=q", "COURIER_APP_URL=http://h/"}, io.Discard, io.Discard)
 	if code := exitCode(err, io.Discard); code != 2 {
 		t.Errorf("cleanup without a stream: exit %d", code)
+	}
+}
+
+// The bucket of order per key's marks is removed with the consumer, and
+// kept while the consumer is (a courier pulls from it); one of that name
+// courier did not create is kept.
+func TestCleanupOrderMarks(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	h.publish("orders.created", "x", map[string]string{"Order": "o-1"})
+	c := start(t, h.env(a.URL, "COURIER_ORDER_KEY=header:Order"))
+	waitFor(t, 10*time.Second, "the message delivered, courier pulling", func() bool {
+		info := h.consumerInfo("courier")
+		return h.settled("courier") && info != nil && info.NumWaiting > 0
+	})
+	bucket := ordermark.BucketName("ORDERS", "courier")
+	out, code := h.cleanupRun(t, "--dry-run")
+	if code != 0 || !strings.Contains(out, `keep    key-value bucket "`+bucket+`"`) || !strings.Contains(out, "the consumer is kept") {
+		t.Errorf("while a courier consumes: exit %d\n%s", code, out)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	out, code = h.cleanupRun(t, "--dry-run")
+	if code != 0 || !strings.Contains(out, `remove  key-value bucket "`+bucket+`" (order per key's marks, 0 keys)`) {
+		t.Errorf("--dry-run: exit %d\n%s", code, out)
+	}
+	out, code = h.cleanupRun(t, "--yes")
+	if code != 0 || !strings.Contains(out, `removed key-value bucket "`+bucket+`"`) {
+		t.Errorf("--yes: exit %d\n%s", code, out)
+	}
+	ctx := context.Background()
+	if _, err := h.js.KeyValue(ctx, bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Errorf("the bucket after cleanup: %v, want it gone", err)
+	}
+
+	if _, err := h.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Description: "billing's own"}); err != nil {
+		t.Fatal(err)
+	}
+	out, code = h.cleanupRun(t, "--yes", "--force")
+	if code != 0 || !regexp.MustCompile(`keep +key-value bucket "`+bucket+`"`).MatchString(out) || !strings.Contains(out, "not created by courier") {
+		t.Errorf("someone else's bucket: exit %d\n%s", code, out)
+	}
+	if _, err := h.js.KeyValue(ctx, bucket); err != nil {
+		t.Errorf("someone else's bucket removed: %v", err)
 	}
 }

@@ -297,6 +297,27 @@ func (c *Cluster) StreamLeader(stream string) int {
 	}
 }
 
+// ConsumerLeader waits (up to 20s) for a leader of consumer on stream in
+// the global account and returns its node index.
+func (c *Cluster) ConsumerLeader(stream, consumer string) int {
+	c.tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c.mu.Lock()
+		for i, s := range c.nodes {
+			if s != nil && s.JetStreamIsConsumerLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream, consumer) {
+				c.mu.Unlock()
+				return i
+			}
+		}
+		c.mu.Unlock()
+		if time.Now().After(deadline) {
+			c.tb.Fatalf("natstest: no leader for consumer %s on stream %s after 20s", consumer, stream)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
 func (c *Cluster) shutdownAll() {
 	for i := range c.opts {
 		c.Shutdown(i)

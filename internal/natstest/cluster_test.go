@@ -26,6 +26,13 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	leader := c.StreamLeader("S")
+	natstest.Try(t, "creating an R3 consumer", func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", Replicas: 3})
+		return err
+	})
+	if n := c.ConsumerLeader("S", "c"); n < 0 || n >= c.Len() {
+		t.Fatalf("consumer leader %d", n)
+	}
 	c.Shutdown(leader)
 	if next := c.StreamLeader("S"); next == leader {
 		t.Fatalf("leader %d still leads after its shutdown", leader)

@@ -64,6 +64,13 @@ func NewEndpoint(c *http.Client, raw string, own bool) (*Endpoint, error) {
 	return e, nil
 }
 
+// BodyDone reports whether Send has finished with its body when it
+// returns, so that the caller may reuse it: true on NewClient's HTTP/1.1
+// transport (h1.go writes the whole request before it reads the answer).
+// Through net/http a transport may go on reading a body after RoundTrip
+// returns (http.RoundTripper's contract), so the body must stay untouched.
+func (e *Endpoint) BodyDone() bool { return e.h1 != nil }
+
 // canonicalAddr is the host and port a request to u goes to, port 80 by
 // default.
 func canonicalAddr(u *url.URL) string {

@@ -167,6 +167,13 @@ func appendCompact(dst, data []byte) []byte {
 // IsJSON reports whether a content type is JSON: application/json or a
 // +json suffix (RFC 6839).
 func IsJSON(contentType string) bool {
+	// The common exact forms need no parse (ParseMediaType allocates).
+	switch contentType {
+	case "application/octet-stream", "text/plain", "":
+		return false
+	case "application/json":
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
 		return false

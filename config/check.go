@@ -212,7 +212,7 @@ func (c *checker) checkBreaker(cfg *Config) {
 }
 
 // maxBatch bounds COURIER_BATCH_MAX: each entry is a message held in
-// progress while its batch runs, and a worker waits on it.
+// progress while its batch runs, MaxInflight×BatchMax of them at most.
 const maxBatch = 1000
 
 // maxPartitions bounds COURIER_ORDER_PARTITIONS: each partition is a

@@ -284,7 +284,14 @@ func Subject(h nats.Header) string {
 // loop derives (proxy.ResolveKey), which the app received as
 // Idempotency-Key: replay republishes it so the app sees the same key.
 func DerivedKey(stream string, created time.Time, seq uint64) string {
-	return stream + ":" + strconv.FormatInt(created.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
+	// Appended in place: one allocation, the string itself.
+	var buf [128]byte
+	b := append(buf[:0], stream...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, created.UnixNano(), 10)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, seq, 10)
+	return string(b)
 }
 
 // isReserved reports whether an original header name must be moved under

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -23,25 +24,29 @@ import (
 
 // Batches (Options.BatchMax > 1), as README's "Batches" describes them.
 //
-// Each message keeps its own delivery: worker, dedup check, claim, span,
-// breaker, settling. Where a single message would be sent, its worker hands
-// the entry to the batcher (submit) and waits for the entry's own result,
-// which decide reads as it reads the answer to a single request. So every
-// promise holds per entry, and MaxInflight×BatchMax workers run. The
-// batcher gathers entries into one request (batch.Encode) until it holds
-// BatchMax entries or BatchBytes of message data, or BatchWait after its
-// first entry; sends at most MaxInflight batches at once, each one request
-// to the rate limit; and gives each entry its part of the answer
-// (batch.ReadAnswer). A non-2xx answer, or none, is every entry's.
+// Each message keeps its own delivery: dedup check, claim, span, breaker,
+// settling. Where a single message would be sent, its worker hands the
+// delivery to the batch gathering (handoff.go), whose answer settles it, or
+// while the gate is closed or for the breaker's probe, adds its entry
+// (submit) and waits for the entry's own result. Either way decide reads the
+// entry's part as it reads the answer to a single request, so every promise
+// holds per entry. The batcher gathers entries into one request
+// (batch.Encode) until it holds BatchMax entries or BatchBytes of message
+// data, or BatchWait after its first entry; sends at most MaxInflight
+// batches at once, each one request to the rate limit; and gives each
+// entry its part of the answer (batch.ReadAnswer). A non-2xx answer, or
+// none, is every entry's.
 
 // batchAnswerLimit bounds what is read of the app's answer to a batch: a
 // status object per entry fits many times over.
 const batchAnswerLimit = 4 << 20
 
-// batchEntry is one delivery waiting for its part of a batch.
+// batchEntry is one delivery waiting for its part of a batch: a field of
+// the delivery, answered on its worker's channel (lane.batchDone).
 type batchEntry struct {
 	d    *delivery
-	h    http.Header  // the headers it would have been sent with alone
+	h    http.Header  // its application headers (entryHeaders); nil: none
+	ct   string       // its content type
 	span *attemptSpan // nil: tracing off
 	done chan batchResult
 }
@@ -71,16 +76,31 @@ func (e *entryError) Error() string {
 
 func (e *entryError) Unwrap() error { return e.app }
 
-// batcher gathers deliveries into batch requests. Run starts it and, once
-// every worker has returned, closes in and waits for it (stop).
+// batcher gathers deliveries into batch requests. The workers add their
+// entries to the batch that is gathering, under mu, and the one whose entry
+// fills it hands it on; a timer sends one that is not full BatchWait after
+// its first entry. Run starts it and, once every worker has returned,
+// stops it and waits for the batches in flight (stop).
 type batcher struct {
 	r     *Runner
-	in    chan *batchEntry
 	max   int
 	bytes int
 	wait  time.Duration
-	slots chan struct{} // one per batch request in flight: MaxInflight
+	// slots holds one sendBuf per batch request that may be in flight
+	// (MaxInflight): a request takes one, and its buffers with it.
+	slots chan *sendBuf
 	wg    sync.WaitGroup
+	quit  chan struct{} // closed by stop: the watch on shutdown ends
+
+	// The batch gathering: its entries and their message bytes; gen names
+	// it (the timer set for it sends only it); timer is nil until its
+	// first entry. now: courier is stopping, every entry goes at once.
+	mu    sync.Mutex
+	cur   []*batchEntry
+	size  int
+	gen   uint64
+	timer *time.Timer
+	now   bool
 
 	// Batches as batches; their entries count as messages in every other
 	// metric.
@@ -90,8 +110,8 @@ type batcher struct {
 
 func newBatcher(r *Runner) *batcher {
 	b := &batcher{
-		r: r, in: make(chan *batchEntry), max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait,
-		slots: make(chan struct{}, r.o.MaxInflight),
+		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait,
+		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -102,6 +122,9 @@ func newBatcher(r *Runner) *batcher {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
+	for range r.o.MaxInflight {
+		b.slots <- &sendBuf{}
+	}
 	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
 	}
@@ -109,80 +132,91 @@ func newBatcher(r *Runner) *batcher {
 	return b
 }
 
-// submit hands d, with the headers h it would be sent with alone, to the
-// next batch and returns its part of the answer.
-func (b *batcher) submit(d *delivery, h http.Header, span *attemptSpan) batchResult {
-	e := &batchEntry{d: d, h: h, span: span, done: make(chan batchResult, 1)}
-	select {
-	case b.in <- e:
-	case <-b.r.ph.requests.Done():
+// submit hands d, with its application headers h and content type ct
+// (entryHeaders), to the next batch and returns its part of the answer.
+func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
+	if b.r.ph.requests.Err() != nil {
 		return batchResult{err: errNotSent}
 	}
-	return <-e.done // every entry taken is answered
+	e := &d.entry
+	*e = batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone}
+	if e.done == nil {
+		e.done = make(chan batchResult, 1)
+	}
+	b.add(e)
+	return <-e.done // every entry added is answered
 }
 
-// start runs the gathering loop until stop.
+// add adds e to the batch gathering. A batch goes when full (entries or
+// bytes: an entry that would take it over BatchBytes goes in the next one),
+// BatchWait after its first entry, or at once once courier is stopping.
+func (b *batcher) add(e *batchEntry) {
+	n := len(e.d.m.Data())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.cur) > 0 && b.size+n > b.bytes {
+		b.flushLocked()
+	}
+	if b.cur == nil {
+		b.cur = make([]*batchEntry, 0, b.max)
+	}
+	b.cur, b.size = append(b.cur, e), b.size+n
+	switch {
+	case len(b.cur) >= b.max || b.size >= b.bytes || b.now || b.wait <= 0:
+		b.flushLocked()
+	case len(b.cur) == 1:
+		gen := b.gen
+		b.timer = time.AfterFunc(b.wait, func() { b.flushGen(gen) })
+	}
+}
+
+// flushGen sends the batch gen once its BatchWait is over, unless it went
+// already.
+func (b *batcher) flushGen(gen uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gen == gen {
+		b.flushLocked()
+	}
+}
+
+// flushLocked sends the batch gathering, if it has entries, and starts the
+// next. b.mu is held.
+func (b *batcher) flushLocked() {
+	if b.timer != nil {
+		b.timer.Stop() // if it fired already, flushGen finds gen moved on
+		b.timer = nil
+	}
+	b.gen++
+	if len(b.cur) > 0 {
+		b.send(b.cur)
+	}
+	b.cur, b.size = nil, 0
+}
+
+// start watches for shutdown until stop: once nothing new starts, what has
+// gathered goes at once, and so does every entry from then on (a last
+// delivery sent in the grace period).
 func (b *batcher) start() {
 	b.wg.Add(1)
-	go b.gather()
-}
-
-// stop ends the loop once no entry can come (the workers have returned) and
-// waits for the batches in flight.
-func (b *batcher) stop() {
-	close(b.in)
-	b.wg.Wait()
-}
-
-// gather forms batches: full (entries or bytes), or BatchWait after their
-// first entry, or at once once courier is stopping.
-func (b *batcher) gather() {
-	defer b.wg.Done()
-	var (
-		cur      []*batchEntry
-		size     int
-		timer    = time.NewTimer(time.Hour)
-		fire     <-chan time.Time
-		stopping = b.r.ph.noStart.Done()
-		wait     = b.wait
-	)
-	timer.Stop()
-	defer timer.Stop()
-	flush := func() {
-		if len(cur) > 0 {
-			b.send(cur)
-		}
-		cur, size, fire = nil, 0, nil
-		timer.Stop()
-	}
-	for {
+	go func() {
+		defer b.wg.Done()
 		select {
-		case e, ok := <-b.in:
-			if !ok {
-				flush()
-				return
-			}
-			n := len(e.d.m.Data())
-			if len(cur) > 0 && size+n > b.bytes {
-				flush() // it goes in the next one
-			}
-			cur, size = append(cur, e), size+n
-			if len(cur) >= b.max || size >= b.bytes || wait <= 0 {
-				flush()
-			} else if len(cur) == 1 {
-				timer.Reset(wait)
-				fire = timer.C
-			}
-		case <-fire:
-			flush()
-		case <-stopping:
-			// Nothing new starts: what has gathered goes at once, and so
-			// does every entry from now on (a last delivery sent in the
-			// grace period).
-			stopping, wait = nil, 0
-			flush()
+		case <-b.r.ph.noStart.Done():
+		case <-b.quit:
 		}
-	}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.now = true
+		b.flushLocked()
+	}()
+}
+
+// stop, once no entry can come (the workers have returned), waits for the
+// batches in flight.
+func (b *batcher) stop() {
+	close(b.quit)
+	b.wg.Wait()
 }
 
 // send sends entries as one batch once a slot is free.
@@ -190,19 +224,72 @@ func (b *batcher) send(entries []*batchEntry) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		b.slots <- struct{}{}
-		defer func() { <-b.slots }()
-		b.deliver(entries)
+		buf := <-b.slots
+		defer func() { b.slots <- buf }()
+		b.deliver(entries, buf)
 	}()
 }
 
-// deliver sends one batch request and answers each entry.
-func (b *batcher) deliver(entries []*batchEntry) {
+// sendBuf is what one batch request is built in, kept from one request to
+// the next: the body (when the endpoint is done with it once Post returns,
+// and it is not over maxKeptBody) and the entries.
+type sendBuf struct {
+	body    []byte
+	entries []batch.Entry
+	ids     []string
+}
+
+// maxKeptBody bounds the body buffer a sendBuf keeps between requests: a
+// batch of large messages does not hold its memory for good.
+const maxKeptBody = 256 << 10
+
+// encode builds the body of entries, sorted, in buf: their ids (one string
+// for all), the entries as the batch carries them, the JSON.
+func (b *batcher) encode(entries []*batchEntry, buf *sendBuf) (body []byte, ids []string) {
+	var idb []byte
+	size := 0
+	for _, e := range entries {
+		idb = strconv.AppendUint(idb, e.d.meta.Sequence.Stream, 10)
+		size += 512 + len(e.d.m.Data())*4/3
+	}
+	all := string(idb)
+	ids, es := buf.ids[:0], buf.entries[:0]
+	at := 0
+	for _, e := range entries {
+		n := len(strconv.AppendUint(idb[:0], e.d.meta.Sequence.Stream, 10))
+		ids = append(ids, all[at:at+n])
+		at += n
+		es = append(es, entryOf(ids[len(ids)-1], e))
+	}
+	if cap(buf.body) < size {
+		buf.body = make([]byte, 0, size)
+	}
+	body = batch.Encode(buf.body[:0], es)
+	clear(es) // no message is held past its request
+	buf.ids, buf.entries = ids, es[:0]
+	return body, ids
+}
+
+// keep keeps body in buf for the next request, if the endpoint is done
+// with it and it is not too large.
+func (b *batcher) keep(buf *sendBuf, body []byte) {
+	buf.body = nil
+	if b.r.epErr == nil && b.r.app.BodyDone() && cap(body) <= maxKeptBody {
+		buf.body = body[:0]
+	}
+}
+
+// deliver sends one batch request, built in buf, and answers each entry.
+func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	r := b.r
 	answerAll := func(res batchResult) {
 		for _, e := range entries {
-			e.done <- res
+			b.r.answer(e, res)
 		}
+	}
+	if r.ph.requests.Err() != nil {
+		answerAll(batchResult{err: errNotSent}) // the grace period is over
+		return
 	}
 	if r.limiter != nil {
 		began := time.Now()
@@ -217,13 +304,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	slices.SortFunc(entries, func(x, y *batchEntry) int {
 		return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
 	})
-	ids := make([]string, len(entries))
-	es := make([]batch.Entry, len(entries))
-	for i, e := range entries {
-		ids[i] = strconv.FormatUint(e.d.meta.Sequence.Stream, 10)
-		es[i] = entryOf(ids[i], e)
-	}
-	body := batch.Encode(make([]byte, 0, 512*len(entries)), es)
+	body, ids := b.encode(entries, buf)
 	h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
 	span := r.startBatchSpan(entries, h)
 	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
@@ -241,6 +322,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 		a, err = r.app.Post(ctx, h, body, batchAnswerLimit)
 	}
 	took := time.Since(began)
+	b.keep(buf, body)
 	r.m.inflight.Dec()
 	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
@@ -257,39 +339,73 @@ func (b *batcher) deliver(entries []*batchEntry) {
 	if ans.Problem != "" {
 		r.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
 	}
-	app := &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
+	var app *apphttp.AppError
 	for i, e := range entries {
 		switch ans.Statuses[i] {
 		case batch.Success:
-			e.done <- batchResult{answer: &apphttp.Answer{Status: a.Status, Header: a.Header}, took: took}
+			var each *apphttp.Answer // what a success record is made of
+			if r.o.Success != nil {
+				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
+			}
+			r.answer(e, batchResult{answer: each, took: took})
 		default:
-			e.done <- batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}}
+			if app == nil {
+				app = &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
+			}
+			r.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
 }
 
-// entryOf is e as the batch carries it: the message, its metadata, and the
-// application headers it would have been sent with (courier's own are the
-// entry's fields).
+// entryOf is e as the batch carries it: the message, its metadata, and its
+// application headers (courier's own are the entry's fields).
 func entryOf(id string, e *batchEntry) batch.Entry {
 	d := e.d
-	h := make(http.Header, len(e.h))
-	for name, vs := range e.h {
-		if strings.HasPrefix(name, "Courier-") || name == HeaderIdempotencyKey || name == "Content-Type" {
-			continue
-		}
-		h[name] = vs
-	}
 	return batch.Entry{
 		ID: id, Key: d.key, Attempt: d.attempt, Subject: d.m.Subject(), Stream: d.meta.Stream,
-		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.h.Get("Content-Type"),
-		Header: h, Data: d.m.Data(),
+		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.ct,
+		Header: e.h, Data: d.m.Data(),
 	}
+}
+
+// entryHeaders returns the headers of m's entry in a batch: those its
+// request alone would carry of its own (BuildHeaders: not NATS's, not what
+// HTTP cannot carry, which are returned as dropped; not courier's Courier-*
+// and Idempotency-Key, which are the entry's fields), and its content type
+// (application/octet-stream if it has none), which is a field too. The map
+// is nil when there are none, unless traced: the span's traceparent goes
+// in it.
+func entryHeaders(m jetstream.Msg, traced bool) (http.Header, string, []apphttp.DroppedHeader) {
+	src := m.Headers()
+	n := 0
+	for name := range src {
+		if !apphttp.IsNATSHeader(name) {
+			n++
+		}
+	}
+	if n == 0 && !traced {
+		return nil, "application/octet-stream", nil
+	}
+	h := make(http.Header, n+2)
+	dropped := apphttp.AppHeaders(h, src, false)
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	for name := range h {
+		if strings.HasPrefix(name, "Courier-") || name == "Content-Type" {
+			delete(h, name)
+		}
+	}
+	return h, ct, dropped
 }
 
 // classify is Classify, with an entry the app's answer to its batch
 // refused: retried as a transient failure, or dropped as a permanent one.
 func (r *Runner) classify(err error) apphttp.Class {
+	if err == nil {
+		return apphttp.Success // before errors.As, whose target escapes
+	}
 	var ee *entryError
 	if errors.As(err, &ee) {
 		if ee.status == batch.Drop {

@@ -44,16 +44,31 @@ type delivery struct {
 	wait  context.Context
 	timer *requestTimer
 	log   msgLog
+	// With batches: d as an entry of one, answered on its worker's
+	// channel (lane.batchDone; nil: a channel of its own), or settled by
+	// the batch once handed off (handedOff: its worker went on).
+	entry     batchEntry
+	batchDone chan batchResult
+	handedOff bool
 }
 
 // last reports whether this is the message's last allowed delivery.
 func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
+// ended is how a delivery left its worker.
+type ended int
+
+const (
+	endedHere      ended = iota // settled (or given back) on the worker
+	endedDetached               // detached: a new worker has the worker's place
+	endedHandedOff              // in a batch, settled by it (handoff.go): the worker goes on
+)
+
 // deliver runs one delivery of q's message, whose metadata m.Metadata
 // returned as meta and err, to its end: ack, NAK with delay, dead letter, or
-// give back at shutdown. wait is one of ln's contexts. It reports whether
-// the delivery was detached from its worker (detach).
-func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) (detached bool) {
+// give back at shutdown; or hands it to a batch, which settles it. wait is
+// one of ln's contexts. It reports how the delivery left its worker.
+func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) (how ended) {
 	m := q.m
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
@@ -64,12 +79,16 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	d.probe, d.arrived, d.okey, d.ord, d.oepoch = probe, q.at, q.okey, q.ord, q.epoch
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
-	// message) spent no request: the next candidate goes at once.
+	// message) spent no request: the next candidate goes at once. A
+	// delivery handed to a batch is no longer the worker's to look at.
 	defer func() {
-		if d.probe && !d.answered {
-			r.breaker.handOn()
+		if how == endedHandedOff {
+			return
 		}
-		detached = d.detached
+		r.probeDone(d)
+		if d.detached {
+			how = endedDetached
+		}
 	}()
 	if r.referenced(d) {
 		return
@@ -81,15 +100,25 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	if r.dd != nil && !r.checkKey(d) {
 		return
 	}
-	r.attempt(d)
+	if r.attempt(d) {
+		how = endedHandedOff
+	}
 	return
+}
+
+// probeDone ends d's turn as the breaker's probe if it reached no app.
+func (r *Runner) probeDone(d *delivery) {
+	if d.probe && !d.answered {
+		r.breaker.handOn()
+	}
 }
 
 func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
 	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
 	return &delivery{
 		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
-		log: msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
+		batchDone: ln.batchDone,
+		log:       msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
 
@@ -106,19 +135,37 @@ func (r *Runner) expired(d *delivery) (failure, bool) {
 		err: fmt.Errorf("message is %s old, over COURIER_MAX_AGE %s", age.Round(time.Millisecond), r.o.MaxAge)}, true
 }
 
-// attempt sends the message to the app and settles it by the answer:
-// decide says what the answer makes of the delivery, settleAnswer does it.
-// An attempt that spent nothing (the app unreachable, a failed probe on the
-// last allowed delivery) holds the message and sends it again. After a 2xx
-// with dedup on, recording the key and the ack are handed to the recorder,
-// so the worker takes the next message while the key commits.
-func (r *Runner) attempt(d *delivery) {
-	h, dropped := BuildHeaders(d.m, d.meta, d.key)
+// attempt sends the message to the app and settles it by the answer
+// (sendUntilSettled), or with batches on hands it to the next batch, which
+// settles it (handOff); it reports whether it did the latter.
+func (r *Runner) attempt(d *delivery) (handedOff bool) {
+	h, ct, dropped := r.requestHeaders(d)
 	for _, dh := range dropped {
 		r.m.dropped.Inc()
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
 	}
 	span := r.startSpan(d, h)
+	if r.handOff(d, h, ct, span) {
+		return true
+	}
+	r.sendUntilSettled(d, h, ct, span, nil)
+	return false
+}
+
+// answered is what decide made of an answer (res) to d's request.
+type answered struct {
+	out outcome
+	res batchResult
+}
+
+// sendUntilSettled sends d and settles it by the answer: decide says what
+// the answer makes of the delivery, settleAnswer does it. An attempt that
+// spent nothing (the app unreachable, a failed probe on the last allowed
+// delivery) holds the message and sends it again. After a 2xx with dedup
+// on, recording the key and the ack are handed to the recorder, so the
+// worker takes the next message while the key commits. first, if not nil,
+// is the answer to a request sent already (handoff.go).
+func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
 	var lastErr error
 	delivered := false
 	defer func() {
@@ -127,13 +174,18 @@ func (r *Runner) attempt(d *delivery) {
 			r.unclaim(d)
 		}
 	}()
-	for r.mayStart(d, span) {
-		span.request()
-		answer, took, err := r.send(d, h, span)
-		lastErr = err
-		out := r.decide(d, err, took)
-		delivered = out == outDelivered
-		if !r.settleAnswer(d, span, out, err, answer, took) {
+	for first != nil || r.mayStart(d, span) {
+		var a answered
+		if first != nil {
+			a, first = *first, nil
+		} else {
+			span.request()
+			answer, took, err := r.send(d, h, ct, span)
+			a = answered{out: r.decide(d, err, took), res: batchResult{answer: answer, took: took, err: err}}
+		}
+		lastErr = a.res.err
+		delivered = a.out == outDelivered
+		if !r.settleAnswer(d, span, a.out, a.res.err, a.res.answer, a.res.took) {
 			return
 		}
 	}
@@ -339,11 +391,23 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Ans
 	return a, time.Since(began), err
 }
 
-// send sends d with headers h: on its own (post), or in a batch (batcher)
-// when batches are on; span is d's attempt span (nil: tracing off).
-func (r *Runner) send(d *delivery, h http.Header, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+// requestHeaders returns the headers d is sent with (BuildHeaders), or with
+// batches on those of its entry and its content type (entryHeaders), and
+// those of its own that were dropped.
+func (r *Runner) requestHeaders(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
 	if r.batcher != nil {
-		res := r.batcher.submit(d, h, span)
+		return entryHeaders(d.m, r.o.Tracer != nil)
+	}
+	h, dropped := BuildHeaders(d.m, d.meta, d.key)
+	return h, "", dropped
+}
+
+// send sends d with headers h: on its own (post), or in a batch (batcher)
+// when batches are on, with content type ct; span is d's attempt span (nil:
+// tracing off).
+func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+	if r.batcher != nil {
+		res := r.batcher.submit(d, h, ct, span)
 		return res.answer, res.took, res.err
 	}
 	return r.post(d.timer, h, d.m.Data())

@@ -34,6 +34,9 @@ type lane struct {
 	// timer bounds the worker's requests (derived from requests); nil in
 	// lane0, whose deliveries send none.
 	timer *requestTimer
+	// batchDone answers the worker's delivery in a batch (batcher.submit),
+	// one at a time; nil in lane0.
+	batchDone chan batchResult
 }
 
 // lane returns a new lane; its owner calls stop when done with it.

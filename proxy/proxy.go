@@ -14,8 +14,9 @@
 // key, held behind an earlier message of its key; ordermarks.go: that order
 // across restarts and takeovers), worker.go (taken by a worker, held while
 // the gate is closed), delivery.go (key, max age, dedup check, the request;
-// batcher.go: with batches, several in one request), request.go (the
-// headers; the HTTP exchange and what its answer means are apphttp's),
+// batcher.go: with batches, several in one request; handoff.go: settled by
+// their batch), request.go (the headers; the HTTP exchange and what its
+// answer means are apphttp's),
 // results.go (the success record), recorder.go (the key of a 2xx recorded),
 // settle.go (ack, NAK with a delay, dead letter, give back), references.go
 // (the originals of reference dead letters, not sent again). gate.go and
@@ -102,6 +103,7 @@ type Runner struct {
 	breaker    *breaker
 	limiter    *rate.Limiter // nil: no rate limit
 	batcher    *batcher      // nil: each message alone
+	places     chan struct{} // with batches: a message held or an entry handed off (handoff.go)
 	slots      chan struct{} // one per request to the app in flight (post): MaxInflight
 	order      *orderer      // nil: no order per key
 	ph         *phases
@@ -182,6 +184,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.slots = make(chan struct{}, o.MaxInflight)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
+		r.places = make(chan struct{}, o.MaxInflight*o.BatchMax)
 	}
 	switch {
 	case o.Partitions != nil:
@@ -357,8 +360,8 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	workers := r.o.MaxInflight
 	if r.batcher != nil {
-		// A worker per entry of every batch in flight (batcher.go).
-		workers *= r.o.BatchMax
+		// They hand their deliveries to batches, which settle them; places
+		// bound what they hold (handoff.go).
 		r.batcher.start()
 	}
 	r.workers.Add(workers)

@@ -20,34 +20,46 @@ func (r *Runner) worker() {
 	ln, stop := r.ph.lane()
 	defer stop()
 	ln.timer = newRequestTimer(ln.requests, r.o.HTTPTimeout)
+	if r.batcher != nil {
+		ln.batchDone = make(chan batchResult, 1)
+	}
 	defer ln.timer.close()
 	for {
+		r.takePlace()
 		q, ok := r.next()
 		if !ok {
+			r.givePlace()
 			return
 		}
-		meta, merr := q.m.Metadata()
-		probe := false
-		if r.ph.noStart.Err() == nil && !r.open() {
-			r.countHeld(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
+		switch r.take(q, ln) {
+		case endedDetached:
+			return // a new worker has this one's place
+		case endedHere:
+			r.givePlace()
 		}
-		if r.ph.noStart.Err() == nil {
-			if r.deliver(q, meta, merr, ln, ln.noStart, probe) {
-				return // detached: a new worker has this one's place
-			}
-			continue
-		}
-		// Stopping. A message on its last allowed delivery is sent within
-		// the grace period rather than given back: a NAK would make
-		// JetStream give up on it without the app having seen it.
-		if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
-			if r.deliver(q, meta, merr, ln, ln.requests, false) {
-				return
-			}
-			continue
-		}
-		r.giveBackMsg(q.m, meta, merr, "shutting down")
+		// Handed off: its place is its batch entry's until it is settled.
 	}
+}
+
+// take delivers q, which a worker took, or gives it back once courier is
+// stopping, and reports how it left the worker.
+func (r *Runner) take(q queued, ln lane) ended {
+	meta, merr := q.m.Metadata()
+	probe := false
+	if r.ph.noStart.Err() == nil && !r.open() {
+		r.countHeld(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
+	}
+	if r.ph.noStart.Err() == nil {
+		return r.deliver(q, meta, merr, ln, ln.noStart, probe)
+	}
+	// Stopping. A message on its last allowed delivery is sent within
+	// the grace period rather than given back: a NAK would make
+	// JetStream give up on it without the app having seen it.
+	if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
+		return r.deliver(q, meta, merr, ln, ln.requests, false)
+	}
+	r.giveBackMsg(q.m, meta, merr, "shutting down")
+	return endedHere
 }
 
 // next returns the next message for a worker: one its key's line released
@@ -168,8 +180,16 @@ func (r *Runner) heldMessages() float64 {
 // leave no worker to take a fresh message, the probe that tells a healthy
 // app: the fetcher pulls for one while no fresh message is held
 // (Runner.freshProbers). Requests stay bounded by MaxInflight (slots).
+//
+// With batches, the place d held (handoff.go) is given back; d handed off
+// to a batch has no worker waiting on it, so none is started.
 func (r *Runner) detach(d *delivery) {
 	d.detached = true
+	r.givePlace()
+	if d.handedOff {
+		d.log.Debug("held for the next probe apart from the workers: its place is given back")
+		return
+	}
 	r.workers.Add(1)
 	go r.worker()
 	d.log.Debug("held for the next probe apart from the workers: a new worker takes its place")

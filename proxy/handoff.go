@@ -1,0 +1,92 @@
+package proxy
+
+import "net/http"
+
+// Handing deliveries to batches (Options.BatchMax > 1). A worker that would
+// wait for its entry's part of a batch's answer hands the delivery to the
+// batch instead and takes the next message; the batch's goroutine settles
+// the entry by its part of the answer as the worker would have. So a few
+// workers (MaxInflight) fill the batches, rather than one waiting worker per
+// entry in flight.
+//
+// Places bound what is held: MaxInflight×BatchMax of them, each a message a
+// worker holds or an entry handed off and not yet settled, as many as the
+// workers that waited on their entries. A worker takes a place before it
+// takes a message; an entry handed off keeps it until it is settled (or
+// detached, worker.go).
+//
+// The batch's goroutine settles at once what settles without waiting: a 2xx
+// handed to the recorder (no success record to store), a retry NAK'd (no
+// claim in a shared store to release). Anything else (a dead letter, a
+// success record, a message held while the app is unavailable or for the
+// breaker's probe, sent again) goes on on a goroutine of its own, through
+// sendUntilSettled, as on a worker. A delivery is handed off only while the
+// gate is open and it is not the breaker's probe, which goes on its worker,
+// waiting for its part (batcher.submit).
+
+// takePlace waits for a free place (with batches; else it returns at once).
+func (r *Runner) takePlace() {
+	if r.places != nil {
+		r.places <- struct{}{}
+	}
+}
+
+// givePlace frees a place taken by takePlace.
+func (r *Runner) givePlace() {
+	if r.places != nil {
+		<-r.places
+	}
+}
+
+// handOff hands d, sent with the entry headers h and content type ct, to
+// the next batch if it may go now without waiting (see above), and reports
+// whether it did. Run waits for it as for a worker, until it is settled.
+func (r *Runner) handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool {
+	if r.batcher == nil || d.probe || !r.open() || r.ph.requests.Err() != nil {
+		return false
+	}
+	span.request()
+	d.handedOff = true
+	r.workers.Add(1) // a worker holds its own count: the count is above zero
+	e := &d.entry
+	*e = batchEntry{d: d, h: h, ct: ct, span: span}
+	r.batcher.add(e)
+	return true
+}
+
+// answer gives e its part of its batch's answer: to its worker, waiting, or
+// if it was handed off, settles it.
+func (r *Runner) answer(e *batchEntry, res batchResult) {
+	if e.done != nil {
+		e.done <- res
+		return
+	}
+	d, h, ct, span := e.d, e.h, e.ct, e.span
+	out := r.decide(d, res.err, res.took)
+	if out == outDelivered && r.o.Success == nil || out == outRetry && !d.claimed {
+		r.settleAnswer(d, span, out, res.err, res.answer, res.took)
+		span.end(res.err)
+		if out != outDelivered {
+			r.unclaim(d)
+		}
+		r.handedOffSettled(d)
+		return
+	}
+	// Its own channel from now on, should it be sent again: its worker's
+	// is the worker's.
+	d.batchDone = nil
+	go func() {
+		r.sendUntilSettled(d, h, ct, span, &answered{out: out, res: res})
+		r.handedOffSettled(d)
+	}()
+}
+
+// handedOffSettled ends a delivery handed off, once settled: as its worker
+// would have (probeDone), and its place given back unless detached gave it.
+func (r *Runner) handedOffSettled(d *delivery) {
+	r.probeDone(d)
+	if !d.detached {
+		r.givePlace()
+	}
+	r.workers.Done()
+}

@@ -1,0 +1,43 @@
+package proxy_test
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/internal/poll"
+)
+
+// Workers hand their deliveries to the batch and go on: one worker
+// (MaxInflight 1) fills every batch to BatchMax, and the places keep it to
+// one batch's worth while that batch is at the app, so none overlaps.
+func TestBatchOneWorkerFillsBatches(t *testing.T) {
+	e := setup(t)
+	var atApp, overlapped atomic.Int32
+	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+		if atApp.Add(1) > 1 {
+			overlapped.Add(1)
+		}
+		defer atApp.Add(-1)
+		return 200, nil, ""
+	})
+	publishKeys(t, e, numbered("w", 40)...)
+	o := batchOptions()
+	o.MaxInflight, o.BatchMax, o.BatchWait = 1, 8, time.Hour // only a full batch goes
+	e.runWith(t, nil, o)
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, b := range a.batches {
+		if len(b) != 8 {
+			t.Errorf("batch %d carried %d entries, want 8 (BatchMax) from one worker", i, len(b))
+		}
+	}
+	if len(a.batches) != 5 {
+		t.Errorf("%d batches for 40 messages, want 5", len(a.batches))
+	}
+	if n := overlapped.Load(); n > 0 {
+		t.Errorf("%d batches reached the app while another was there, want none at MaxInflight 1", n)
+	}
+}

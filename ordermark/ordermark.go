@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // Description is the description Open gives the bucket it creates: `courier
@@ -35,7 +37,7 @@ type Store struct {
 // durable, its name made of theirs (characters a bucket name cannot hold
 // become "_").
 func BucketName(stream, consumer string) string {
-	return "COURIER_ORDER_" + clean(stream) + "_" + clean(consumer)
+	return "COURIER_ORDER_" + jsutil.NameToken(stream) + "_" + jsutil.NameToken(consumer)
 }
 
 // PartitionsBucketName is the bucket of the marks of consumer on stream
@@ -43,16 +45,7 @@ func BucketName(stream, consumer string) string {
 // the work stream's, not the stream's, so they are kept apart from the
 // durable's own.
 func PartitionsBucketName(stream, consumer string) string {
-	return "COURIER_PARTORDER_" + clean(stream) + "_" + clean(consumer)
-}
-
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, s)
+	return "COURIER_PARTORDER_" + jsutil.NameToken(stream) + "_" + jsutil.NameToken(consumer)
 }
 
 // Open creates the bucket of consumer on stream if it is missing (replicas

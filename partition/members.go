@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // Membership: every courier of the durable puts a key of its own in a
@@ -30,16 +32,7 @@ import (
 // "COURIER_MEMBERS_<stream>_<consumer>" (characters a bucket name cannot
 // hold become "_").
 func MembersBucket(stream, consumer string) string {
-	return "COURIER_MEMBERS_" + clean(stream) + "_" + clean(consumer)
-}
-
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, s)
+	return "COURIER_MEMBERS_" + jsutil.NameToken(stream) + "_" + jsutil.NameToken(consumer)
 }
 
 const memberPrefix = "members."
@@ -59,7 +52,7 @@ func InstanceID() string {
 	host, _ := os.Hostname()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return clean(host) + "-" + hex.EncodeToString(b[:])
+	return jsutil.NameToken(host) + "-" + hex.EncodeToString(b[:])
 }
 
 // Options configure Join.

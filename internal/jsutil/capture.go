@@ -243,3 +243,15 @@ func SafeStreamName(prefix, key, unique string) string {
 	h.Write([]byte(unique))
 	return fmt.Sprintf("%s_%08X", name[:maxStreamNameLen-9], h.Sum32())
 }
+
+// NameToken is s with every character other than a letter, digit, '-' or
+// '_' replaced by '_', case kept: a part of a stream, bucket or consumer
+// name.
+func NameToken(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
+}

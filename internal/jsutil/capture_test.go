@@ -110,3 +110,9 @@ func TestExplainSetupPermissionDenied(t *testing.T) {
 		t.Errorf("ExplainSetup of another request's time-out = %v, want nil", got)
 	}
 }
+
+func TestNameToken(t *testing.T) {
+	if got := jsutil.NameToken("orders.v1 Ä-x_Y*>"); got != "orders_v1__-x_Y__" {
+		t.Errorf("NameToken = %q", got)
+	}
+}

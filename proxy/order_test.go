@@ -536,6 +536,7 @@ func TestOrderThroughTheBreaker(t *testing.T) {
 	publishOrdered(t, e, keys, n)
 	o := orderOptions(t)
 	o.MaxDeliver, o.BreakerFailures, o.BreakerProbe = 20, 4, 100*time.Millisecond
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: o.MaxDeliver, AckWait: o.AckWait})
 	r, _ := e.runWith(t, nil, o)
 	waitBreakerOpen(t, r)
 	storming.Store(false)

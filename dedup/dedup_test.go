@@ -245,15 +245,21 @@ func TestExpiredKeysAreDropped(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// Once, while level 0 holds the one table of the first Close
+		// (too few for Badger to compact): the expired keys are in it,
+		// so that what removes them below is a compaction. (Later,
+		// Badger's own compactions may already remove them.)
+		if i == 1 {
+			if n := tableKeys(s); n < uint64(len(keys)) {
+				t.Fatalf("%d keys in tables before compaction, want at least %d", n, len(keys))
+			}
+		}
 		mustRecord(t, s, fmt.Sprint("live-", i))
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s = openStore(t, dir, Options{})
-	if n := tableKeys(s); n < uint64(len(keys)) {
-		t.Fatalf("%d keys in tables before compaction, want at least %d", n, len(keys))
-	}
 	if err := s.db.Flatten(1); err != nil {
 		t.Fatal(err)
 	}

@@ -216,94 +216,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			" (for both processes; GOGC replaces courier's default of 50)")
 	}
 
-	// Idle memory: each variant started against an empty stream.
-	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOff, dedupOn}, o.skip) {
-		r, err := b.idle(ctx, v)
-		if err != nil {
+	for _, phase := range []func(context.Context, *report, io.Writer) error{
+		b.idlePhase, b.drainPhase, b.replicasPhase, b.publishPhase, b.latencyPhase,
+	} {
+		if err := phase(ctx, rep, stderr); err != nil {
 			return err
 		}
-		rep.idle = append(rep.idle, r)
-	}
-
-	// Drains, interleaved round by round, each round starting with the next
-	// variant, so that drift of the machine and any effect of what ran just
-	// before spread over every variant.
-	variants := func(inflight int) []variant {
-		vs := []variant{baseline, dedupOff, dedupOn}
-		if inflight == focusInflight {
-			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch)
-			vs = append(vs, orderVariants...)
-		}
-		return slices.DeleteFunc(vs, o.skip)
-	}
-	total := 0
-	for _, inflight := range o.inflight {
-		total += o.repeat * len(variants(inflight))
-	}
-	for round := range o.repeat {
-		for _, inflight := range o.inflight {
-			vs := variants(inflight)
-			if len(vs) == 0 {
-				continue
-			}
-			k := round % len(vs)
-			vs = slices.Concat(vs[k:], vs[:k])
-			for _, v := range vs {
-				r, err := b.drain(ctx, v, inflight)
-				if err != nil {
-					return err
-				}
-				rep.drains = append(rep.drains, r)
-				fmt.Fprintf(stderr, "bench: drain %d/%d: %-30s %3d in flight: %8.0f msgs/s%s\n",
-					len(rep.drains), total, v, inflight, r.rate(), noteIf(r.err))
-			}
-		}
-	}
-
-	// Replicas: one and three couriers on one durable, alternately.
-	if o.replicasN > 0 {
-		for round := range o.repeat {
-			for _, ordered := range []bool{false, true} {
-				name := map[bool]string{false: replicasName, true: replicasOrderedName}[ordered]
-				if o.only != nil && !o.only.MatchString(name) {
-					continue
-				}
-				for _, k := range replicaCounts(round) {
-					r, err := b.drainReplicas(ctx, k, ordered)
-					if err != nil {
-						return err
-					}
-					rep.replicas = append(rep.replicas, r)
-					fmt.Fprintf(stderr, "bench: %s: %d × courier, app %s a request: %8.0f msgs/s (steady %.0f)%s\n",
-						name, k, replicasAppDelay, r.rate(), r.steadyRate(), noteIf(r.err))
-				}
-			}
-		}
-	}
-
-	// Publishing: through courier's HTTP API, through a minimal HTTP
-	// forwarder and with nats.go directly, alternately (bench/publish.go).
-	if o.publishN > 0 {
-		for round := range o.repeat {
-			rs, err := b.publishRound(ctx, round)
-			if err != nil {
-				return err
-			}
-			for _, r := range rs {
-				rep.publishes = append(rep.publishes, r)
-				fmt.Fprintf(stderr, "bench: %-30s %d callers: %8.0f msgs/s%s\n", r.name, publishConcurrency, r.rate(), noteIf(r.err))
-			}
-		}
-	}
-
-	// Latency at a paced rate well below capacity.
-	for _, v := range slices.DeleteFunc([]variant{baseline, dedupOn, dedupBatch}, o.skip) {
-		r, err := b.latency(ctx, v, focusInflight)
-		if err != nil {
-			return err
-		}
-		rep.latency = append(rep.latency, r)
-		fmt.Fprintf(stderr, "bench: latency: %-30s p50 %s p99 %s%s\n", v, r.pct(0.50), r.pct(0.99), noteIf(r.err))
 	}
 	rep.print(stdout)
 	return nil

@@ -3,7 +3,7 @@ package main
 // One measurement of one process under test: a drain of preloaded messages
 // (drain), its memory at rest (idle) and the latency it adds at a paced
 // rate (latency, pace); each starts the process (main.go's launch), and
-// finish stops it and cleans up after it. main.go runs them in rounds and
+// finish stops it and cleans up after it. rounds.go runs them in rounds and
 // report.go prints what they return.
 
 import (

@@ -245,21 +245,15 @@ func TestExpiredKeysAreDropped(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// Once, while level 0 holds the one table of the first Close
-		// (too few for Badger to compact): the expired keys are in it,
-		// so that what removes them below is a compaction. (Later,
-		// Badger's own compactions may already remove them.)
-		if i == 1 {
-			if n := tableKeys(s); n < uint64(len(keys)) {
-				t.Fatalf("%d keys in tables before compaction, want at least %d", n, len(keys))
-			}
-		}
 		mustRecord(t, s, fmt.Sprint("live-", i))
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s = openStore(t, dir, Options{})
+	if n := tableKeys(s); n < uint64(len(keys)) {
+		t.Fatalf("%d keys in tables before compaction, want at least %d", n, len(keys))
+	}
 	if err := s.db.Flatten(1); err != nil {
 		t.Fatal(err)
 	}
@@ -659,6 +653,44 @@ func TestOpenOptions(t *testing.T) {
 				t.Errorf("invalid options created %s", dir)
 			}
 		})
+	}
+}
+
+// HighRate sizes Badger's memtables, tables and level 0 for batches; a
+// store keeps its keys whichever way it is opened, so that turning batches
+// on or off across a restart forgets nothing.
+func TestHighRateSizesBadgerAndKeepsKeys(t *testing.T) {
+	dir := t.TempDir()
+	keys := make([]string, 20000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k-", i)
+	}
+	for i, highRate := range []bool{true, false, true} {
+		s, err := Open(dir, Options{TTL: hour, HighRate: highRate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := s.db.Opts()
+		wantMem, wantTable, wantL0 := int64(memTableSize), int64(baseTableSize), numLevelZeroTables
+		if highRate {
+			wantMem, wantTable, wantL0 = highRateMemTableSize, highRateBaseTableSize, highRateNumLevelZeroTables
+		}
+		if o.MemTableSize != wantMem || o.BaseTableSize != wantTable || o.NumLevelZeroTables != wantL0 {
+			t.Errorf("HighRate %v: memtable %d, tables %d, level 0 %d; want %d, %d, %d", highRate,
+				o.MemTableSize, o.BaseTableSize, o.NumLevelZeroTables, wantMem, wantTable, wantL0)
+		}
+		part := keys[i*len(keys)/3 : (i+1)*len(keys)/3]
+		if err := s.Record(context.Background(), part...); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys[:(i+1)*len(keys)/3] {
+			if seen, err := s.Seen(context.Background(), k); err != nil || !seen {
+				t.Fatalf("HighRate %v, open %d: %s seen=%v err=%v", highRate, i+1, k, seen, err)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,6 +88,9 @@ func TestBatchesThroughAKill(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("two batches did not reach the app; courier logs:\n%s", ch.logs.String())
 		}
+	}
+	if !strings.Contains(ch.logs.String(), "dedup store sized for batches") {
+		t.Errorf("with batches, the store is not sized for them; courier logs:\n%s", ch.logs.String())
 	}
 	ch.kill(t)
 	mu.Lock()

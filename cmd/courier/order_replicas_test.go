@@ -7,7 +7,9 @@ package main
 // checks every request as it comes (keyedApp).
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -44,6 +46,7 @@ type keyedApp struct {
 	tries    map[string]int // "key/N" → requests so far
 	last     string         // the path of the latest request: who sent it
 	ok       int            // messages answered 2xx, each once
+	batches  int            // batch requests (COURIER_BATCH_MAX)
 	dups     int
 	problems []string
 	troubled []string            // the keys of the problems, in their order
@@ -61,14 +64,89 @@ func newKeyedApp(t *testing.T, delay time.Duration) *keyedApp {
 }
 
 func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Order")
-	n, err := strconv.Atoi(r.Header.Get("N"))
-	a.mu.Lock()
-	if key == "" || err != nil {
-		a.problem(key, "a request without its key or place: Order %q, N %q", key, r.Header.Get("N"))
+	if r.Header.Get("Courier-Batch") != "" {
+		a.serveBatch(w, r)
+		return
+	}
+	key, n := r.Header.Get("Order"), r.Header.Get("N")
+	status, retryAfter, ok := a.arrive(key, n, r.URL.Path, r.Header.Get("Courier-Attempt"))
+	if !ok {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	time.Sleep(a.delay)
+	a.leave(key, n, status)
+	if retryAfter != "" {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	w.WriteHeader(status)
+}
+
+// serveBatch answers a batch (COURIER_BATCH_MAX) in Dapr's shape: each
+// entry checked and answered as a request of its own would be, SUCCESS for
+// a 2xx and RETRY otherwise, with the Retry-After any entry asked for.
+func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Entries []struct {
+			EntryID string              `json:"entryId"`
+			Attempt int                 `json:"attempt"`
+			Headers map[string][]string `json:"headers"`
+		} `json:"entries"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		a.mu.Lock()
+		a.problem("", "a batch that is not JSON: %v", err)
 		a.mu.Unlock()
 		w.WriteHeader(http.StatusBadRequest)
 		return
+	}
+	first := func(vs []string) string {
+		if len(vs) == 0 {
+			return ""
+		}
+		return vs[0]
+	}
+	a.mu.Lock()
+	a.batches++
+	a.mu.Unlock()
+	statuses := make([]int, len(body.Entries))
+	var retryAfter string
+	for i, e := range body.Entries {
+		st, ra, ok := a.arrive(first(e.Headers["Order"]), first(e.Headers["N"]), r.URL.Path, strconv.Itoa(e.Attempt))
+		if !ok {
+			st = http.StatusBadRequest
+		}
+		statuses[i] = st
+		retryAfter = cmp.Or(retryAfter, ra)
+	}
+	time.Sleep(a.delay)
+	out := make([]map[string]string, len(body.Entries))
+	for i, e := range body.Entries {
+		if statuses[i] != http.StatusBadRequest {
+			a.leave(first(e.Headers["Order"]), first(e.Headers["N"]), statuses[i])
+		}
+		out[i] = map[string]string{"entryId": e.EntryID, "status": "SUCCESS"}
+		if statuses[i] >= 300 {
+			out[i]["status"] = "RETRY"
+		}
+	}
+	if retryAfter != "" {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"statuses": out})
+}
+
+// arrive checks a request (or batch entry) of message number of key as it
+// reaches the app, notes it at the app, and returns the answer it gets;
+// ok is false for a request without its key or place.
+func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryAfter string, ok bool) {
+	n, err := strconv.Atoi(number)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if key == "" || err != nil {
+		a.problem(key, "a request without its key or place: Order %q, N %q", key, number)
+		return 0, "", false
 	}
 	last, seen := a.done[key]
 	if !seen {
@@ -85,17 +163,21 @@ func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.dups++
 	}
 	a.busy[key]++
-	a.last = r.URL.Path
+	a.last = path
 	a.trace[key] = append(a.trace[key], fmt.Sprintf("%s %d from %s, attempt %s",
-		time.Now().Format("15:04:05.000"), n, r.URL.Path, r.Header.Get("Courier-Attempt")))
+		time.Now().Format("15:04:05.000"), n, path, attempt))
 	id := fmt.Sprint(key, "/", n)
 	a.tries[id]++
-	status, retryAfter := answerFor(key, n, a.tries[id])
-	a.mu.Unlock()
+	status, retryAfter = answerFor(key, n, a.tries[id])
+	return status, retryAfter, true
+}
 
-	time.Sleep(a.delay)
-
+// leave notes the answer to a request of message number of key that
+// arrive accepted.
+func (a *keyedApp) leave(key, number string, status int) {
+	n, _ := strconv.Atoi(number)
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.busy[key]--
 	if status < 300 {
 		if last, seen := a.done[key]; !seen && n == 0 || seen && n == last+1 {
@@ -103,11 +185,6 @@ func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			a.ok++
 		}
 	}
-	a.mu.Unlock()
-	if retryAfter != "" {
-		w.Header().Set("Retry-After", retryAfter)
-	}
-	w.WriteHeader(status)
 }
 
 // answerFor is the app's answer to the try-th request of message n of key.
@@ -421,6 +498,38 @@ func TestOrderReplicasThroughKills(t *testing.T) {
 		waitFor(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
 		i := s.active(a)
 		waitingIn(t, s.cs[i])
+		t.Logf("kill %d: replica %d, after %d messages delivered", kill+1, i, a.delivered())
+		s.cs[i].kill(t)
+		s.start(i)
+	}
+	a.settledInOrder(t, h, keys, rounds, false)
+}
+
+// The same with batches (COURIER_BATCH_MAX): a key has at most one entry
+// in flight, so a batch carries one message of each of its keys, and the
+// kills land while batches are at the app.
+func TestOrderReplicasWithBatchesThroughKills(t *testing.T) {
+	h := newHarness(t)
+	a := newKeyedApp(t, 10*time.Millisecond)
+	const keys, rounds = 200, 6
+	publishRounds(t, h.js, keys, 0, rounds)
+	s := newReplicaSet(t, a.url, 3, func(url string, i int) []string {
+		return orderEnv(h, url, i, "COURIER_BATCH_MAX=8", "COURIER_BATCH_WAIT=5ms")
+	})
+	defer func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.batches == 0 {
+			t.Error("no batch reached the app")
+		}
+		t.Logf("%d batch requests", a.batches)
+	}()
+	for i := range 3 {
+		s.start(i)
+	}
+	for kill, after := range []int{200, 600} {
+		waitFor(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
+		i := s.active(a)
 		t.Logf("kill %d: replica %d, after %d messages delivered", kill+1, i, a.delivered())
 		s.cs[i].kill(t)
 		s.start(i)

@@ -93,6 +93,22 @@ func (a *batchApp) sent() map[string][]int {
 	return out
 }
 
+// wantFull fails t unless the app got n messages in batches of size each
+// (why says where that size comes from).
+func (a *batchApp) wantFull(t *testing.T, size, n int, why string) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, b := range a.batches {
+		if len(b) != size {
+			t.Errorf("batch %d carried %d entries, want %d (%s)", i, len(b), size, why)
+		}
+	}
+	if len(a.batches) != n/size {
+		t.Errorf("%d batches for %d messages, want %d", len(a.batches), n, n/size)
+	}
+}
+
 func statuses(entries []batchEntry, status func(batchEntry) string) string {
 	var b []byte
 	b = append(b, `{"statuses":[`...)
@@ -333,16 +349,7 @@ func TestBatchFullGoesAtOnce(t *testing.T) {
 	o.BatchMax, o.BatchWait = 4, time.Hour // only a full batch goes
 	e.runWith(t, nil, o)
 	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for i, b := range a.batches {
-		if len(b) != 4 {
-			t.Errorf("batch %d carried %d entries, want 4 (BatchMax, the wait an hour)", i, len(b))
-		}
-	}
-	if len(a.batches) != 10 {
-		t.Errorf("%d batches for 40 messages, want 10", len(a.batches))
-	}
+	a.wantFull(t, 4, 40, "BatchMax, the wait an hour")
 }
 
 // A body that is not JSON goes as dataBase64.

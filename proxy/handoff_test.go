@@ -27,16 +27,7 @@ func TestBatchOneWorkerFillsBatches(t *testing.T) {
 	o.MaxInflight, o.BatchMax, o.BatchWait = 1, 8, time.Hour // only a full batch goes
 	e.runWith(t, nil, o)
 	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for i, b := range a.batches {
-		if len(b) != 8 {
-			t.Errorf("batch %d carried %d entries, want 8 (BatchMax) from one worker", i, len(b))
-		}
-	}
-	if len(a.batches) != 5 {
-		t.Errorf("%d batches for 40 messages, want 5", len(a.batches))
-	}
+	a.wantFull(t, 8, 40, "BatchMax, from one worker")
 	if n := overlapped.Load(); n > 0 {
 		t.Errorf("%d batches reached the app while another was there, want none at MaxInflight 1", n)
 	}

@@ -51,6 +51,7 @@ type h1Conn struct {
 	c         net.Conn
 	br        *bufio.Reader // reads c through Read
 	bw        *bufio.Writer
+	head      []byte // the request head write is sending (kept for the next)
 	idleSince time.Time
 	// limit is what br may still read from c: maxHeaderBytes while an
 	// answer's header is read, no limit for its body.
@@ -208,10 +209,7 @@ func (t *h1Transport) connect(ctx context.Context, r *h1Request, trace *httptrac
 // as with net/http's Transport, which waits as long for it. err is the
 // error to report when there is no answer; pc is then unfit for reuse.
 func (pc *h1Conn) roundTrip(ctx context.Context, r *h1Request, trace *httptrace.ClientTrace, st *connTrace) (resp *http.Response, wrote, err error) {
-	wrote = writeRequest(pc.bw, r)
-	if wrote == nil {
-		wrote = pc.bw.Flush()
-	}
+	wrote = pc.write(r)
 	st.wrote, st.wroteErr = true, wrote
 	if trace != nil && trace.WroteRequest != nil {
 		trace.WroteRequest(httptrace.WroteRequestInfo{Err: wrote})
@@ -304,52 +302,32 @@ func (b *h1Body) end(whole bool) {
 	b.pc.done(b.stop, b.reuse && whole)
 }
 
+// write sends r on pc. A body in memory that does not fit in pc's buffer
+// beside the head goes with it in one writev: a batch's request then leaves
+// in one write, which wakes the app's reader once, where the buffer would
+// send its first 4 KiB and then the rest.
+func (pc *h1Conn) write(r *h1Request) error {
+	pc.head = appendHead(pc.head[:0], r)
+	if r.bodyR != nil || len(pc.head)+len(r.body) <= pc.bw.Available() {
+		if err := writeRest(pc.bw, pc.head, r); err != nil {
+			return err
+		}
+		return pc.bw.Flush()
+	}
+	bufs := net.Buffers{pc.head, r.body}
+	_, err := bufs.WriteTo(pc.c)
+	return err
+}
+
 // writeRequest writes r to w as (*http.Request).Write writes a request with
-// a known length: the request line, Host, User-Agent (Go's unless the header
-// has one), Connection: close if r.close, Content-Length, the header (except
-// the fields Request.Write writes from a request's own fields), and the
-// body. The header has passed checkHeader.
+// a known length (see appendHead), and its body.
 func writeRequest(w *bufio.Writer, r *h1Request) error {
-	w.WriteString(r.method)
-	w.WriteByte(' ')
-	w.WriteString(r.uri)
-	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(r.host)
-	w.WriteString("\r\n")
-	ua := "Go-http-client/1.1"
-	if vs, ok := r.header["User-Agent"]; ok {
-		ua = ""
-		if len(vs) > 0 {
-			ua = vs[0]
-		}
-	}
-	if ua != "" {
-		w.WriteString("User-Agent: ")
-		w.WriteString(ua)
-		w.WriteString("\r\n")
-	}
-	if r.close {
-		w.WriteString("Connection: close\r\n")
-	}
-	if r.length > 0 || r.method == http.MethodPost || r.method == http.MethodPut || r.method == http.MethodPatch {
-		var n [20]byte
-		w.WriteString("Content-Length: ")
-		w.Write(strconv.AppendInt(n[:0], r.length, 10))
-		w.WriteString("\r\n")
-	}
-	for k, vs := range r.header {
-		switch k {
-		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
-			continue
-		}
-		for _, v := range vs {
-			w.WriteString(k)
-			w.WriteString(": ")
-			w.WriteString(v)
-			w.WriteString("\r\n")
-		}
-	}
-	w.WriteString("\r\n")
+	return writeRest(w, appendHead(nil, r), r)
+}
+
+// writeRest writes head and then r's body to w.
+func writeRest(w *bufio.Writer, head []byte, r *h1Request) error {
+	w.Write(head)
 	if r.bodyR == nil {
 		_, err := w.Write(r.body)
 		return err
@@ -360,4 +338,52 @@ func writeRequest(w *bufio.Writer, r *h1Request) error {
 		err = fmt.Errorf("net/http: ContentLength=%d with Body length %d", r.length, n)
 	}
 	return err
+}
+
+// appendHead appends r's head to b as (*http.Request).Write writes a
+// request with a known length: the request line, Host, User-Agent (Go's
+// unless the header has one), Connection: close if r.close, Content-Length,
+// the header (except the fields Request.Write writes from a request's own
+// fields), and the blank line. The header has passed checkHeader.
+func appendHead(b []byte, r *h1Request) []byte {
+	b = append(b, r.method...)
+	b = append(b, ' ')
+	b = append(b, r.uri...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, r.host...)
+	b = append(b, "\r\n"...)
+	ua := "Go-http-client/1.1"
+	if vs, ok := r.header["User-Agent"]; ok {
+		ua = ""
+		if len(vs) > 0 {
+			ua = vs[0]
+		}
+	}
+	if ua != "" {
+		b = append(b, "User-Agent: "...)
+		b = append(b, ua...)
+		b = append(b, "\r\n"...)
+	}
+	if r.close {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	if r.length > 0 || r.method == http.MethodPost || r.method == http.MethodPut || r.method == http.MethodPatch {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, r.length, 10)
+		b = append(b, "\r\n"...)
+	}
+	for k, vs := range r.header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue
+		}
+		for _, v := range vs {
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, v...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	b = append(b, "\r\n"...)
+	return b
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,29 @@ func TestH1KeepsConnectionsAlive(t *testing.T) {
 	defer mu.Unlock()
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("the app received %q, want %q", got, want)
+	}
+}
+
+// Bodies that fit in the connection's buffer beside the head and bodies
+// that do not (written with the head in one writev) arrive whole, in turn,
+// on one keep-alive connection: each leaves the connection ready for the
+// next.
+func TestH1LargeBodiesShareAConnection(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = io.WriteString(w, r.Header.Get("Idempotency-Key")+" "+strconv.Itoa(len(b))+" "+string(b[len(b)/2:]))
+	})
+	c := NewClient(ClientOptions{MaxConns: 1})
+	for i, n := range []int{0, 17 << 10, 1, 3900, 4096 - 200, 4096, 5000, 1 << 20, 100} {
+		body := strings.Repeat(string(rune('a'+i)), n/2) + strings.Repeat(string(rune('A'+i)), n-n/2)
+		status, answer, err := h1Post(t, c, app.URL+"/in", body)
+		want := "k " + strconv.Itoa(n) + " " + body[n/2:]
+		if err != nil || status != 200 || answer != want {
+			t.Fatalf("a %d-byte body: %d, answer of %d bytes (%.40q), %v; want 200 and %.40q", n, status, len(answer), answer, err, want)
+		}
+	}
+	if n := cc.opened.Load(); n != 1 {
+		t.Errorf("%d connections for requests in turn, want 1", n)
 	}
 }
 

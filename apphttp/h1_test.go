@@ -172,6 +172,23 @@ func TestH1ContextEndsRequest(t *testing.T) {
 	waitUntil(t, "both connections closed", func() bool { return cc.closed.Load() == 2 })
 }
 
+// The context ends a request whose body the app does not read: the write
+// of a body larger than the connection's buffers (one writev, head and
+// body) blocks until the context ends it.
+func TestH1ContextEndsAWriteTheAppDoesNotRead(t *testing.T) {
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	url := rawApp(t, func(net.Conn) { <-stop })
+	c := NewClient(ClientOptions{MaxConns: 1})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(200*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
+	_, err, _ := exchange(ctx, c, c.Transport, url+"/", http.Header{}, make([]byte, 64<<20))
+	var ae *AppError
+	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
+		t.Fatalf("a write the app does not read, ended by its context: %v, want a timeout", err)
+	}
+}
+
 // An app that answers before reading the whole request (413) and closes its
 // end: its answer is the outcome, not a failed write.
 func TestH1EarlyAnswer(t *testing.T) {

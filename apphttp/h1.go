@@ -26,7 +26,7 @@ import (
 // request at a time per worker to an app on the same host, those handoffs
 // cost more CPU than the request itself. The answer is read by net/http's
 // ReadResponse; the request is written as Request.Write writes it
-// (writeRequest), without its general machinery.
+// (appendHead, write), without its general machinery.
 //
 // It behaves as NewClient's http.Transport did for what courier sends: no
 // proxy, no compression, no resends of its own, keep-alive connections kept
@@ -317,12 +317,6 @@ func (pc *h1Conn) write(r *h1Request) error {
 	bufs := net.Buffers{pc.head, r.body}
 	_, err := bufs.WriteTo(pc.c)
 	return err
-}
-
-// writeRequest writes r to w as (*http.Request).Write writes a request with
-// a known length (see appendHead), and its body.
-func writeRequest(w *bufio.Writer, r *h1Request) error {
-	return writeRest(w, appendHead(nil, r), r)
 }
 
 // writeRest writes head and then r's body to w.

@@ -217,7 +217,7 @@ func TestH1EarlyAnswer(t *testing.T) {
 	}
 }
 
-// writeRequest writes what Request.Write writes: read back by the server's
+// appendHead and writeRest write what Request.Write writes: read back by the server's
 // parser, the two give the same method, target, host, header and body.
 func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 	for _, tc := range []struct {
@@ -261,12 +261,12 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 			}
 			ours, ourBody := read(func(w *bufio.Writer, req *http.Request) error {
 				r := h1RequestOf(req)
-				return writeRequest(w, &r)
+				return writeRest(w, appendHead(nil, &r), &r)
 			})
 			theirs, theirBody := read(func(w *bufio.Writer, r *http.Request) error { return r.Write(w) })
 			if ours.Method != theirs.Method || ours.RequestURI != theirs.RequestURI || ours.Host != theirs.Host ||
 				ours.ContentLength != theirs.ContentLength || ours.Close != theirs.Close || ourBody != theirBody {
-				t.Errorf("writeRequest: %s %s host %q length %d close %v body %q; Request.Write: %s %s host %q length %d close %v body %q",
+				t.Errorf("ours: %s %s host %q length %d close %v body %q; Request.Write: %s %s host %q length %d close %v body %q",
 					ours.Method, ours.RequestURI, ours.Host, ours.ContentLength, ours.Close, ourBody,
 					theirs.Method, theirs.RequestURI, theirs.Host, theirs.ContentLength, theirs.Close, theirBody)
 			}

@@ -131,7 +131,9 @@ func TestBatchesThroughAKill(t *testing.T) {
 // answers in Dapr's shape, RETRY for every seventh key the first time it
 // sees it. Every key is stored (answered SUCCESS), nothing is
 // dead-lettered, and the keys stored twice are no more than the killed
-// courier had in flight when it died.
+// courier had in flight when it died. Each message carries 1,000 bytes, so
+// that a full batch's request is larger than the connection's 4 KiB write
+// buffer and leaves in one writev (apphttp/h1.go).
 func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 	k := newCluster(t)
 	var (
@@ -139,7 +141,9 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 		stored  = map[string]int{} // key → times answered SUCCESS
 		retried = map[string]bool{}
 		batches int
+		largest int64 // the largest batch request's body
 	)
+	pad := strings.Repeat("p", 1000)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			Entries []struct {
@@ -155,6 +159,7 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 		out := make([]map[string]string, 0, len(body.Entries))
 		mu.Lock()
 		batches++
+		largest = max(largest, r.ContentLength)
 		for _, e := range body.Entries {
 			status := "SUCCESS"
 			var n int
@@ -193,7 +198,7 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 		keys[i] = fmt.Sprint("b-", i)
 		m := nats.NewMsg("orders.batched")
 		m.Header.Set("Nats-Msg-Id", keys[i])
-		m.Data = []byte(`{"n":` + fmt.Sprint(i) + `}`)
+		m.Data = []byte(`{"n":` + fmt.Sprint(i) + `,"pad":"` + pad + `"}`)
 		f, err := k.js.PublishMsgAsync(m)
 		if err != nil {
 			t.Fatal(err)
@@ -211,7 +216,7 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 	k.c.Shutdown(leader)
 	for i := total / 2; i < total; i++ {
 		keys[i] = fmt.Sprint("b-", i)
-		k.publishRetry("orders.batched", `{"n":`+fmt.Sprint(i)+`}`, map[string]string{"Nats-Msg-Id": keys[i]})
+		k.publishRetry("orders.batched", `{"n":`+fmt.Sprint(i)+`,"pad":"`+pad+`"}`, map[string]string{"Nats-Msg-Id": keys[i]})
 	}
 	waitFor(t, 90*time.Second, "every key stored and every message acked", func() bool {
 		return storedCount() == total && k.drained()
@@ -224,7 +229,10 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 			twice += stored[key] - 1
 		}
 	}
-	t.Logf("%d keys in %d batches, %d stored more than once", total, batches, twice)
+	t.Logf("%d keys in %d batches, %d stored more than once, the largest request %d bytes", total, batches, twice, largest)
+	if largest <= 4<<10 {
+		t.Errorf("the largest batch request was %d bytes, want one beyond the 4 KiB buffer", largest)
+	}
 	if twice > inflight*batchMax {
 		t.Errorf("%d keys stored twice, want at most %d (what the killed courier had in flight)", twice, inflight*batchMax)
 	}

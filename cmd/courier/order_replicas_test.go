@@ -47,6 +47,7 @@ type keyedApp struct {
 	last     string         // the path of the latest request: who sent it
 	ok       int            // messages answered 2xx, each once
 	batches  int            // batch requests (COURIER_BATCH_MAX)
+	largest  int64          // the largest batch request's body
 	dups     int
 	problems []string
 	troubled []string            // the keys of the problems, in their order
@@ -108,6 +109,7 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	a.batches++
+	a.largest = max(a.largest, r.ContentLength)
 	a.mu.Unlock()
 	statuses := make([]int, len(body.Entries))
 	var retryAfter string
@@ -522,7 +524,7 @@ func TestOrderReplicasWithBatchesThroughKills(t *testing.T) {
 		if a.batches == 0 {
 			t.Error("no batch reached the app")
 		}
-		t.Logf("%d batch requests", a.batches)
+		t.Logf("%d batch requests, the largest %d bytes", a.batches, a.largest)
 	}()
 	for i := range 3 {
 		s.start(i)

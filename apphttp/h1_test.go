@@ -95,6 +95,108 @@ func TestH1LargeBodiesShareAConnection(t *testing.T) {
 	}
 }
 
+// An answer with Connection: close, or one from an HTTP/1.0 app without
+// keep-alive, leaves its connection closed; an answer not read to its end
+// closes its connection too.
+func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("close") != "" {
+			w.Header().Set("Connection", "close")
+		}
+		_, _ = io.WriteString(w, strings.Repeat("x", 100))
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	if _, _, err := h1Post(t, c, app.URL+"/?close=1", "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
+
+	resp, err, _ := exchange(context.Background(), c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 10)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // 90 bytes unread
+	waitUntil(t, "the connection of an answer not read whole closed", func() bool { return cc.closed.Load() == 2 })
+	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if n := cc.opened.Load(); n != 3 {
+		t.Errorf("%d connections, want 3", n)
+	}
+}
+
+// Interim answers (103 Early Hints) are skipped; a chunked answer is read
+// whole, and its connection reused.
+func TestH1InterimAndChunkedAnswers(t *testing.T) {
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</a.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusAccepted)
+		for i := range 3 {
+			_, _ = io.WriteString(w, strings.Repeat(string(rune('a'+i)), 10))
+			w.(http.Flusher).Flush() // chunked: no Content-Length
+		}
+	})
+	c := NewClient(ClientOptions{MaxConns: 2})
+	for range 2 {
+		status, answer, err := h1Post(t, c, app.URL+"/", "x")
+		if err != nil || status != http.StatusAccepted || answer != strings.Repeat("a", 10)+strings.Repeat("b", 10)+strings.Repeat("c", 10) {
+			t.Fatalf("got %d %q %v, want 202 and the three chunks", status, answer, err)
+		}
+	}
+	if n := cc.opened.Load(); n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+// The context ends a request at any point: while the app has not answered,
+// and while its answer's body is being read. The connection is closed, and
+// the error is the context's cause.
+func TestH1ContextEndsRequest(t *testing.T) {
+	release := make(chan struct{})
+	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {
+		// Read whole, so that the server watches the connection and ends
+		// r.Context() when courier closes it.
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Query().Get("body") != "" {
+			w.Header().Set("Content-Length", "100")
+			_, _ = io.WriteString(w, "part")
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) }) // before app.Close, which waits for the handlers
+	c := NewClient(ClientOptions{MaxConns: 2})
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
+	_, err, _ := exchange(ctx, c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
+	var ae *AppError
+	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
+		t.Fatalf("request ended by its context: %v, want a timeout", err)
+	}
+
+	ctx, cancel2 := context.WithCancel(context.Background())
+	resp, err, _ := exchange(ctx, c, c.Transport, app.URL+"/?body=1", http.Header{}, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, cancel2)
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("reading a body whose context ended: %v, want context.Canceled", err)
+	}
+	waitUntil(t, "both connections closed", func() bool { return cc.closed.Load() == 2 })
+}
+
 // The context ends a request whose body the app does not read: the write
 // of a body larger than the connection's buffers (one writev, head and
 // body) blocks until the context ends it.

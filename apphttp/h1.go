@@ -51,7 +51,6 @@ type h1Conn struct {
 	c         net.Conn
 	br        *bufio.Reader // reads c through Read
 	bw        *bufio.Writer
-	head      []byte // the request head write is sending (kept for the next)
 	idleSince time.Time
 	// limit is what br may still read from c: maxHeaderBytes while an
 	// answer's header is read, no limit for its body.
@@ -302,21 +301,22 @@ func (b *h1Body) end(whole bool) {
 	b.pc.done(b.stop, b.reuse && whole)
 }
 
-// write sends r on pc. A body in memory that does not fit in pc's buffer
-// beside the head goes with it in one writev: a batch's request then leaves
-// in one write, which wakes the app's reader once, where the buffer would
-// send its first 4 KiB and then the rest.
+// write sends r on pc. The head is built in the buffer's free space
+// (AvailableBuffer), so a request that fits is copied once. A body in
+// memory that does not fit beside the head goes with it in one writev: a
+// batch's request then leaves in one write, which wakes the app's reader
+// once, where the buffer would send its first 4 KiB and then the rest.
 func (pc *h1Conn) write(r *h1Request) error {
-	pc.head = appendHead(pc.head[:0], r)
-	if r.bodyR != nil || len(pc.head)+len(r.body) <= pc.bw.Available() {
-		if err := writeRest(pc.bw, pc.head, r); err != nil {
-			return err
-		}
-		return pc.bw.Flush()
+	head := appendHead(pc.bw.AvailableBuffer(), r)
+	if r.bodyR == nil && pc.bw.Buffered() == 0 && len(head)+len(r.body) > pc.bw.Available() {
+		bufs := net.Buffers{head, r.body}
+		_, err := bufs.WriteTo(pc.c)
+		return err
 	}
-	bufs := net.Buffers{pc.head, r.body}
-	_, err := bufs.WriteTo(pc.c)
-	return err
+	if err := writeRest(pc.bw, head, r); err != nil {
+		return err
+	}
+	return pc.bw.Flush()
 }
 
 // writeRest writes head and then r's body to w.

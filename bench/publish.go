@@ -56,9 +56,14 @@ const (
 	publishForwarderName = "publish: minimal HTTP forwarder"
 	publishCourierName   = "publish: courier HTTP API"
 	publishNullName      = "publish: HTTP alone, nothing published"
+	publishBatchName     = "publish: courier HTTP API, batches of 32"
 )
 
-var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName, publishNullName}
+// publishBatchEntries is the entries of each request of the batch variant
+// (POST /v1/publish-batch/<subject>).
+const publishBatchEntries = 32
+
+var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName, publishNullName, publishBatchName}
 
 // publishResult is one timed phase of n publishes.
 type publishResult struct {
@@ -166,7 +171,7 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 	if name == publishNullName {
 		env = append(env, "BENCH_PUBLISH_NULL=1")
 	}
-	if name == publishCourierName {
+	if name == publishCourierName || name == publishBatchName {
 		bin = b.courier
 		consumed := stream + "IDLE"
 		if err := b.broker.createStream(pctx, consumed, subject+"idle"); err != nil {
@@ -211,6 +216,21 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 	client := apphttp.NewClient(apphttp.ClientOptions{MaxConns: publishConcurrency, IdleTimeout: time.Minute})
 	defer client.CloseIdleConnections()
 	url := "http://" + addr + "/v1/publish/" + subject
+	do := func(req *http.Request, entries int) error {
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("answered %d: %s", resp.StatusCode, bytes.TrimSpace(body))
+		}
+		if n := bytes.Count(body, []byte(`"status":200`)); entries > 0 && n != entries {
+			return fmt.Errorf("answered 200 with %d of %d entries stored: %s", n, entries, body)
+		}
+		return nil
+	}
 	send := func(ctx context.Context, id int) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url,
 			bytes.NewReader(newBody(b.o.size, run, uint64(id), time.Now())))
@@ -222,30 +242,57 @@ func (b *bench) publishHTTP(ctx context.Context, name string) (r publishResult, 
 		// forwarder and courier then store alike (courier would
 		// otherwise make an id of its own).
 		req.Header.Set("Idempotency-Key", publishKey(run, id))
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
+		return do(req, 0)
+	}
+	// per is the messages a call of send publishes.
+	per := 1
+	if name == publishBatchName {
+		per = publishBatchEntries
+		r.n -= r.n % per
+		url = "http://" + addr + "/v1/publish-batch/" + subject
+		send = func(ctx context.Context, batch int) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url,
+				bytes.NewReader(publishBatchBody(b.o.size, run, batch*per, per)))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			return do(req, per)
 		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("answered %d: %s", resp.StatusCode, bytes.TrimSpace(body))
-		}
-		return nil
 	}
 	// Courier may be listening before it has reached NATS; the warm-up
 	// waits for it (a publish then waits for the connection).
-	_, r.err = publishAll(pctx, 0, publishWarmup, send)
+	_, r.err = publishAll(pctx, 0, publishWarmup/per, send)
 	if r.err == nil {
 		cpu, cerr := c.cpu()
 		host := selfCPU()
-		r.elapsed, r.err = publishAll(pctx, publishWarmup, r.n, send)
+		r.elapsed, r.err = publishAll(pctx, publishWarmup/per, r.n/per, send)
 		r.hostCPU = selfCPU() - host
 		if after, err := c.cpu(); cerr == nil && err == nil {
 			r.cpu = after - cpu
 		}
 	}
 	return r, ctx.Err()
+}
+
+// publishBatchBody is the body of a batch request publishing messages [from,
+// from+n) of run, each with its idempotency key, its data in base64 (the
+// bodies are binary).
+func publishBatchBody(size int, run uint64, from, n int) []byte {
+	type entry struct {
+		IdempotencyKey string `json:"idempotencyKey"`
+		ContentType    string `json:"contentType"`
+		DataBase64     []byte `json:"dataBase64"`
+	}
+	entries := make([]entry, n)
+	now := time.Now()
+	for i := range entries {
+		entries[i] = entry{publishKey(run, from+i), "application/octet-stream", newBody(size, run, uint64(from+i), now)}
+	}
+	b, _ := json.Marshal(struct {
+		Entries []entry `json:"entries"`
+	}{entries})
+	return b
 }
 
 // publishKey is message id's idempotency key in run: every publisher sends
@@ -352,6 +399,11 @@ func (rep *report) printPublish(w io.Writer) {
 	t.write(w)
 	direct, fwd, courier, null := byName[publishDirectName], byName[publishForwarderName], byName[publishCourierName], byName[publishNullName]
 	fmt.Fprintln(w, "Per-round ratios, median (min–max):")
+	if batch := byName[publishBatchName]; len(batch) > 0 && len(direct) > 0 {
+		fmt.Fprintf(w, "  courier batches of %d / nats.go: msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",
+			publishBatchEntries, spread(publishRatios(batch, direct, publishResult.rate), "%.2f"), publishTarget,
+			spread(publishRatios(batch, direct, publishResult.allPerPublish), "%.2f"))
+	}
 	if len(courier) > 0 && len(direct) > 0 {
 		fmt.Fprintf(w, "  courier / nats.go:   msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",
 			spread(publishRatios(courier, direct, publishResult.rate), "%.2f"), publishTarget,

@@ -13,6 +13,8 @@ type metrics struct {
 	latency  *prometheus.HistogramVec
 	inflight prometheus.Gauge
 	retries  prometheus.Counter
+	// batchSize is the entries of each batch request published.
+	batchSize prometheus.Histogram
 	// byOutcome holds each outcome's series, looked up once here rather
 	// than by label on every request; read-only after newMetrics.
 	byOutcome map[string]outcomeSeries
@@ -43,12 +45,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "courier_publish_retries_total",
 			Help: "Publish attempts courier made again within a request's time (NATS unreachable, no quorum, a leader election).",
 		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "courier_publish_batch_entries",
+			Help:    "Entries of each batch request published (POST /v1/publish-batch); each entry also counts in courier_publish_requests_total as a publish of its own.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
 	}
 	m.byOutcome = make(map[string]outcomeSeries, len(outcomes))
 	for _, o := range outcomes {
 		m.byOutcome[o] = outcomeSeries{m.requests.WithLabelValues(o), m.latency.WithLabelValues(o)}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries, m.batchSize} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("publish: registering metrics: %w", err)
 		}

@@ -29,10 +29,15 @@ type Options struct {
 	// gets 503 with Retry-After. The sidecar passes COURIER_HTTP_TIMEOUT.
 	// Default 10s.
 	Timeout time.Duration
-	// MaxConcurrent bounds the publishes in progress at once; one beyond
-	// it is answered 503 busy at once (with Retry-After), so that memory
-	// stays bounded however many requests arrive. Default 256.
+	// MaxConcurrent bounds the publishes in progress at once, a batch's
+	// entries each counting; a single publish beyond it is answered 503
+	// busy at once (with Retry-After), and a batch waits for its share
+	// within its time, so that memory stays bounded however many requests
+	// arrive. Default 256.
 	MaxConcurrent int
+	// MaxBatchBytes bounds the body of a batch request (BatchPath); a
+	// larger one is refused 413 before it is read. Default 8 MiB.
+	MaxBatchBytes int64
 	// RetryAfter is what a 503 tells the caller to wait, rounded up to
 	// whole seconds. Default 1s.
 	RetryAfter time.Duration
@@ -70,6 +75,9 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxConcurrent <= 0 {
 		o.MaxConcurrent = 256
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = 8 << 20
 	}
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = time.Second

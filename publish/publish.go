@@ -65,8 +65,11 @@ var reservedPrefixes = [...]string{"$JS.", "$KV.", "$O.", "$SYS.", "$SRV.", "_IN
 // Retry-After, not a refused connection.
 type Server struct {
 	// nc and js are set once, by Connect, before connected is closed.
-	nc        *nats.Conn
-	js        jetstream.JetStream
+	nc *nats.Conn
+	js jetstream.JetStream
+	// async publishes a batch's first attempts, each acknowledgement
+	// given up on after attemptTimeout (so none is awaited for ever).
+	async     jetstream.JetStream
 	connected chan struct{}
 	connect   sync.Once
 
@@ -78,6 +81,8 @@ type Server struct {
 	// loop spacing them (made once, not per attempt).
 	pubOpts []jetstream.PublishOpt
 	slots   chan struct{} // a token per publish in progress
+	turn    chan struct{} // held by the one batch waiting for slots
+	batches chan struct{} // a token per batch request in progress
 
 	ln  net.Listener
 	srv *http.Server
@@ -112,12 +117,20 @@ func Listen(addr string, opts Options) (*Server, error) {
 		pubOpts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
 		log:     opts.Logger.With("component", "publish"),
 		slots:   make(chan struct{}, opts.MaxConcurrent),
+		turn:    make(chan struct{}, 1),
+		batches: make(chan struct{}, maxBatches),
 		ln:      ln, base: base, cancelBase: cancel,
 		done: make(chan error, 1),
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+PathPrefix+"{subject...}", func(w http.ResponseWriter, r *http.Request) {
 		s.servePublish(w, r, r.PathValue("subject"))
+	})
+	mux.HandleFunc("POST "+BatchPath, func(w http.ResponseWriter, r *http.Request) {
+		s.serveBatch(w, r, "")
+	})
+	mux.HandleFunc("POST "+BatchPath+"/{subject...}", func(w http.ResponseWriter, r *http.Request) {
+		s.serveBatch(w, r, r.PathValue("subject"))
 	})
 	s.srv = &http.Server{
 		Handler:           s.route(mux),
@@ -139,6 +152,11 @@ func Listen(addr string, opts Options) (*Server, error) {
 func (s *Server) Connect(nc *nats.Conn, js jetstream.JetStream) {
 	s.connect.Do(func() {
 		s.nc, s.js = nc, js
+		async, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(attemptTimeout))
+		if err != nil { // only bad options fail, and these are fixed
+			panic(fmt.Sprintf("publish: %v", err))
+		}
+		s.async = async
 		close(s.connected)
 	})
 }
@@ -213,6 +231,10 @@ func (s *Server) route(mux *http.ServeMux) http.Handler {
 				s.servePublish(w, r, subj)
 				return
 			}
+			if r.URL.Path == BatchPath {
+				s.serveBatch(w, r, "")
+				return
+			}
 		}
 		mux.ServeHTTP(w, r)
 	})
@@ -243,15 +265,10 @@ func (s *Server) handle(r *http.Request, subj string, deadline time.Time) result
 	if err := s.allowed(subj); err != nil {
 		return fail(err)
 	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		return result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
-			msg: fmt.Sprintf("courier busy: %d publishes in progress", s.o.MaxConcurrent)}
+	if !s.acquire(1, nil) {
+		return *s.busy()
 	}
-	s.m.inflight.Inc()
-	defer s.m.inflight.Dec()
+	defer s.release(1)
 
 	if err := s.waitConnected(r.Context(), deadline); err != nil {
 		return s.timedOut(r.Context(), err)
@@ -266,7 +283,7 @@ func (s *Server) handle(r *http.Request, subj string, deadline time.Time) result
 		return fail(err)
 	}
 	m := &nats.Msg{Subject: subj, Header: h, Data: data}
-	sp := s.startSpan(r, m)
+	sp := s.startSpan(r.Context(), r.Header, m)
 	res := s.publishMsg(r.Context(), deadline, m, generated, maxPayload)
 	sp.end(res)
 	return res

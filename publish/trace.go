@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"strings"
@@ -37,13 +38,14 @@ func (c msgCarrier) Keys() []string {
 // span is one publish's span; nil when tracing is off.
 type span struct{ s trace.Span }
 
-// startSpan starts the publish's span, child of the request's trace
-// context, and puts the span's context on m in place of the request's.
-func (s *Server) startSpan(r *http.Request, m *nats.Msg) *span {
+// startSpan starts the publish's span, child of the trace context in
+// carrier (the request's headers, or a batch entry's), and puts the span's
+// context on m in place of the one it came with.
+func (s *Server) startSpan(ctx context.Context, carrier http.Header, m *nats.Msg) *span {
 	if s.o.Tracer == nil {
 		return nil
 	}
-	parent := s.o.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	parent := s.o.Propagator.Extract(ctx, propagation.HeaderCarrier(carrier))
 	ctx, sp := s.o.Tracer.Start(parent, "send "+m.Subject,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(

@@ -234,6 +234,10 @@ func (s *Server) release(n int) {
 	s.m.inflight.Sub(float64(n))
 }
 
+// maxEntries is the most entries a batch may carry: maxBatchEntries, or
+// fewer when Options.MaxConcurrent is smaller (a batch needs a slot each).
+func (s *Server) maxEntries() int { return min(maxBatchEntries, s.o.MaxConcurrent) }
+
 // busy is the answer when the slots are taken.
 func (s *Server) busy() *result {
 	return &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
@@ -272,8 +276,8 @@ func (s *Server) readBatch(r *http.Request, pathSubj string) ([]pending, error) 
 	switch {
 	case len(b.Entries) == 0:
 		return nil, refuse(http.StatusBadRequest, outcomeInvalid, `the batch has no entries: send {"entries":[...]}`)
-	case len(b.Entries) > maxBatchEntries:
-		return nil, refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the batch has %d entries, more than %d: split it", len(b.Entries), maxBatchEntries)
+	case len(b.Entries) > s.maxEntries():
+		return nil, refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the batch has %d entries, more than the %d a request may carry: split it", len(b.Entries), s.maxEntries())
 	}
 	out := make([]pending, len(b.Entries))
 	seen := make(map[string]int, len(b.Entries))

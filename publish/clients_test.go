@@ -19,7 +19,8 @@ import (
 // standard library only, publishes through the API (testdata/client.py,
 // testdata/client.mjs, run as subprocesses): its message is stored with its
 // headers, a retry with the same Idempotency-Key is reported as the
-// duplicate it is, and the refusals reach it as statuses with a JSON error.
+// duplicate it is, the refusals reach it as statuses with a JSON error, and
+// a batch's entries are each answered, a retry among them as a duplicate.
 func TestPublishFromOtherLanguages(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
@@ -67,6 +68,21 @@ func TestPublishFromOtherLanguages(t *testing.T) {
 			if n := got["no-token"]; n.Status != 401 || n.Answer.Error == "" {
 				t.Errorf("without the token: %+v", n)
 			}
+			b := got["batch"]
+			if b.Status != 200 || len(b.Answer.Entries) != 3 {
+				t.Fatalf("the batch: %+v", b)
+			}
+			for i, e := range b.Answer.Entries {
+				if want := []string{"b1", "b2", "retry"}[i]; e.EntryID != want || e.Status != 200 || e.Duplicate != (want == "retry") {
+					t.Errorf("batch entry %d: %+v, want %s", i, e, want)
+				}
+			}
+			if r := b.Answer.Entries[2]; r.Seq != first.Answer.Seq {
+				t.Errorf("the batch's retry of the first publish names seq %d, want %d", r.Seq, first.Answer.Seq)
+			}
+			if m := stored(t, js, "ORDERS", b.Answer.Entries[1].Seq); string(m.Data) != "\x00\x01" || m.Header.Get(nats.MsgIdHdr) != tt.lang+"-b2" {
+				t.Errorf("batch entry b2 stored as %q with %v", m.Data, m.Header)
+			}
 			m := stored(t, js, "ORDERS", first.Answer.Seq)
 			if m.Subject != "orders."+tt.lang || m.Header.Get(nats.MsgIdHdr) != tt.lang+"-7" ||
 				m.Header.Get("X-Client") != tt.lang || m.Header.Get("Content-Type") != "application/json" {
@@ -93,5 +109,11 @@ type clientAnswer struct {
 		Seq       uint64 `json:"seq"`
 		Duplicate bool   `json:"duplicate"`
 		Error     string `json:"error"`
+		Entries   []struct {
+			EntryID   string `json:"entryId"`
+			Status    int    `json:"status"`
+			Seq       uint64 `json:"seq"`
+			Duplicate bool   `json:"duplicate"`
+		} `json:"entries"`
 	} `json:"answer"`
 }

@@ -1,6 +1,7 @@
 """A publisher in Python with the standard library only, as an app would
-write one: POST the message, read the JSON answer. It prints one JSON line
-per publish: {"name", "status", "retry_after", "answer"}.
+write one: POST the message (or a batch of them), read the JSON answer. It
+prints one JSON line per request: {"name", "status", "retry_after",
+"answer"}.
 
 Usage: client.py BASE_URL TOKEN
 """
@@ -12,8 +13,8 @@ import urllib.request
 base, token = sys.argv[1], sys.argv[2]
 
 
-def publish(name, subject, body, headers):
-    req = urllib.request.Request(base + "/v1/publish/" + subject, data=body, method="POST")
+def publish(name, subject, body, headers, path="/v1/publish/"):
+    req = urllib.request.Request(base + path + subject, data=body, method="POST")
     for k, v in headers.items():
         req.add_header(k, v)
     try:
@@ -31,3 +32,11 @@ publish("first", "orders.python", order,
 publish("again", "orders.python", order, {**auth, "Idempotency-Key": "python-7"})
 publish("forbidden", "billing.python", b"x", auth)
 publish("no-token", "orders.python", b"x", {})
+# A batch: two new messages and a retry of the first, each answered.
+batch = {"entries": [
+    {"entryId": "b1", "idempotencyKey": "python-b1", "contentType": "application/json", "data": {"order": 8}},
+    {"entryId": "b2", "idempotencyKey": "python-b2", "dataBase64": "AAE="},
+    {"entryId": "retry", "idempotencyKey": "python-7", "data": {"order": 7, "from": "python"}},
+]}
+publish("batch", "orders.python", json.dumps(batch).encode(), {**auth, "Content-Type": "application/json"},
+        path="/v1/publish-batch/")

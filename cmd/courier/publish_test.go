@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -66,6 +67,49 @@ func postPublish(addr, subject, body, key string) (pubAnswer, error) {
 		return ans, fmt.Errorf("answer %d %q: %w", resp.StatusCode, b, err)
 	}
 	return ans, nil
+}
+
+// postBatch publishes a batch through courier at addr, an entry per key
+// (the key its data and its idempotency key), and returns each entry's
+// answer by key, at the batch's time and with its Retry-After.
+func postBatch(addr, subject string, keys []string) (map[string]pubAnswer, error) {
+	type entry struct {
+		IdempotencyKey string `json:"idempotencyKey"`
+		DataBase64     []byte `json:"dataBase64"`
+	}
+	var body struct {
+		Entries []entry `json:"entries"`
+	}
+	for _, k := range keys {
+		body.Entries = append(body.Entries, entry{k, []byte(k)})
+	}
+	raw, _ := json.Marshal(body)
+	resp, err := http.Post("http://"+addr+"/v1/publish-batch/"+subject, "application/json", strings.NewReader(string(raw)))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var ans struct {
+		Entries []struct {
+			Status int    `json:"status"`
+			Stream string `json:"stream"`
+			Seq    uint64 `json:"seq"`
+			Error  string `json:"error"`
+		} `json:"entries"`
+		Error string `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+		return nil, fmt.Errorf("batch answer %d: %w", resp.StatusCode, err)
+	}
+	if len(ans.Entries) != len(keys) {
+		return nil, fmt.Errorf("batch answered %d with %d entries for %d: %s", resp.StatusCode, len(ans.Entries), len(keys), ans.Error)
+	}
+	out := make(map[string]pubAnswer, len(keys))
+	for i, e := range ans.Entries {
+		out[keys[i]] = pubAnswer{status: e.Status, retryAfter: resp.Header.Get("Retry-After"), at: time.Now(),
+			Stream: e.Stream, Seq: e.Seq, Error: e.Error}
+	}
+	return out, nil
 }
 
 // TestPublishThroughCourier: with COURIER_PUBLISH_ADDR set, the publish
@@ -152,7 +196,7 @@ func TestPublishBeforeNATS(t *testing.T) {
 // arrives, and those the app sends during the grace period, are answered
 // 200 and stored; the API closes once COURIER_SHUTDOWN_GRACE is over, and
 // every 200 it gave names a stored message (never a success without an
-// acknowledgement).
+// acknowledgement). Batches likewise, entry by entry.
 func TestPublishThroughSIGTERM(t *testing.T) {
 	const grace = 2 * time.Second
 	h := newHarness(t)
@@ -182,6 +226,22 @@ func TestPublishThroughSIGTERM(t *testing.T) {
 			}
 		})
 	}
+	// And one sending batches of five.
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			keys := make([]string, 5)
+			for j := range keys {
+				keys[j] = fmt.Sprintf("b%d-%d", i, j)
+			}
+			got, err := postBatch(addr, "events.created", keys)
+			if err != nil {
+				return // the API has closed
+			}
+			mu.Lock()
+			maps.Copy(answers, got)
+			mu.Unlock()
+		}
+	})
 	waitFor(t, 10*time.Second, "publishes stored", func() bool { mu.Lock(); defer mu.Unlock(); return len(answers) >= 50 })
 	signalled := time.Now()
 	c.cancel() // SIGTERM
@@ -220,8 +280,17 @@ func TestPublishThroughSIGTERM(t *testing.T) {
 			t.Errorf("%s: %d %s", key, ans.status, ans.Error)
 		}
 	}
-	t.Logf("%d publishes, %d answered 200 after the signal, the last %s after it; courier stopped %s after it",
-		len(answers), afterSignal, last.Sub(signalled).Round(time.Millisecond), stopped.Round(time.Millisecond))
+	var batched int
+	for key, ans := range answers {
+		if strings.HasPrefix(key, "b") && ans.status == http.StatusOK && ans.at.After(signalled) {
+			batched++
+		}
+	}
+	if batched == 0 {
+		t.Error("no batch entry answered 200 after the signal")
+	}
+	t.Logf("%d publishes (%d batch entries answered 200 after the signal), %d answered 200 after the signal, the last %s after it; courier stopped %s after it",
+		len(answers), batched, afterSignal, last.Sub(signalled).Round(time.Millisecond), stopped.Round(time.Millisecond))
 	if stopped < grace || last.Sub(signalled) < grace/2 || afterSignal == 0 {
 		t.Errorf("courier stopped %s after the signal, the last 200 %s after it (%d after the signal): the API must stay up for the grace period (%s)",
 			stopped, last.Sub(signalled), afterSignal, grace)

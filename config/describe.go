@@ -94,7 +94,7 @@ func specs() []spec {
 		{"COURIER_CLOUDEVENTS", "binary: requests carry CloudEvents 1.0 attributes as ce-* headers; unset = off", "unset", false, func(c Config) string { return c.CloudEvents }},
 		{"COURIER_SIGNING_SECRETS_FILE", "file of Standard Webhooks secrets (whsec_..., one a line): every request to the app is signed; re-read when it changes", "unset", false, func(c Config) string { return c.SigningSecretsFile }},
 		{"COURIER_APP_TOKEN_FILE", "file holding a token sent as Authorization: Bearer <token> to the app; re-read when it changes", "unset", false, func(c Config) string { return c.AppTokenFile }},
-		{"COURIER_PUBLISH_ADDR", "where the app publishes through courier: POST /v1/publish/<subject>; a bare :port listens on " + DefaultPublishHost + "; unset = off", "unset", false, func(c Config) string { return c.PublishAddr }},
+		{"COURIER_PUBLISH_ADDR", "where the app publishes through courier: POST /v1/publish/<subject>, or a batch to /v1/publish-batch; a bare :port listens on " + DefaultPublishHost + "; unset = off", "unset", false, func(c Config) string { return c.PublishAddr }},
 		{"COURIER_PUBLISH_SUBJECTS", "subjects (NATS wildcards allowed) the app may publish to; required with COURIER_PUBLISH_ADDR", "unset", false, func(c Config) string { return strings.Join(c.PublishSubjects, ",") }},
 		{"COURIER_ADMIN_ADDR", "address of /healthz, /readyz, /metrics", DefaultAdminAddr, false, func(c Config) string { return c.AdminAddr }},
 		{"COURIER_LOG_LEVEL", "debug, info, warn or error", "info", false, func(c Config) string { return c.LogLevel }},

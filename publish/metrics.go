@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_publish_requests_total",
-			Help: "Publishes through courier's HTTP API, by outcome: stored and duplicate (200, acknowledged by a stream), unauthorized (401), forbidden (403), invalid (400), no_stream (404), too_large (413), expectation_failed (412), unavailable (503, no acknowledgement in time), busy (503, too many at once), canceled (the caller went away).",
+			Help: "Publishes through courier's HTTP API, by outcome: stored and duplicate (200, acknowledged by a stream), unauthorized (401), forbidden (403), invalid (400), no_stream (404), too_large (413), expectation_failed (412), unavailable (503, no acknowledgement in time), busy (503, too many at once), canceled (the caller went away). Each entry of a batch counts as a publish; a batch refused whole counts once.",
 		}, []string{"outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "courier_publish_duration_seconds",

@@ -14,6 +14,9 @@
 // retries is stored once within the stream's duplicate window; a request
 // without one gets a Nats-Msg-Id of courier's own, so that courier's retries
 // of that one request never store it twice.
+//
+// POST BatchPath publishes a batch of messages in one request, each entry
+// answered on its own (batch.go).
 package publish
 
 import (

@@ -108,7 +108,17 @@ type pending struct {
 func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string) {
 	start := time.Now()
 	deadline := start.Add(s.o.Timeout)
-	entries, refused := s.checkBatch(r, subj, deadline)
+	// The bodies and entries held at once are bounded by the batches in
+	// progress.
+	var entries []pending
+	refused := &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
+		msg: fmt.Sprintf("courier busy: %d batches in progress", cap(s.batches))}
+	select {
+	case s.batches <- struct{}{}:
+		defer func() { <-s.batches }()
+		entries, refused = s.checkBatch(r, subj, deadline)
+	default:
+	}
 	if refused != nil {
 		s.answer(w, *refused)
 		s.m.observe(refused.outcome, time.Since(start).Seconds())
@@ -156,14 +166,6 @@ func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time
 			return nil, refused(err)
 		}
 	}
-	// The bodies held at once are bounded by the batches in progress.
-	select {
-	case s.batches <- struct{}{}:
-		defer func() { <-s.batches }()
-	default:
-		return nil, &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
-			msg: fmt.Sprintf("courier busy: %d batches in progress", cap(s.batches))}
-	}
 	entries, err := s.readBatch(r, pathSubj)
 	if err != nil {
 		return nil, refused(err)
@@ -171,6 +173,9 @@ func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	if !s.acquire(len(entries), ctx.Done()) {
+		if r.Context().Err() != nil {
+			return nil, &result{status: http.StatusServiceUnavailable, outcome: outcomeCanceled, msg: "the request ended before its turn"}
+		}
 		return nil, s.busy()
 	}
 	if err := s.waitConnected(ctx, deadline); err != nil {
@@ -342,6 +347,9 @@ func (s *Server) entryMsg(r *http.Request, e *batchEntry, pathSubj string) (pend
 		src[HeaderIdempotencyKey] = []string{e.IdempotencyKey}
 	}
 	if e.ContentType != "" {
+		if ct := src["Content-Type"]; len(ct) > 0 && (len(ct) > 1 || ct[0] != e.ContentType) {
+			return pending{}, refuse(http.StatusBadRequest, outcomeInvalid, "contentType %q and a Content-Type header %q: send one of them", e.ContentType, ct)
+		}
 		src["Content-Type"] = []string{e.ContentType}
 	}
 	h, generated, err := messageHeaders(src)

@@ -231,6 +231,7 @@ func TestBatchRefusals(t *testing.T) {
 		{"reserved", "", `{"entries":[{"subject":"$JS.API.STREAM.DELETE.ORDERS"}]}`, 403, outcomeForbidden, "reserved by NATS"},
 		{"a wildcard", "", `{"entries":[{"subject":"orders.*","data":1}]}`, 400, outcomeInvalid, "not a literal subject"},
 		{"a Nats header NATS acts on", "/orders.x", `{"entries":[{"headers":{"Nats-Rollup":["sub"]},"data":1}]}`, 400, outcomeInvalid, "Nats-Rollup is not accepted"},
+		{"two content types", "/orders.x", `{"entries":[{"contentType":"text/plain","headers":{"content-type":["application/json"]},"data":1}]}`, 400, outcomeInvalid, "send one of them"},
 		{"two ids", "/orders.x", `{"entries":[{"idempotencyKey":"a","headers":{"Idempotency-Key":["b"]},"data":1}]}`, 400, outcomeInvalid, "send one of them"},
 		{"over max_payload", "/orders.x", `{"entries":[` + ok + `,` + big + `]}`, 413, outcomeTooLarge, `entry 1 (entryId "1"): the message is`},
 	}

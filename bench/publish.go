@@ -38,7 +38,11 @@ import (
 // forwarder and courier each as a process of their own. Every publisher
 // sets the same Nats-Msg-Id (the server's duplicate window costs each
 // alike). Forwarder against nats.go is HTTP's own cost; courier against the
-// forwarder is courier's.
+// forwarder is courier's. Batches too: courier's batch API, 32 entries a
+// request (POST /v1/publish-batch), against the synchronous nats.go
+// program (the measure) and against nats.go publishing each
+// caller's 32 at once asynchronously (what an app with a NATS client would
+// do with a batch).
 const (
 	publishConcurrency = 16
 	// publishTarget is what courier should reach over the direct
@@ -57,13 +61,18 @@ const (
 	publishCourierName   = "publish: courier HTTP API"
 	publishNullName      = "publish: HTTP alone, nothing published"
 	publishBatchName     = "publish: courier HTTP API, batches of 32"
+	// publishAsyncName publishes batches as an app with a NATS client
+	// would: each caller's 32 at once with PublishMsgAsync, then awaits
+	// their acks. What courier's batches cost beyond it is HTTP's and
+	// courier's.
+	publishAsyncName = "publish: nats.go PublishMsgAsync, batches of 32"
 )
 
 // publishBatchEntries is the entries of each request of the batch variant
 // (POST /v1/publish-batch/<subject>).
 const publishBatchEntries = 32
 
-var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName, publishNullName, publishBatchName}
+var publishVariants = []string{publishDirectName, publishForwarderName, publishCourierName, publishNullName, publishBatchName, publishAsyncName}
 
 // publishResult is one timed phase of n publishes.
 type publishResult struct {
@@ -101,8 +110,8 @@ func (b *bench) publishRound(ctx context.Context, round int) ([]publishResult, e
 		}
 		var r publishResult
 		var err error
-		if name == publishDirectName {
-			r, err = b.publishDirect(ctx)
+		if name == publishDirectName || name == publishAsyncName {
+			r, err = b.publishDirect(ctx, name)
 		} else {
 			r, err = b.publishHTTP(ctx, name)
 		}
@@ -117,8 +126,8 @@ func (b *bench) publishRound(ctx context.Context, round int) ([]publishResult, e
 
 // publishDirect publishes o.publishN messages from publishConcurrency
 // goroutines on a connection of its own, each waiting for its ack.
-func (b *bench) publishDirect(ctx context.Context) (publishResult, error) {
-	r := publishResult{name: publishDirectName, n: b.o.publishN}
+func (b *bench) publishDirect(ctx context.Context, name string) (publishResult, error) {
+	r := publishResult{name: name, n: b.o.publishN}
 	run, stream, subject := b.next()
 	pctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
@@ -140,10 +149,37 @@ func (b *bench) publishDirect(ctx context.Context) (publishResult, error) {
 			Header: nats.Header{nats.MsgIdHdr: {publishKey(run, id)}}})
 		return err
 	}
-	_, r.err = publishAll(pctx, 0, publishWarmup, send)
+	per := 1
+	if name == publishAsyncName {
+		per = publishBatchEntries
+		r.n -= r.n % per
+		send = func(ctx context.Context, batch int) error {
+			futures := make([]jetstream.PubAckFuture, per)
+			for i := range futures {
+				id := batch*per + i
+				f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: newBody(b.o.size, run, uint64(id), time.Now()),
+					Header: nats.Header{nats.MsgIdHdr: {publishKey(run, id)}}})
+				if err != nil {
+					return err
+				}
+				futures[i] = f
+			}
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					return err
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+	}
+	_, r.err = publishAll(pctx, 0, publishWarmup/per, send)
 	if r.err == nil {
 		host := selfCPU()
-		r.elapsed, r.err = publishAll(pctx, publishWarmup, r.n, send)
+		r.elapsed, r.err = publishAll(pctx, publishWarmup/per, r.n/per, send)
 		r.hostCPU = selfCPU() - host
 	}
 	return r, ctx.Err()
@@ -388,7 +424,7 @@ func (rep *report) printPublish(w io.Writer) {
 			runs = append(runs, strconv.FormatFloat(r.rate(), 'f', 0, 64)+noteIf(r.err))
 		}
 		cpu := "-"
-		if name != publishDirectName {
+		if name != publishDirectName && name != publishAsyncName {
 			cpu = spread(publishValues(rs, publishResult.cpuPerPublish), "%.1f")
 		}
 		t.add(name, spread(publishValues(rs, publishResult.rate), "%.0f"), cpu,
@@ -403,6 +439,11 @@ func (rep *report) printPublish(w io.Writer) {
 		fmt.Fprintf(w, "  courier batches of %d / nats.go: msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",
 			publishBatchEntries, spread(publishRatios(batch, direct, publishResult.rate), "%.2f"), publishTarget,
 			spread(publishRatios(batch, direct, publishResult.allPerPublish), "%.2f"))
+	}
+	if batch, async := byName[publishBatchName], byName[publishAsyncName]; len(batch) > 0 && len(async) > 0 {
+		fmt.Fprintf(w, "  courier batches / nats.go async batches of %d: msgs/s %s×, all CPU per publish %s×\n",
+			publishBatchEntries, spread(publishRatios(batch, async, publishResult.rate), "%.2f"),
+			spread(publishRatios(batch, async, publishResult.allPerPublish), "%.2f"))
 	}
 	if len(courier) > 0 && len(direct) > 0 {
 		fmt.Fprintf(w, "  courier / nats.go:   msgs/s %s× (target >= %.1f), all CPU per publish %s×\n",

@@ -1,7 +1,6 @@
 package publish
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -17,8 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/internal/natstest"
@@ -502,29 +499,7 @@ func checkBatches(t *testing.T, a *api, js jetstream.JetStream, sent []sentBatch
 			t.Errorf("%s: answered %d (Retry-After %q): %s", b.prefix, b.reply.status, b.reply.retryAfter, b.reply.Error)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]int{}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatalf("message %d: %v", seq, err)
-		}
-		seen[m.Header.Get(nats.MsgIdHdr)]++
-	}
-	for key, n := range seen {
-		if n != 1 {
-			t.Errorf("%s stored %d times", key, n)
-		}
-	}
+	seen := storedOnce(t, js, "ORDERS")
 	if len(seen) != keys {
 		t.Errorf("%d keys stored, %d sent", len(seen), keys)
 	}
@@ -535,13 +510,7 @@ func checkBatches(t *testing.T, a *api, js jetstream.JetStream, sent []sentBatch
 // whose parent is the entry's traceparent when it has one and the
 // request's otherwise, and its message carries the span's context.
 func TestBatchSpans(t *testing.T) {
-	srv := natstest.Start(t, natstest.Options{})
-	_, js := natstest.Connect(t, srv)
-	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	a := startAPI(t, srv.ClientURL(), Options{Tracer: tp.Tracer("test")})
+	a, js, rec := tracedAPI(t)
 
 	const reqTrace, entryTrace = "0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736"
 	r := a.postBatch("/orders.created", `{"entries":[{"entryId":"plain","data":1},

@@ -175,3 +175,34 @@ func msgCount(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	})
 	return n
 }
+
+// storedOnce reads every message of stream and returns how many times
+// each Nats-Msg-Id is stored, failing the test for any stored more than
+// once.
+func storedOnce(t *testing.T, js jetstream.JetStream, stream string) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		seen[m.Header.Get(nats.MsgIdHdr)]++
+	}
+	for key, n := range seen {
+		if n != 1 {
+			t.Errorf("%s stored %d times", key, n)
+		}
+	}
+	return seen
+}

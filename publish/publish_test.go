@@ -423,29 +423,7 @@ func checkAnswers(t *testing.T, a *api, js jetstream.JetStream, answers map[stri
 			t.Errorf("%s: answered %d (Retry-After %q): %s", key, ans.status, ans.retryAfter, ans.Error)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]int{}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatalf("message %d: %v", seq, err)
-		}
-		seen[m.Header.Get(nats.MsgIdHdr)]++
-	}
-	for key, n := range seen {
-		if n != 1 {
-			t.Errorf("%s stored %d times", key, n)
-		}
-	}
+	seen := storedOnce(t, js, "ORDERS")
 	if len(seen) != len(answers) {
 		t.Errorf("%d keys stored, %d published", len(seen), len(answers))
 	}

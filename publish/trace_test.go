@@ -19,13 +19,7 @@ import (
 // own context, so that the trace continues with its consumer; a refusal's
 // span is an error.
 func TestPublishSpan(t *testing.T) {
-	srv := natstest.Start(t, natstest.Options{})
-	_, js := natstest.Connect(t, srv)
-	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	a := startAPI(t, srv.ClientURL(), Options{Tracer: tp.Tracer("test")})
+	a, js, rec := tracedAPI(t)
 
 	const traceID, parentID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	ans := a.post("orders.created", "x", "Traceparent", "00-"+traceID+"-"+parentID+"-01", "Tracestate", "vendor=1",
@@ -75,6 +69,19 @@ func TestPublishSpan(t *testing.T) {
 	if spans := rec.Ended(); len(spans) != 2 || spans[1].Status().Code != codes.Error {
 		t.Errorf("the refused publish's span: %v", spans)
 	}
+}
+
+// tracedAPI is an API with a tracer recording its spans, publishing to a
+// stream ORDERS on orders.> of an embedded server.
+func tracedAPI(t *testing.T) (*api, jetstream.JetStream, *tracetest.SpanRecorder) {
+	t.Helper()
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	return startAPI(t, srv.ClientURL(), Options{Tracer: tp.Tracer("test")}), js, rec
 }
 
 // TestPublishNoTracer: without a tracer the request's traceparent is the

@@ -28,7 +28,6 @@ package publish
 // courier's own ids (for entries without one) hold only within one request.
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -111,13 +110,14 @@ func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string)
 	// The bodies and entries held at once are bounded by the batches in
 	// progress.
 	var entries []pending
-	refused := &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
-		msg: fmt.Sprintf("courier busy: %d batches in progress", cap(s.batches))}
+	var refused *result
 	select {
 	case s.batches <- struct{}{}:
 		defer func() { <-s.batches }()
 		entries, refused = s.checkBatch(r, subj, deadline)
 	default:
+		refused = &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
+			msg: fmt.Sprintf("courier busy: %d batches in progress", cap(s.batches))}
 	}
 	if refused != nil {
 		s.answer(w, *refused)
@@ -163,12 +163,12 @@ func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time
 	}
 	if pathSubj != "" {
 		if err := s.allowed(pathSubj); err != nil {
-			return nil, refused(err)
+			return nil, refuseAll(err)
 		}
 	}
 	entries, err := s.readBatch(r, pathSubj)
 	if err != nil {
-		return nil, refused(err)
+		return nil, refuseAll(err)
 	}
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
@@ -185,13 +185,13 @@ func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time
 	}
 	if err := checkSizes(entries, s.nc.MaxPayload()); err != nil {
 		s.release(len(entries))
-		return nil, refused(err)
+		return nil, refuseAll(err)
 	}
 	return entries, nil
 }
 
-// refused is the answer refusing a whole request with err.
-func refused(err error) *result {
+// refuseAll is the answer refusing a whole request with err.
+func refuseAll(err error) *result {
 	res := fail(err)
 	return &res
 }
@@ -262,21 +262,23 @@ func (s *Server) readBatch(r *http.Request, pathSubj string) ([]pending, error) 
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
-	}
+	// Decoded as it is read: the body is not held twice.
 	var b batchBody
-	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, limit))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, `the batch is not JSON of the shape {"entries":[{"subject","idempotencyKey","contentType","headers","data" or "dataBase64"}]}: %v`, err)
+	err := dec.Decode(&b)
+	if err == nil {
+		if _, err = dec.Token(); errors.Is(err, io.EOF) {
+			err = nil
+		} else if err == nil {
+			return nil, refuse(http.StatusBadRequest, outcomeInvalid, "the batch is followed by more than white space")
+		}
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "the batch is followed by more than white space")
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		return nil, tooLarge()
+	}
+	if err != nil {
+		return nil, refuse(http.StatusBadRequest, outcomeInvalid, `the batch is not JSON of the shape {"entries":[{"subject","idempotencyKey","contentType","headers","data" or "dataBase64"}]}: %v`, err)
 	}
 	switch {
 	case len(b.Entries) == 0:

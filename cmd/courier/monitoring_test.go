@@ -50,8 +50,10 @@ var targetLabels = []string{"job", "instance", "pod", "namespace", "container", 
 func TestMonitoringUsesServedMetrics(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
-	// Answering requests too, so the reply metrics are served.
-	c := start(t, append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get", "COURIER_SUCCESS_SUBJECT=ok.orders"))
+	// Answering requests and serving the publish API too, so their
+	// metrics are served.
+	env := append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get", "COURIER_SUCCESS_SUBJECT=ok.orders")
+	c := start(t, append(env, publishEnv...))
 	admin := adminAddr(t, c)
 	waitFor(t, 10*time.Second, "courier ready", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")

@@ -197,8 +197,22 @@ func (h *harness) consumerInfoOn(stream, name string) *jetstream.ConsumerInfo {
 }
 
 // settled reports whether the consumer has delivered everything and nothing
-// waits for an ack.
+// waits for an ack. It looks twice: a consumer courier has just created
+// reads as having nothing pending until the server has counted its
+// messages, which nats-server does when the consumer takes leadership,
+// after it is visible to a consumer info request (addConsumerWithAssignment
+// registers it before setLeader runs streamNumPending, server/consumer.go).
+// A look a moment later sees the count.
 func (h *harness) settled(name string) bool {
+	if !h.settledNow(name) {
+		return false
+	}
+	time.Sleep(50 * time.Millisecond)
+	return h.settledNow(name)
+}
+
+// settledNow is one look of settled.
+func (h *harness) settledNow(name string) bool {
 	info := h.consumerInfo(name)
 	return info != nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
 }

@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -540,5 +541,64 @@ func TestBatchSpans(t *testing.T) {
 		if got := stored(t, js, "ORDERS", r.Entries[i].Seq).Header.Get("traceparent"); got != want {
 			t.Errorf("entry %s carries %q, want its span's %q", r.Entries[i].EntryID, got, want)
 		}
+	}
+}
+
+// TestBatchCallerGoesAway: a batch whose caller leaves while it waits for
+// slots is counted canceled, publishes nothing and takes no slot with it.
+func TestBatchCallerGoesAway(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{MaxConcurrent: 2})
+	for range 2 { // every slot taken
+		a.srv.slots <- struct{}{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url+BatchPath+"/orders.x", strings.NewReader(keyedBatch("gone", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d while every slot was taken", resp.StatusCode)
+	}
+	poll.Until(t, 5*time.Second, "the batch counted canceled", func() bool { return a.count(outcomeCanceled) == 1 })
+	for range 2 {
+		<-a.srv.slots
+	}
+	if len(a.srv.slots) != 0 || len(a.srv.batches) != 0 || msgCount(t, js, "ORDERS") != 0 {
+		t.Errorf("slots %d, batches %d held; %d stored", len(a.srv.slots), len(a.srv.batches), msgCount(t, js, "ORDERS"))
+	}
+	if r := a.postBatch("/orders.x", keyedBatch("after", 2)); r.status != 200 {
+		t.Errorf("the next batch: %d %q", r.status, r.Error)
+	}
+}
+
+// TestBatchBeforeConnect: a batch sent before the API has its connection
+// waits for it within its time and is stored once it comes; one whose time
+// runs out first is answered 503 with Retry-After, nothing stored.
+func TestBatchBeforeConnect(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	nc, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	s, err := Listen("127.0.0.1:0", Options{Subjects: []string{"orders.>"}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	a := &api{t: t, srv: s, nc: nc, url: "http://" + s.Addr()}
+
+	if r := a.postBatch("/orders.early", keyedBatch("early", 2)); r.status != 503 || r.retryAfter != "1" || !strings.Contains(r.Error, "not connected") {
+		t.Errorf("before the connection: %d %q %q", r.status, r.retryAfter, r.Error)
+	}
+	waiting := make(chan batchReply, 1)
+	go func() { waiting <- a.postBatch("/orders.waits", keyedBatch("w", 3)) }()
+	poll.Until(t, 5*time.Second, "the batch waiting", func() bool { return value(s.m.inflight) == 3 })
+	s.Connect(nc, js)
+	if r := <-waiting; r.status != 200 || len(r.Entries) != 3 || r.Entries[2].Seq != 3 {
+		t.Errorf("connected while it waited: %d %q %+v", r.status, r.Error, r.Entries)
 	}
 }

@@ -27,6 +27,13 @@ func (s *Server) publishMsg(reqCtx context.Context, deadline time.Time, m *nats.
 	// The first attempt goes without a retry schedule or a context of
 	// the request's time: most publishes need neither.
 	ack, err := s.attempt(reqCtx, deadline, m, &maybeStored)
+	return s.settle(reqCtx, deadline, m, generated, ack, err, maybeStored)
+}
+
+// settle is the answer to a publish whose first attempt ended with ack or
+// err (a *refusal or a *transient, as judge leaves it): acknowledged, or
+// refused, or retried until deadline when another attempt may fix it.
+func (s *Server) settle(reqCtx context.Context, deadline time.Time, m *nats.Msg, generated bool, ack *jetstream.PubAck, err error, maybeStored bool) result {
 	if err == nil {
 		return acknowledged(ack, generated, maybeStored)
 	}
@@ -102,6 +109,13 @@ func (s *Server) attempt(parent context.Context, deadline time.Time, m *nats.Msg
 	if err == nil {
 		return a, nil
 	}
+	return nil, s.judge(ctx, m, err, maybeStored)
+}
+
+// judge decides what an attempt's error means (classify): a *refusal, or a
+// *transient another attempt may fix, setting *maybeStored when the
+// attempt may have been stored all the same.
+func (s *Server) judge(ctx context.Context, m *nats.Msg, err error, maybeStored *bool) error {
 	err = classify(ctx, err, func(ctx context.Context) (bool, error) {
 		_, err := s.js.StreamNameBySubject(ctx, m.Subject)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -111,7 +125,7 @@ func (s *Server) attempt(parent context.Context, deadline time.Time, m *nats.Msg
 	})
 	var tr *transient
 	if !errors.As(err, &tr) {
-		return nil, err
+		return err
 	}
 	// A request that timed out may have been stored; one no stream
 	// answered, or that the server turned down, was not.
@@ -119,7 +133,7 @@ func (s *Server) attempt(parent context.Context, deadline time.Time, m *nats.Msg
 	if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.As(err, &apiErr) {
 		*maybeStored = true
 	}
-	return nil, tr
+	return tr
 }
 
 // timedOut is the answer when the request's time ran out (or the caller

@@ -382,10 +382,9 @@ func checkSizes(entries []pending, maxPayload int64) error {
 // their results in order. The first attempts go out together from this
 // goroutine, as asynchronous publishes whose acknowledgements are awaited
 // side by side; only an entry that needs another attempt gets a goroutine
-// of its own (publishMsg's retries, which a single publish takes too).
+// of its own (again: a single publish's retries).
 func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.Time) []result {
 	reqCtx := r.Context()
-	maxPayload := s.nc.MaxPayload()
 	results := make([]result, len(entries))
 	spans := make([]*span, len(entries))
 	futures := make([]jetstream.PubAckFuture, len(entries))
@@ -400,8 +399,7 @@ func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.
 		futures[i], errs[i] = s.async.PublishMsgAsync(p.m, s.pubOpts...)
 	}
 	// An attempt's time, as a single publish's (attempt).
-	wait := time.Until(deadline)
-	wait = min(wait, attemptTimeout)
+	wait := min(time.Until(deadline), attemptTimeout)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	expired := false
@@ -440,7 +438,7 @@ func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.
 			continue
 		}
 		wg.Go(func() {
-			results[i] = s.again(reqCtx, deadline, entries[i], err, maybeStored[i], maxPayload)
+			results[i] = s.again(reqCtx, deadline, entries[i], err, maybeStored[i])
 		})
 	}
 	wg.Wait()
@@ -450,38 +448,17 @@ func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.
 	return results
 }
 
-// again decides an entry whose first attempt failed with err: a refusal is
-// answered as it is, anything another attempt may fix is retried as a
-// single publish is, until deadline.
-func (s *Server) again(reqCtx context.Context, deadline time.Time, p pending, err error, maybeStored bool, maxPayload int64) result {
+// again decides an entry whose first attempt failed with err as a single
+// publish's is decided (judge, then settle); an err already *transient
+// (not connected, no ack in time) needs no judging.
+func (s *Server) again(reqCtx context.Context, deadline time.Time, p pending, err error, maybeStored bool) result {
 	var tr *transient
 	if !errors.As(err, &tr) {
 		ctx, cancel := context.WithDeadline(reqCtx, deadline)
-		err = classify(ctx, err, func(ctx context.Context) (bool, error) {
-			_, err := s.js.StreamNameBySubject(ctx, p.m.Subject)
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return true, nil
-			}
-			return false, err
-		})
+		err = s.judge(ctx, p.m, err, &maybeStored)
 		cancel()
-		if !errors.As(err, &tr) {
-			return fail(err)
-		}
-		// As attempt decides: a timeout may have been stored.
-		var apiErr *jetstream.APIError
-		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.As(err, &apiErr) {
-			maybeStored = true
-		}
 	}
-	ack, err := s.retry(reqCtx, deadline, p.m, tr, &maybeStored)
-	switch {
-	case err == nil:
-		return acknowledged(ack, p.generated, maybeStored)
-	case errors.As(err, &tr):
-		return s.timedOut(reqCtx, tr)
-	}
-	return fail(err)
+	return s.settle(reqCtx, deadline, p.m, p.generated, nil, err, maybeStored)
 }
 
 // batchOutcome is the status and body answering a published batch: 200

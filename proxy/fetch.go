@@ -97,6 +97,11 @@ type fetcher struct {
 	// other goroutines.
 	group, pin string
 	pinNow     atomic.Pointer[string]
+	// holdFor, when the pin has just come with a pull (checkPin), is how
+	// many messages the consumer had out, and arrivals how many of that
+	// pull have arrived: keyed messages wait until they all have
+	// (endHold). Used by the pull loop alone.
+	holdFor, arrivals int
 	// part, for a partition's fetcher (partition.go), is its session, and
 	// wrap makes each of its messages the origin's (sourced.go). Set once,
 	// before run.
@@ -240,6 +245,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 		for m := range batch.Messages() {
 			f.arrived(ctx, m, room)
 		}
+		f.endHold()
 		err = batch.Error()
 		f.checkUnpinned(err)
 	}
@@ -275,11 +281,15 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 	if f.stamp {
 		q.at = time.Now()
 	}
-	if f.order != nil && !f.order.admit(&q) {
-		return // waits behind its key
+	if f.order == nil || f.order.admit(&q) {
+		f.bytes.Add(q.size)
+		f.queue <- q
+	} // else it waits behind its key
+	if f.holdFor > 0 {
+		if f.arrivals++; f.arrivals >= f.holdFor {
+			f.endHold()
+		}
 	}
-	f.bytes.Add(q.size)
-	f.queue <- q
 }
 
 // waitToFetch waits until the gate opens, or until the breaker alone holds

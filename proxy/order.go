@@ -65,7 +65,10 @@ type orderer struct {
 	marks        *marker
 	markWait     time.Duration // how long a marked head is awaited (addMarked)
 	barrierUntil time.Time
-	barrier      []queued
+	// holding: keyed messages wait in barrier until open is called
+	// (hold: the pull the pin came with, until all it may bring is in).
+	holding bool
+	barrier []queued
 	stale        int
 	// epoch counts the times the pin moved away (unpinned): a message
 	// admitted before is not sent.
@@ -170,7 +173,7 @@ func (o *orderer) admit(q *queued) bool {
 	q.okey, q.seq, q.ord = k, streamSeq(q.m, meta), o
 	o.mu.Lock()
 	q.epoch = o.epoch
-	if !o.barrierUntil.IsZero() {
+	if o.holding || !o.barrierUntil.IsZero() {
 		// Redeliveries too: what a courier that died held comes back
 		// when each message's ack wait runs out, not in stream order;
 		// lift lets them in in stream order.
@@ -323,7 +326,7 @@ func (o *orderer) handOn() []queued {
 	defer o.mu.Unlock()
 	o.handingOn = true
 	out := o.barrier
-	o.barrier, o.barrierUntil = nil, time.Time{}
+	o.barrier, o.barrierUntil, o.holding = nil, time.Time{}, false
 	for k, l := range o.lines {
 		if !l.inFlight {
 			out = append(out, o.forget(k, l)...)
@@ -369,7 +372,7 @@ func (o *orderer) drain() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := append(o.rel.take(o), o.barrier...)
-	o.barrier = nil
+	o.barrier, o.holding = nil, false
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}

@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/orderkey"
+	"github.com/courierhq/courier/ordermark"
 )
 
 func testOrderer(t *testing.T) (*orderer, *[]jetstream.Msg) {
@@ -68,6 +71,41 @@ func TestOrderHandOn(t *testing.T) {
 	}
 	if back := o.retrying("b", 2, time.Second); len(back) != 1 || back[0].seq != 5 {
 		t.Errorf("b's head retried while handing on gave back %v, want 5", seqs(back))
+	}
+}
+
+// The pull the pin came with brings back what another courier held in the
+// order each fell due (JETSTREAM.md, "Order"): held until open, they go in
+// stream order, though the key's head, known from its mark, came first and
+// could be settled before an earlier message than the next one arrived.
+func TestOrderHeldUntilThePullIsIn(t *testing.T) {
+	o, _ := testOrderer(t)
+	o.marks = newMarker(nil, slog.Default()) // never written: not run
+	o.mu.Lock()
+	o.markWait = time.Minute
+	o.addMarked("k", ordermark.Mark{Seq: 1})
+	o.mu.Unlock()
+	o.hold()
+	for _, seq := range []uint64{1, 3, 2, 4} {
+		if o.admit(&queued{m: &fakeMsg{seq: seq, subject: "s.k"}}) {
+			t.Fatalf("%d went while the pull's messages were held", seq)
+		}
+	}
+	if q, ok := o.rel.pop(); ok {
+		t.Fatalf("%d released while held", q.seq)
+	}
+	o.open()
+	var order []uint64
+	for range 4 {
+		q, ok := o.rel.pop()
+		if !ok {
+			t.Fatalf("released %v, then nothing", order)
+		}
+		order = append(order, q.seq)
+		o.settled("k", q.seq)
+	}
+	if fmt.Sprint(order) != "[1 2 3 4]" {
+		t.Errorf("released in the order %v, want [1 2 3 4]", order)
 	}
 }
 

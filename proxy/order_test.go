@@ -273,7 +273,7 @@ func TestOrderOneKeyOneAtATime(t *testing.T) {
 // the other takes over; every key's messages reach the app in stream
 // order throughout.
 func TestOrderReplicasOneAtATime(t *testing.T) {
-	c, js, _ := orderCluster(t, 5, 2*time.Second)
+	c, js, _ := orderCluster(t, 5, 5*time.Second, 2*time.Second)
 	ctx := context.Background()
 
 	// One record of what reached the app, from either replica.
@@ -375,7 +375,7 @@ func TestOrderReplicasOneAtATime(t *testing.T) {
 // On a 3-node cluster, the stream leader lost while keys are being
 // delivered and retried: every key still reaches the app in stream order.
 func TestOrderThroughStreamLeaderLoss(t *testing.T) {
-	c, js, cons := orderCluster(t, 10, 5*time.Second)
+	c, js, cons := orderCluster(t, 10, 5*time.Second, 5*time.Second)
 	ctx := context.Background()
 	rec := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
 	rec.answer = func(key string, n, attempt int) (int, string) {
@@ -445,8 +445,9 @@ func TestOrderThroughStreamLeaderLoss(t *testing.T) {
 
 // orderCluster starts a 3-node cluster with stream S (s.>) and its
 // dead-letter stream on three replicas, and durable "c" pinned to one
-// courier at a time (priority group "courier").
-func orderCluster(t *testing.T, maxDeliver int, pinnedTTL time.Duration) (*natstest.Cluster, jetstream.JetStream, jetstream.Consumer) {
+// courier at a time (priority group "courier"), with the ack wait and pin
+// TTL given.
+func orderCluster(t *testing.T, maxDeliver int, ackWait, pinnedTTL time.Duration) (*natstest.Cluster, jetstream.JetStream, jetstream.Consumer) {
 	t.Helper()
 	c := natstest.StartCluster(t, 3, natstest.ClusterOptions{})
 	_, js := natstest.ConnectURL(t, c.URL())
@@ -462,7 +463,7 @@ func orderCluster(t *testing.T, maxDeliver int, pinnedTTL time.Duration) (*natst
 	natstest.Try(t, "create the pinned consumer", func(ctx context.Context) error {
 		var err error
 		cons, err = js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
-			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: maxDeliver, AckWait: 5 * time.Second,
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: maxDeliver, AckWait: ackWait,
 			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"courier"}, PinnedTTL: pinnedTTL,
 		})
 		return err
@@ -608,4 +609,113 @@ func TestOrderThroughAPause(t *testing.T) {
 	}
 	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
 	checkOrdered(t, a, keys, n)
+}
+
+// The pin comes to a standby courier from another that stopped pulling
+// while it held a key's messages: the first of them retried with a delay
+// that has run out, the others kept in progress until it stopped, each
+// last at another time, so that they fall due after the pin has moved,
+// one at a time and not in stream order (JETSTREAM.md, "Order"). The
+// courier that takes the pin sends the first when it comes, and the others
+// in stream order however they come back. On a 3-node cluster.
+func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
+	const ackWait = 2 * time.Second
+	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
+	ctx := context.Background()
+	for n := range 5 {
+		m := nats.NewMsg("s.order")
+		m.Header.Set("Order", "k")
+		m.Header.Set("N", strconv.Itoa(n))
+		natstest.Try(t, "publish", func(ctx context.Context) error { _, err := js.PublishMsg(ctx, m); return err })
+	}
+	var marks *ordermark.Store
+	natstest.Try(t, "open the marks", func(ctx context.Context) error {
+		var err error
+		marks, err = ordermark.Open(ctx, js, "S", "c", 3)
+		return err
+	})
+
+	// The other courier: pinned, it takes the five, retries the first in
+	// 500ms and marks it, as courier does, and keeps the others in progress.
+	_, ojs := natstest.ConnectURL(t, c.URL())
+	var other jetstream.Consumer
+	natstest.Try(t, "bind the consumer", func(ctx context.Context) error {
+		var err error
+		other, err = ojs.Consumer(ctx, "S", "c")
+		return err
+	})
+	var held []jetstream.Msg
+	natstest.Try(t, "take the five", func(ctx context.Context) error {
+		batch, err := other.Fetch(5-len(held), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup("courier"))
+		if err != nil {
+			return err
+		}
+		for m := range batch.Messages() {
+			held = append(held, m)
+		}
+		if len(held) < 5 {
+			return fmt.Errorf("%d of 5 taken", len(held))
+		}
+		return nil
+	})
+	meta, err := held[0].Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := marks.Mark(ctx, "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(500 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := held[0].NakWithDelay(500 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	keepPin := func() {
+		// A pull no message fits in keeps the pin and takes nothing.
+		if b, err := other.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
+			jetstream.FetchPriorityGroup("courier")); err == nil {
+			for range b.Messages() {
+				t.Error("the other courier took a message with a pull none fits in")
+			}
+		}
+	}
+
+	// The courier starts as a standby, and its start's wait for what
+	// others hold (the ack wait and 2s) runs out while the other keeps
+	// the pin.
+	a := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	o := orderOptions(t)
+	o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", "c", prometheus.NewRegistry()
+	o.OrderMarks, o.PriorityGroup, o.AckWait, o.MaxDeliver = marks, "courier", ackWait, 10
+	r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	start := time.Now()
+	for time.Since(start) < ackWait+3*time.Second {
+		keepPin()
+		for _, m := range held[1:] {
+			_ = m.InProgress()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Its last signals: N 2 falls due first, then 3, 1 and 4, 300ms apart.
+	for _, n := range []int{2, 3, 1, 4} {
+		if err := held[n].InProgress(); err != nil {
+			t.Fatal(err)
+		}
+		keepPin()
+		time.Sleep(300 * time.Millisecond)
+	}
+	if n := len(a.delivered("k")); n != 0 {
+		t.Fatalf("the standby delivered %d messages while the other was pinned", n)
+	}
+	// It stops pulling: the pin moves once its TTL runs out.
+	poll.Until(t, 30*time.Second, "the five delivered", func() bool { return len(a.delivered("k")) == 5 })
+	checkOrdered(t, a, []string{"k"}, 5)
 }

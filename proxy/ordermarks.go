@@ -112,7 +112,8 @@ func (o *orderer) lift() {
 	o.mu.Lock()
 	now := o.now()
 	var held []queued
-	if !o.barrierUntil.IsZero() && now.After(o.barrierUntil) {
+	timed := !o.barrierUntil.IsZero()
+	if !o.holding && (timed && now.After(o.barrierUntil) || !timed && len(o.barrier) > 0) {
 		o.barrierUntil, held, o.barrier = time.Time{}, o.barrier, nil
 		slices.SortFunc(held, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	}
@@ -288,4 +289,24 @@ func (o *orderer) takeover(barrier time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.barrierUntil = o.now().Add(barrier)
+}
+
+// hold makes keyed messages wait at the barrier until open: the pull the
+// pin came with may bring back every message the consumer has out, but
+// one at a time, in the order they fell due (JETSTREAM.md, "Order"), and
+// a key's head may be settled before an earlier message than the next
+// one has arrived.
+func (o *orderer) hold() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.holding = true
+}
+
+// open ends hold: what waited at the barrier goes in stream order, unless
+// a timed barrier (takeover) still stands.
+func (o *orderer) open() {
+	o.mu.Lock()
+	o.holding = false
+	o.mu.Unlock()
+	o.lift()
 }

@@ -16,9 +16,11 @@ import (
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
 // replica gone quiet): it reads the marks as the courier that had the pin
-// left them, and if the consumer has more messages out than this pull
-// asked for, another courier may hold some of them: order per key waits
-// for them as after a restart (orderer.takeover).
+// left them. If the consumer has more messages out than this pull asked
+// for, another courier may hold some of them: order per key waits for them
+// as after a restart (orderer.takeover). If not, this pull may bring them
+// all back, in the order each fell due: keyed messages wait until as many
+// as were out have arrived, and then go in stream order (endHold).
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -37,11 +39,34 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 		return
 	}
 	if err == nil && info.NumAckPending <= asked {
+		if info.NumAckPending > 1 {
+			f.holdFor, f.arrivals = info.NumAckPending, 0
+			f.order.hold()
+		}
 		return
 	}
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())
 	f.order.takeover(orderBarrier(f.ackWaitNow()))
+}
+
+// endHold ends the wait checkPin began, once as many messages as the
+// consumer had out have arrived, or at the end of the pull. If the pull
+// ended short of them, the rest are elsewhere: held by another courier,
+// or retried with a delay not yet run out, or not due back from a courier
+// that died until their ack wait runs out; keyed messages wait for them as
+// after a restart (orderer.takeover).
+func (f *fetcher) endHold() {
+	if f.holdFor == 0 {
+		return
+	}
+	if f.arrivals < f.holdFor {
+		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
+			"for", orderBarrier(f.ackWaitNow()).String(), "ack_pending", f.holdFor, "arrived", f.arrivals)
+		f.order.takeover(orderBarrier(f.ackWaitNow()))
+	}
+	f.holdFor, f.arrivals = 0, 0
+	f.order.open()
 }
 
 // partitionPinned takes a partition over when its pin has come to this

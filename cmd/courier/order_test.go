@@ -90,14 +90,15 @@ func TestOrderThroughAKill(t *testing.T) {
 	if !strings.Contains(out.String(), "pinned (courier)") || strings.Contains(out.String(), "pinned (courier)  nobody") {
 		t.Errorf("courier status does not name the pinned courier:\n%s", out.String())
 	}
-	if err := c.stop(); err != nil {
-		t.Fatalf("courier: %v", err)
-	}
+	// Checked before the stop, which shows the courier's logs if it failed.
 	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 2 3 4]" {
 		t.Errorf("k delivered in the order %v, want [0 1 2 3 4]", got)
 	}
 	if got := h.deadLetters("dlq.ORDERS.courier"); len(got) != 0 {
 		t.Errorf("%d dead letters", len(got))
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
 	}
 }
 
@@ -114,11 +115,11 @@ func TestOrderThroughASigterm(t *testing.T) {
 	}
 	c = start(t, env)
 	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
-	if err := c.stop(); err != nil {
-		t.Fatalf("courier: %v", err)
-	}
 	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 2 3 4]" {
 		t.Errorf("k delivered in the order %v, want [0 1 2 3 4]", got)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
 	}
 }
 

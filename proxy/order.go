@@ -69,7 +69,7 @@ type orderer struct {
 	// (hold: the pull the pin came with, until all it may bring is in).
 	holding bool
 	barrier []queued
-	stale        int
+	stale   int
 	// epoch counts the times the pin moved away (unpinned): a message
 	// admitted before is not sent.
 	epoch uint64

@@ -98,10 +98,13 @@ type fetcher struct {
 	group, pin string
 	pinNow     atomic.Pointer[string]
 	// holdFor, when the pin has just come with a pull (checkPin), is how
-	// many messages the consumer had out, and arrivals how many of that
-	// pull have arrived: keyed messages wait until they all have
-	// (endHold). Used by the pull loop alone.
+	// many messages the consumer had out, holdUpTo the last stream
+	// sequence it had delivered new, and arrivals how many of that pull
+	// have arrived that were out then (a later one was delivered after):
+	// keyed messages wait until they all have (endHold). Used by the pull
+	// loop alone.
 	holdFor, arrivals int
+	holdUpTo          uint64
 	// part, for a partition's fetcher (partition.go), is its session, and
 	// wrap makes each of its messages the origin's (sourced.go). Set once,
 	// before run.
@@ -286,7 +289,10 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 		f.queue <- q
 	} // else it waits behind its key
 	if f.holdFor > 0 {
-		if f.arrivals++; f.arrivals >= f.holdFor {
+		if meta, err := m.Metadata(); err == nil && meta.Sequence.Stream <= f.holdUpTo {
+			f.arrivals++
+		}
+		if f.arrivals >= f.holdFor {
 			f.endHold()
 		}
 	}

@@ -611,76 +611,57 @@ func TestOrderThroughAPause(t *testing.T) {
 	checkOrdered(t, a, keys, n)
 }
 
-// The pin comes to a standby courier from another that stopped pulling
-// while it held a key's messages: the first of them retried with a delay
-// that has run out, the others kept in progress until it stopped, each
-// last at another time, so that they fall due after the pin has moved,
-// one at a time and not in stream order (JETSTREAM.md, "Order"). The
-// courier that takes the pin sends the first when it comes, and the others
-// in stream order however they come back. On a 3-node cluster.
-func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
-	const ackWait = 2 * time.Second
-	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
-	ctx := context.Background()
-	for n := range 5 {
+// publishKeyed publishes N from..to-1 of key "k" to S.
+func publishKeyed(t *testing.T, js jetstream.JetStream, from, to int) {
+	t.Helper()
+	for n := from; n < to; n++ {
 		m := nats.NewMsg("s.order")
 		m.Header.Set("Order", "k")
 		m.Header.Set("N", strconv.Itoa(n))
 		natstest.Try(t, "publish", func(ctx context.Context) error { _, err := js.PublishMsg(ctx, m); return err })
 	}
-	var marks *ordermark.Store
-	natstest.Try(t, "open the marks", func(ctx context.Context) error {
-		var err error
-		marks, err = ordermark.Open(ctx, js, "S", "c", 3)
-		return err
-	})
+}
 
-	// The other courier: pinned, it takes the five, retries the first in
-	// 500ms and marks it, as courier does, and keeps the others in progress.
-	_, ojs := natstest.ConnectURL(t, c.URL())
-	var other jetstream.Consumer
+// otherCourier is another courier of durable "c" on c, pinned by its
+// first pull: it takes n messages, and keepPin keeps its pin with a pull
+// no message fits in.
+func otherCourier(t *testing.T, c *natstest.Cluster, n int) (held []jetstream.Msg, keepPin func()) {
+	t.Helper()
+	_, js := natstest.ConnectURL(t, c.URL())
+	var cons jetstream.Consumer
 	natstest.Try(t, "bind the consumer", func(ctx context.Context) error {
 		var err error
-		other, err = ojs.Consumer(ctx, "S", "c")
+		cons, err = js.Consumer(ctx, "S", "c")
 		return err
 	})
-	var held []jetstream.Msg
-	natstest.Try(t, "take the five", func(ctx context.Context) error {
-		batch, err := other.Fetch(5-len(held), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup("courier"))
+	natstest.Try(t, "take the messages", func(ctx context.Context) error {
+		batch, err := cons.Fetch(n-len(held), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup("courier"))
 		if err != nil {
 			return err
 		}
 		for m := range batch.Messages() {
 			held = append(held, m)
 		}
-		if len(held) < 5 {
-			return fmt.Errorf("%d of 5 taken", len(held))
+		if len(held) < n {
+			return fmt.Errorf("%d of %d taken", len(held), n)
 		}
 		return nil
 	})
-	meta, err := held[0].Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := marks.Mark(ctx, "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(500 * time.Millisecond)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := held[0].NakWithDelay(500 * time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	keepPin := func() {
-		// A pull no message fits in keeps the pin and takes nothing.
-		if b, err := other.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
+	return held, func() {
+		if b, err := cons.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
 			jetstream.FetchPriorityGroup("courier")); err == nil {
 			for range b.Messages() {
 				t.Error("the other courier took a message with a pull none fits in")
 			}
 		}
 	}
+}
 
-	// The courier starts as a standby, and its start's wait for what
-	// others hold (the ack wait and 2s) runs out while the other keeps
-	// the pin.
+// standby runs a courier of durable "c" (order per key, priority group
+// "courier", marks in marks) beside the other courier, and returns its
+// app's record.
+func standby(t *testing.T, js jetstream.JetStream, cons jetstream.Consumer, marks *ordermark.Store, ackWait time.Duration) *orderApp {
+	t.Helper()
 	a := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
@@ -691,19 +672,65 @@ func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	start := time.Now()
-	for time.Since(start) < ackWait+3*time.Second {
+	return a
+}
+
+// whilePinned keeps the other courier's pin for d, its held messages in
+// progress, so that the standby's start's wait for what others hold (the
+// ack wait and 2s) runs out meanwhile.
+func whilePinned(d time.Duration, keepPin func(), held []jetstream.Msg) {
+	for start := time.Now(); time.Since(start) < d; {
 		keepPin()
-		for _, m := range held[1:] {
+		for _, m := range held {
 			_ = m.InProgress()
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+func orderMarks(t *testing.T, js jetstream.JetStream) *ordermark.Store {
+	t.Helper()
+	var marks *ordermark.Store
+	natstest.Try(t, "open the marks", func(ctx context.Context) error {
+		var err error
+		marks, err = ordermark.Open(ctx, js, "S", "c", 3)
+		return err
+	})
+	return marks
+}
+
+// The pin comes to a standby courier from another that stopped pulling
+// while it held a key's messages: the first of them retried with a delay
+// that has run out, the others kept in progress until it stopped, each
+// last at another time, so that they fall due after the pin has moved,
+// one at a time and not in stream order (JETSTREAM.md, "Order"). The
+// courier that takes the pin sends the first when it comes, and the others
+// in stream order however they come back. On a 3-node cluster.
+func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
+	const ackWait = 2 * time.Second
+	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
+	publishKeyed(t, js, 0, 5)
+	marks := orderMarks(t, js)
+	// The other courier retries the first in 500ms and marks it, as
+	// courier does, and keeps the others in progress.
+	held, keepPin := otherCourier(t, c, 5)
+	meta, err := held[0].Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(500 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := held[0].NakWithDelay(500 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	a := standby(t, js, cons, marks, ackWait)
+	whilePinned(ackWait+3*time.Second, keepPin, held[1:])
 	// Its last signals: N 2 falls due first, then 3, 1 and 4, 300ms apart.
 	for _, n := range []int{2, 3, 1, 4} {
 		if err := held[n].InProgress(); err != nil {
@@ -718,4 +745,26 @@ func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
 	// It stops pulling: the pin moves once its TTL runs out.
 	poll.Until(t, 30*time.Second, "the five delivered", func() bool { return len(a.delivered("k")) == 5 })
 	checkOrdered(t, a, []string{"k"}, 5)
+}
+
+// The pin comes to a standby courier from another that stopped pulling
+// while a key's first message was with its app, kept in progress (no mark:
+// nothing waited behind it): the key's later messages, published
+// meanwhile, come new with the pin and wait for it to fall due. On a
+// 3-node cluster.
+func TestOrderTakeoverWaitsForAMessageInFlightElsewhere(t *testing.T) {
+	const ackWait = 2 * time.Second
+	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
+	publishKeyed(t, js, 0, 1)
+	marks := orderMarks(t, js)
+	held, keepPin := otherCourier(t, c, 1)
+	a := standby(t, js, cons, marks, ackWait)
+	whilePinned(ackWait+3*time.Second, keepPin, held)
+	publishKeyed(t, js, 1, 4)
+	whilePinned(time.Second, keepPin, held)
+	if n := len(a.delivered("k")); n != 0 {
+		t.Fatalf("the standby delivered %d messages while the other was pinned", n)
+	}
+	poll.Until(t, 30*time.Second, "the four delivered", func() bool { return len(a.delivered("k")) == 4 })
+	checkOrdered(t, a, []string{"k"}, 4)
 }

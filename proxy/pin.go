@@ -20,7 +20,10 @@ import (
 // for, another courier may hold some of them: order per key waits for them
 // as after a restart (orderer.takeover). If not, this pull may bring them
 // all back, in the order each fell due: keyed messages wait until as many
-// as were out have arrived, and then go in stream order (endHold).
+// as were out have arrived, and then go in stream order (endHold). What
+// was out is counted by the consumer's info, read now: a message of this
+// pull the consumer delivered new after it (a stream sequence past the
+// last it had delivered) was not out, and is not counted.
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -40,7 +43,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	}
 	if err == nil && info.NumAckPending <= asked {
 		if info.NumAckPending > 1 {
-			f.holdFor, f.arrivals = info.NumAckPending, 0
+			f.holdFor, f.holdUpTo, f.arrivals = info.NumAckPending, info.Delivered.Stream, 0
 			f.order.hold()
 		}
 		return

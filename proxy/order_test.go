@@ -662,21 +662,11 @@ func otherCourier(t *testing.T, c *natstest.Cluster, n int) (held []jetstream.Ms
 // app's record.
 func standby(t *testing.T, js jetstream.JetStream, cons jetstream.Consumer, marks *ordermark.Store, ackWait time.Duration) *orderApp {
 	t.Helper()
-	a := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}}
-	srv := httptest.NewServer(a)
-	t.Cleanup(srv.Close)
+	e := &env{js: js, cons: cons, reg: prometheus.NewRegistry()}
+	a := newOrderApp(t, e, nil)
 	o := orderOptions(t)
-	o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", "c", prometheus.NewRegistry()
 	o.OrderMarks, o.PriorityGroup, o.AckWait, o.MaxDeliver = marks, "courier", ackWait, 10
-	r, err := proxy.New(cons, dlq.NewPublisher(js, "dlq.s"), nil, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	e.runWith(t, nil, o)
 	return a
 }
 

@@ -3,9 +3,11 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/testlog"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/proxy"
 )
@@ -614,9 +617,15 @@ func TestOrderThroughAPause(t *testing.T) {
 // publishKeyed publishes N from..to-1 of key "k" to S.
 func publishKeyed(t *testing.T, js jetstream.JetStream, from, to int) {
 	t.Helper()
+	publishKey(t, js, "k", from, to)
+}
+
+// publishKey publishes N from..to-1 of key to S.
+func publishKey(t *testing.T, js jetstream.JetStream, key string, from, to int) {
+	t.Helper()
 	for n := from; n < to; n++ {
 		m := nats.NewMsg("s.order")
-		m.Header.Set("Order", "k")
+		m.Header.Set("Order", key)
 		m.Header.Set("N", strconv.Itoa(n))
 		natstest.Try(t, "publish", func(ctx context.Context) error { _, err := js.PublishMsg(ctx, m); return err })
 	}
@@ -659,15 +668,17 @@ func otherCourier(t *testing.T, c *natstest.Cluster, n int) (held []jetstream.Ms
 
 // standby runs a courier of durable "c" (order per key, priority group
 // "courier", marks in marks) beside the other courier, and returns its
-// app's record.
-func standby(t *testing.T, js jetstream.JetStream, cons jetstream.Consumer, marks *ordermark.Store, ackWait time.Duration) *orderApp {
+// app's record and its logs.
+func standby(t *testing.T, js jetstream.JetStream, cons jetstream.Consumer, marks *ordermark.Store, ackWait time.Duration) (*orderApp, *testlog.Buffer) {
 	t.Helper()
 	e := &env{js: js, cons: cons, reg: prometheus.NewRegistry()}
 	a := newOrderApp(t, e, nil)
 	o := orderOptions(t)
 	o.OrderMarks, o.PriorityGroup, o.AckWait, o.MaxDeliver = marks, "courier", ackWait, 10
+	logs := &testlog.Buffer{}
+	o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	e.runWith(t, nil, o)
-	return a
+	return a, logs
 }
 
 // whilePinned keeps the other courier's pin for d, its held messages in
@@ -719,7 +730,7 @@ func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
 	if err := held[0].NakWithDelay(500 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	a := standby(t, js, cons, marks, ackWait)
+	a, _ := standby(t, js, cons, marks, ackWait)
 	whilePinned(ackWait+3*time.Second, keepPin, held[1:])
 	// Its last signals: N 2 falls due first, then 3, 1 and 4, 300ms apart.
 	for _, n := range []int{2, 3, 1, 4} {
@@ -748,7 +759,7 @@ func TestOrderTakeoverWaitsForAMessageInFlightElsewhere(t *testing.T) {
 	publishKeyed(t, js, 0, 1)
 	marks := orderMarks(t, js)
 	held, keepPin := otherCourier(t, c, 1)
-	a := standby(t, js, cons, marks, ackWait)
+	a, _ := standby(t, js, cons, marks, ackWait)
 	whilePinned(ackWait+3*time.Second, keepPin, held)
 	publishKeyed(t, js, 1, 4)
 	whilePinned(time.Second, keepPin, held)
@@ -757,4 +768,44 @@ func TestOrderTakeoverWaitsForAMessageInFlightElsewhere(t *testing.T) {
 	}
 	poll.Until(t, 30*time.Second, "the four delivered", func() bool { return len(a.delivered("k")) == 4 })
 	checkOrdered(t, a, []string{"k"}, 4)
+}
+
+// The pin comes to a standby courier from another that stopped pulling
+// after it gave back what it held (as a courier whose pin moves does), but
+// for a retry due in a minute, marked: what was given back goes at once,
+// without waiting as after a takeover, and the retried key's later message
+// waits for it. On a 3-node cluster.
+func TestOrderTakeoverDoesNotWaitForARetryDueLater(t *testing.T) {
+	const ackWait = 2 * time.Second
+	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
+	publishKeyed(t, js, 0, 1)
+	publishKey(t, js, "j", 0, 2)
+	marks := orderMarks(t, js)
+	held, keepPin := otherCourier(t, c, 3)
+	meta, err := held[0].Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := held[0].NakWithDelay(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	a, logs := standby(t, js, cons, marks, ackWait)
+	whilePinned(ackWait+3*time.Second, keepPin, held[1:])
+	publishKeyed(t, js, 1, 2)
+	for _, m := range held[1:] {
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, 30*time.Second, "j delivered", func() bool { return len(a.delivered("j")) == 2 })
+	checkOrdered(t, a, []string{"j"}, 2)
+	if got := a.delivered("k"); len(got) != 0 {
+		t.Errorf("k delivered %v while its first message's retry is a minute away", got)
+	}
+	if strings.Contains(logs.String(), "keyed messages wait") {
+		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
+	}
 }

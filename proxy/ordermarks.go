@@ -73,14 +73,15 @@ func later(a, b time.Time) time.Time {
 // reload reads the marks again after a takeover: those of the courier that
 // had the pin. A head known from an earlier read of the marks (at start,
 // while another courier was pinned) that the marks no longer name was
-// settled meanwhile: its line goes on.
-func (o *orderer) reload(ctx context.Context) {
+// settled meanwhile: its line goes on. It returns the marks read (nil:
+// none kept, or they cannot be read).
+func (o *orderer) reload(ctx context.Context) map[string]ordermark.Mark {
 	if o.marks == nil {
-		return
+		return nil
 	}
 	marks, err := o.marks.store.Marks(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	o.mu.Lock()
 	gone := map[string]uint64{}
@@ -104,6 +105,20 @@ func (o *orderer) reload(ctx context.Context) {
 	for k, m := range marks {
 		o.addMarked(k, m)
 	}
+	return marks
+}
+
+// dueAfter counts the marks of retries (above floor, the consumer's ack
+// floor) due after t: messages out that come back later, each its key's
+// awaited head.
+func dueAfter(marks map[string]ordermark.Mark, floor uint64, t time.Time) int {
+	n := 0
+	for _, m := range marks {
+		if m.Seq > floor && m.Due.After(t) {
+			n++
+		}
+	}
+	return n
 }
 
 // lift lets the barrier down once its time is over, and gives up on marked

@@ -20,10 +20,15 @@ import (
 // for, another courier may hold some of them: order per key waits for them
 // as after a restart (orderer.takeover). If not, this pull may bring them
 // all back, in the order each fell due: keyed messages wait until as many
-// as were out have arrived, and then go in stream order (endHold). What
-// was out is counted by the consumer's info, read now: a message of this
-// pull the consumer delivered new after it (a stream sequence past the
-// last it had delivered) was not out, and is not counted.
+// as were out have arrived, and then go in stream order (endHold).
+//
+// What is out is counted from the consumer's info, read now (its ack
+// pending), less what this courier holds itself (a pin given anew when
+// the durable's leader moved finds it with requests in flight) and the
+// retries its marks name as due after this pull has ended (each its key's
+// awaited head, come back later). A message of this pull the consumer
+// delivered new after the info was read (a stream sequence past the last
+// it had delivered) was not out, and is not counted.
 func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	p := m.Headers().Get("Nats-Pin-Id")
 	if p == "" || p == f.pin {
@@ -35,18 +40,22 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	// The pull runs to its end after fetching stops; so does this.
 	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	f.order.reload(ictx)
+	marks := f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
 	if f.part != nil {
 		f.partitionPinned(ictx, info, err, first && asked == 1)
 		return
 	}
-	if err == nil && info.NumAckPending <= asked {
-		if info.NumAckPending > 1 {
-			f.holdFor, f.holdUpTo, f.arrivals = info.NumAckPending, info.Delivered.Stream, 0
-			f.order.hold()
+	if err == nil {
+		own := f.track.held() - 1 // m is tracked already, and out
+		out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
+		if out <= asked {
+			if out > 1 {
+				f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
+				f.order.hold()
+			}
+			return
 		}
-		return
 	}
 	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 		"for", orderBarrier(f.ackWaitNow()).String())

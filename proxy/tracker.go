@@ -54,6 +54,13 @@ func (t *tracker) remove(m jetstream.Msg) {
 	t.mu.Unlock()
 }
 
+// held is how many messages are tracked.
+func (t *tracker) held() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.msgs)
+}
+
 // setAckWait changes the ack wait the signals are timed by: the consumer's
 // on the server, which another instance (a rollout) may change under this one.
 func (t *tracker) setAckWait(d time.Duration) {

@@ -46,20 +46,24 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 		f.partitionPinned(ictx, info, err, first && asked == 1)
 		return
 	}
-	if err == nil {
-		own := f.track.held() - 1 // m is tracked already, and out
-		out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
-		if out <= asked {
-			if out > 1 {
-				f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
-				f.order.hold()
-			}
-			return
-		}
+	if err != nil {
+		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",
+			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
+		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		return
 	}
-	f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-		"for", orderBarrier(f.ackWaitNow()).String())
-	f.order.takeover(orderBarrier(f.ackWaitNow()))
+	own := f.track.held() - 1 // m is tracked already, and out
+	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
+	if out > asked {
+		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
+			"for", orderBarrier(f.ackWaitNow()).String(), "out", out)
+		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		return
+	}
+	if out > 1 {
+		f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
+		f.order.hold()
+	}
 }
 
 // endHold ends the wait checkPin began, once as many messages as the
@@ -74,7 +78,7 @@ func (f *fetcher) endHold() {
 	}
 	if f.arrivals < f.holdFor {
 		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-			"for", orderBarrier(f.ackWaitNow()).String(), "ack_pending", f.holdFor, "arrived", f.arrivals)
+			"for", orderBarrier(f.ackWaitNow()).String(), "out", f.holdFor, "came_back", f.arrivals)
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
 	}
 	f.holdFor, f.arrivals = 0, 0

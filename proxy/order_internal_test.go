@@ -94,7 +94,7 @@ func TestOrderHeldUntilThePullIsIn(t *testing.T) {
 	if q, ok := o.rel.pop(); ok {
 		t.Fatalf("%d released while held", q.seq)
 	}
-	o.open()
+	o.open(false)
 	var order []uint64
 	for range 4 {
 		q, ok := o.rel.pop()

@@ -809,3 +809,44 @@ func TestOrderTakeoverDoesNotWaitForARetryDueLater(t *testing.T) {
 		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
 	}
 }
+
+// A courier that starts after another gave back what it held and stopped
+// (as at SIGTERM) but for a retry due in a minute, marked: the consumer
+// has messages out, so its start waits for them (one ack wait, 30s here),
+// but the pull the pin comes with brings them all back, and they go then,
+// in stream order; the retried key's later message waits for it. On a
+// 3-node cluster.
+func TestOrderStartDoesNotWaitOnceAllIsBack(t *testing.T) {
+	const ackWait = 30 * time.Second
+	c, js, cons := orderCluster(t, 10, ackWait, time.Second)
+	publishKeyed(t, js, 0, 1)
+	publishKey(t, js, "j", 0, 3)
+	marks := orderMarks(t, js)
+	held, _ := otherCourier(t, c, 4)
+	meta, err := held[0].Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := held[0].NakWithDelay(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	publishKeyed(t, js, 1, 2)
+	for _, n := range []int{3, 1, 2} { // given back, not in stream order
+		if err := held[n].Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, logs := standby(t, js, cons, marks, ackWait)
+	// Well within the start's wait (32s).
+	poll.Until(t, 15*time.Second, "j delivered", func() bool { return len(a.delivered("j")) == 3 })
+	checkOrdered(t, a, []string{"j"}, 3)
+	if got := a.delivered("k"); len(got) != 0 {
+		t.Errorf("k delivered %v while its first message's retry is a minute away", got)
+	}
+	if strings.Contains(logs.String(), "keyed messages wait") {
+		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
+	}
+}

@@ -15,8 +15,9 @@ import (
 // (order.go keeps it within one courier's life): the marks of each busy
 // key's first unsettled message, read at start and on takeover; the
 // barrier that makes keyed messages wait one ack wait for what another
-// courier held, and then go in stream order; and the stale time after
-// which a marked head is no longer awaited.
+// courier held, and then go in stream order, or only until the pull the
+// pin comes with has brought it all back (hold, open; pin.go); and the
+// stale time after which a marked head is no longer awaited.
 
 // load reads the marks at start (floor: the consumer's ack floor, below
 // which every message is settled) and, if other couriers may hold messages
@@ -318,10 +319,16 @@ func (o *orderer) hold() {
 }
 
 // open ends hold: what waited at the barrier goes in stream order, unless
-// a timed barrier (takeover) still stands.
-func (o *orderer) open() {
+// a timed barrier (a start's, a takeover's) still stands. all: every
+// message that was out has come back but retries due later, which their
+// marks make their keys await: the timed barrier, which waits for them, is
+// let down too.
+func (o *orderer) open(all bool) {
 	o.mu.Lock()
 	o.holding = false
+	if all && !o.barrierUntil.IsZero() {
+		o.barrierUntil = o.now()
+	}
 	o.mu.Unlock()
 	o.lift()
 }

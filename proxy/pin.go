@@ -60,29 +60,33 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
 		return
 	}
-	if out > 1 {
-		f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
-		f.order.hold()
+	if out <= 1 {
+		f.order.open(true) // nothing but m is out
+		return
 	}
+	f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
+	f.order.hold()
 }
 
 // endHold ends the wait checkPin began, once as many messages as the
-// consumer had out have arrived, or at the end of the pull. If the pull
-// ended short of them, the rest are elsewhere: held by another courier,
-// or retried with a delay not yet run out, or not due back from a courier
-// that died until their ack wait runs out; keyed messages wait for them as
-// after a restart (orderer.takeover).
+// consumer had out have arrived, or at the end of the pull. If they all
+// have, the wait of a start (Runner.startOrder) is over too: what it
+// waits for is here. If the pull ended short of them, the rest are
+// elsewhere: held by another courier, or retried with a delay not yet run
+// out, or not due back from a courier that died until their ack wait runs
+// out; keyed messages wait for them as after a restart (orderer.takeover).
 func (f *fetcher) endHold() {
 	if f.holdFor == 0 {
 		return
 	}
-	if f.arrivals < f.holdFor {
+	all := f.arrivals >= f.holdFor
+	if !all {
 		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 			"for", orderBarrier(f.ackWaitNow()).String(), "out", f.holdFor, "came_back", f.arrivals)
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
 	}
 	f.holdFor, f.arrivals = 0, 0
-	f.order.open()
+	f.order.open(all)
 }
 
 // partitionPinned takes a partition over when its pin has come to this

@@ -694,6 +694,48 @@ func whilePinned(d time.Duration, keepPin func(), held []jetstream.Msg) {
 	}
 }
 
+// deliveredOnceTakenOver fails the test if the standby delivered any of
+// key "k" while the other courier was pinned, or, once the pin has moved
+// (the other no longer pulls), does not deliver its n messages in stream
+// order.
+func deliveredOnceTakenOver(t *testing.T, a *orderApp, n int) {
+	t.Helper()
+	if got := len(a.delivered("k")); got != 0 {
+		t.Fatalf("the standby delivered %d messages while the other was pinned", got)
+	}
+	poll.Until(t, 30*time.Second, "k delivered", func() bool { return len(a.delivered("k")) == n })
+	checkOrdered(t, a, []string{"k"}, n)
+}
+
+// retryMarked retries m, of key "k", in delay, and marks it, as courier
+// does.
+func retryMarked(t *testing.T, marks *ordermark.Store, m jetstream.Msg, delay time.Duration) {
+	t.Helper()
+	meta, err := m.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(delay)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.NakWithDelay(delay); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// retryAwaited fails the test if key "k", whose first message's retry is
+// far off, was delivered, or the courier waited for it as after a
+// takeover.
+func retryAwaited(t *testing.T, a *orderApp, logs *testlog.Buffer) {
+	t.Helper()
+	if got := a.delivered("k"); len(got) != 0 {
+		t.Errorf("k delivered %v while its first message's retry is a minute away", got)
+	}
+	if strings.Contains(logs.String(), "keyed messages wait") {
+		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
+	}
+}
+
 func orderMarks(t *testing.T, js jetstream.JetStream) *ordermark.Store {
 	t.Helper()
 	var marks *ordermark.Store
@@ -720,16 +762,7 @@ func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
 	// The other courier retries the first in 500ms and marks it, as
 	// courier does, and keeps the others in progress.
 	held, keepPin := otherCourier(t, c, 5)
-	meta, err := held[0].Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(500 * time.Millisecond)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := held[0].NakWithDelay(500 * time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
+	retryMarked(t, marks, held[0], 500*time.Millisecond)
 	a, _ := standby(t, js, cons, marks, ackWait)
 	whilePinned(ackWait+3*time.Second, keepPin, held[1:])
 	// Its last signals: N 2 falls due first, then 3, 1 and 4, 300ms apart.
@@ -740,12 +773,8 @@ func TestOrderTakeoverWaitsForWhatFallsDueLater(t *testing.T) {
 		keepPin()
 		time.Sleep(300 * time.Millisecond)
 	}
-	if n := len(a.delivered("k")); n != 0 {
-		t.Fatalf("the standby delivered %d messages while the other was pinned", n)
-	}
 	// It stops pulling: the pin moves once its TTL runs out.
-	poll.Until(t, 30*time.Second, "the five delivered", func() bool { return len(a.delivered("k")) == 5 })
-	checkOrdered(t, a, []string{"k"}, 5)
+	deliveredOnceTakenOver(t, a, 5)
 }
 
 // The pin comes to a standby courier from another that stopped pulling
@@ -763,11 +792,7 @@ func TestOrderTakeoverWaitsForAMessageInFlightElsewhere(t *testing.T) {
 	whilePinned(ackWait+3*time.Second, keepPin, held)
 	publishKeyed(t, js, 1, 4)
 	whilePinned(time.Second, keepPin, held)
-	if n := len(a.delivered("k")); n != 0 {
-		t.Fatalf("the standby delivered %d messages while the other was pinned", n)
-	}
-	poll.Until(t, 30*time.Second, "the four delivered", func() bool { return len(a.delivered("k")) == 4 })
-	checkOrdered(t, a, []string{"k"}, 4)
+	deliveredOnceTakenOver(t, a, 4)
 }
 
 // The pin comes to a standby courier from another that stopped pulling
@@ -782,16 +807,7 @@ func TestOrderTakeoverDoesNotWaitForARetryDueLater(t *testing.T) {
 	publishKey(t, js, "j", 0, 2)
 	marks := orderMarks(t, js)
 	held, keepPin := otherCourier(t, c, 3)
-	meta, err := held[0].Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(time.Minute)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := held[0].NakWithDelay(time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	retryMarked(t, marks, held[0], time.Minute)
 	a, logs := standby(t, js, cons, marks, ackWait)
 	whilePinned(ackWait+3*time.Second, keepPin, held[1:])
 	publishKeyed(t, js, 1, 2)
@@ -802,12 +818,7 @@ func TestOrderTakeoverDoesNotWaitForARetryDueLater(t *testing.T) {
 	}
 	poll.Until(t, 30*time.Second, "j delivered", func() bool { return len(a.delivered("j")) == 2 })
 	checkOrdered(t, a, []string{"j"}, 2)
-	if got := a.delivered("k"); len(got) != 0 {
-		t.Errorf("k delivered %v while its first message's retry is a minute away", got)
-	}
-	if strings.Contains(logs.String(), "keyed messages wait") {
-		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
-	}
+	retryAwaited(t, a, logs)
 }
 
 // A courier that starts after another gave back what it held and stopped
@@ -823,16 +834,7 @@ func TestOrderStartDoesNotWaitOnceAllIsBack(t *testing.T) {
 	publishKey(t, js, "j", 0, 3)
 	marks := orderMarks(t, js)
 	held, _ := otherCourier(t, c, 4)
-	meta, err := held[0].Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := marks.Mark(context.Background(), "k", ordermark.Mark{Seq: meta.Sequence.Stream, Due: time.Now().Add(time.Minute)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := held[0].NakWithDelay(time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	retryMarked(t, marks, held[0], time.Minute)
 	publishKeyed(t, js, 1, 2)
 	for _, n := range []int{3, 1, 2} { // given back, not in stream order
 		if err := held[n].Nak(); err != nil {
@@ -843,10 +845,5 @@ func TestOrderStartDoesNotWaitOnceAllIsBack(t *testing.T) {
 	// Well within the start's wait (32s).
 	poll.Until(t, 15*time.Second, "j delivered", func() bool { return len(a.delivered("j")) == 3 })
 	checkOrdered(t, a, []string{"j"}, 3)
-	if got := a.delivered("k"); len(got) != 0 {
-		t.Errorf("k delivered %v while its first message's retry is a minute away", got)
-	}
-	if strings.Contains(logs.String(), "keyed messages wait") {
-		t.Errorf("the courier waited as after a takeover for a retry its mark names:\n%s", logs.String())
-	}
+	retryAwaited(t, a, logs)
 }

@@ -326,8 +326,8 @@ func (o *orderer) hold() {
 func (o *orderer) open(all bool) {
 	o.mu.Lock()
 	o.holding = false
-	if all && !o.barrierUntil.IsZero() {
-		o.barrierUntil = o.now()
+	if all {
+		o.barrierUntil = time.Time{} // lift lets down what it held
 	}
 	o.mu.Unlock()
 	o.lift()

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -199,10 +198,7 @@ func TestBatchIdempotent(t *testing.T) {
 // single publish would get and an error naming the entry; nothing of it is
 // stored and no slot stays taken.
 func TestBatchRefusals(t *testing.T) {
-	const maxPayload = 8 << 10
-	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = maxPayload }})
-	_, js := natstest.Connect(t, srv)
-	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	srv, js := smallPayloadOrders(t)
 	a := startAPI(t, srv.ClientURL(), Options{Subjects: []string{"orders.>", "$JS.>"}, MaxBatchBytes: 64 << 10})
 
 	ok := `{"data":1}`

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -127,6 +128,19 @@ func value(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// maxPayload is the server's max_payload in smallPayloadOrders.
+const maxPayload = 8 << 10
+
+// smallPayloadOrders starts a server whose max_payload is maxPayload, with
+// stream ORDERS (orders.>), and connects to it.
+func smallPayloadOrders(t *testing.T) (*server.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = maxPayload }})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	return srv, js
 }
 
 // createStream makes a stream through a connection of the test's own.

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -100,10 +99,7 @@ func TestPublishIdempotencyKey(t *testing.T) {
 // TestPublishRefusals: every refusal has its status, a JSON error naming
 // the problem, its outcome counted, and nothing stored.
 func TestPublishRefusals(t *testing.T) {
-	const maxPayload = 8 << 10
-	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = maxPayload }})
-	_, js := natstest.Connect(t, srv)
-	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	srv, js := smallPayloadOrders(t)
 	createStream(t, js, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100})
 	a := startAPI(t, srv.ClientURL(), Options{Subjects: []string{"orders.>", "small.>", "nostream.>", "$JS.>"}})
 	if a.post("orders.seed", "seed").status != 200 {

@@ -113,8 +113,14 @@ func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string)
 	var refused *result
 	select {
 	case s.batches <- struct{}{}:
-		defer func() { <-s.batches }()
 		entries, refused = s.checkBatch(r, subj, deadline)
+		if refused != nil {
+			// Given back before the refusal is answered or counted, so that
+			// whoever sees either finds the batch gone.
+			<-s.batches
+		} else {
+			defer func() { <-s.batches }()
+		}
 	default:
 		refused = &result{status: http.StatusServiceUnavailable, outcome: outcomeBusy,
 			msg: fmt.Sprintf("courier busy: %d batches in progress", cap(s.batches))}

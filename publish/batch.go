@@ -28,6 +28,7 @@ package publish
 // courier's own ids (for entries without one) hold only within one request.
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -78,6 +79,9 @@ type batchEntry struct {
 	Stream    json.RawMessage `json:"stream"`
 	Sequence  json.RawMessage `json:"sequence"`
 	Published json.RawMessage `json:"published"`
+	// dataB64 is dataBase64 as decodeBatch found it, not yet decoded
+	// (non-nil when given), in place of DataBase64.
+	dataB64 []byte
 }
 
 // entryAnswer is one entry's part of the answer.
@@ -268,23 +272,32 @@ func (s *Server) readBatch(r *http.Request, pathSubj string) ([]pending, error) 
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	// Decoded as it is read: the body is not held twice.
-	var b batchBody
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, limit))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&b)
-	if err == nil {
-		if _, err = dec.Token(); errors.Is(err, io.EOF) {
-			err = nil
-		} else if err == nil {
-			return nil, refuse(http.StatusBadRequest, outcomeInvalid, "the batch is followed by more than white space")
-		}
+	notJSON := func(err error) error {
+		return refuse(http.StatusBadRequest, outcomeInvalid, `the batch is not JSON of the shape {"entries":[{"subject","idempotencyKey","contentType","headers","data" or "dataBase64"}]}: %v`, err)
 	}
+	body, err := readAll(http.MaxBytesReader(nil, r.Body, limit), r.ContentLength)
 	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 		return nil, tooLarge()
 	}
 	if err != nil {
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, `the batch is not JSON of the shape {"entries":[{"subject","idempotencyKey","contentType","headers","data" or "dataBase64"}]}: %v`, err)
+		return nil, notJSON(err)
+	}
+	// decodeBatch leaves the entries' data in body; encoding/json, for
+	// the bodies it leaves, copies them.
+	b, ok := decodeBatch(body)
+	if !ok {
+		b = batchBody{}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&b); err != nil {
+			return nil, notJSON(err)
+		}
+		switch _, err := dec.Token(); {
+		case err == nil:
+			return nil, refuse(http.StatusBadRequest, outcomeInvalid, "the batch is followed by more than white space")
+		case !errors.Is(err, io.EOF):
+			return nil, notJSON(err)
+		}
 	}
 	switch {
 	case len(b.Entries) == 0:
@@ -330,18 +343,23 @@ func (s *Server) entryMsg(r *http.Request, e *batchEntry, pathSubj string) (pend
 	if err := s.allowed(subj); err != nil {
 		return pending{}, err
 	}
+	b64 := e.dataB64
+	if e.DataBase64 != nil {
+		b64 = []byte(*e.DataBase64)
+	}
 	var data []byte
 	switch {
-	case len(e.Data) > 0 && e.DataBase64 != nil:
+	case len(e.Data) > 0 && b64 != nil:
 		return pending{}, refuse(http.StatusBadRequest, outcomeInvalid, "both data and dataBase64: give the body once")
 	case len(e.Data) > 0:
 		data = e.Data
-	case e.DataBase64 != nil:
-		d, err := base64.StdEncoding.DecodeString(*e.DataBase64)
+	case b64 != nil:
+		data = make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
+		n, err := base64.StdEncoding.Decode(data, b64)
 		if err != nil {
 			return pending{}, refuse(http.StatusBadRequest, outcomeInvalid, "dataBase64 is not standard base64: %v", err)
 		}
-		data = d
+		data = data[:n:n]
 	}
 	src := make(http.Header, len(e.Headers)+2)
 	for k, vs := range e.Headers {

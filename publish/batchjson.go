@@ -23,6 +23,9 @@ import (
 // deeper data goes to encoding/json (its own bound is 10,000).
 const maxFastDepth = 256
 
+// firstRead bounds what readAll sets aside for a body before it arrives.
+const firstRead = 1 << 20
+
 // decodeBatch reads body as encoding/json reads it into a batchBody (no
 // unknown field, nothing but white space after), for the bodies it takes:
 // ok is false for any other, which the caller reads with encoding/json.
@@ -355,9 +358,11 @@ func (d *batchScanner) skip(depth int) bool {
 }
 
 // readAll reads all of r, in one allocation when the request says its
-// length (n, or -1 when it does not).
+// length (n, or -1 when it does not) and it is at most firstRead: a
+// length declared larger is grown into as the bytes come, so that a
+// client does not make courier hold what it never sends.
 func readAll(r io.Reader, n int64) ([]byte, error) {
-	b := make([]byte, 0, max(n, 512)+1) // +1: room to read the end
+	b := make([]byte, 0, min(max(n, 512), firstRead)+1) // +1: room to read the end
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]

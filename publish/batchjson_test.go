@@ -161,3 +161,41 @@ func BenchmarkReadBatchBody(b *testing.B) {
 		}
 	})
 }
+
+// readAll returns the body whole whatever length was declared (exact,
+// none, or past firstRead), sets aside no more than firstRead before the
+// bytes come, and passes a reading error on.
+func TestReadAll(t *testing.T) {
+	small := []byte(`{"entries":[{"entryId":"a"}]}`)
+	large := bytes.Repeat([]byte("x"), firstRead+12345)
+	for _, c := range []struct {
+		name string
+		body []byte
+		n    int64
+	}{
+		{"declared", small, int64(len(small))},
+		{"undeclared", small, -1},
+		{"empty", nil, 0},
+		{"large, declared", large, int64(len(large))},
+		{"large, undeclared", large, -1},
+	} {
+		got, err := readAll(bytes.NewReader(c.body), c.n)
+		if err != nil || !bytes.Equal(got, c.body) {
+			t.Errorf("%s: read %d bytes (%v), want %d", c.name, len(got), err, len(c.body))
+		}
+	}
+	// A body declared at 8 MiB that sends 3 bytes.
+	got, err := readAll(strings.NewReader("abc"), 8<<20)
+	if err != nil || string(got) != "abc" || cap(got) > firstRead+1 {
+		t.Errorf("read %q (%v) into %d bytes, want abc in at most %d", got, err, cap(got), firstRead+1)
+	}
+	boom := errors.New("connection reset")
+	if _, err := readAll(io.MultiReader(strings.NewReader("ab"), failingReader{boom}), -1); !errors.Is(err, boom) {
+		t.Errorf("a failing read gave %v, want %v", err, boom)
+	}
+}
+
+// failingReader is a reader that fails with err.
+type failingReader struct{ err error }
+
+func (r failingReader) Read([]byte) (int, error) { return 0, r.err }

@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -50,7 +51,13 @@ func (a *api) postBatch(suffix, body string, headers ...string) batchReply {
 
 // tryBatch is postBatch returning a transport error instead of failing.
 func (a *api) tryBatch(suffix, body string, headers ...string) (batchReply, error) {
-	req, err := http.NewRequest(http.MethodPost, a.url+BatchPath+suffix, strings.NewReader(body))
+	return a.sendBatch(suffix, strings.NewReader(body), headers...)
+}
+
+// sendBatch is tryBatch with the body read from body: its length declared
+// only if net/http can tell it (a *strings.Reader), else sent chunked.
+func (a *api) sendBatch(suffix string, body io.Reader, headers ...string) (batchReply, error) {
+	req, err := http.NewRequest(http.MethodPost, a.url+BatchPath+suffix, body)
 	if err != nil {
 		return batchReply{}, err
 	}
@@ -254,6 +261,63 @@ func TestBatchRefusals(t *testing.T) {
 	}
 	if r := tok.postBatch("/orders.x", `{"entries":[`+ok+`]}`, "Authorization", "Bearer t0ken"); r.status != 200 {
 		t.Errorf("with the token: %d %q", r.status, r.Error)
+	}
+}
+
+// TestBatchBodyLengths: a batch whose length is not declared (sent
+// chunked) is read whole and stored, and refused 413 once it grows past
+// MaxBatchBytes; one larger than what is set aside before it arrives
+// (firstRead) is read whole too.
+func TestBatchBodyLengths(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{MaxBatchBytes: 4 << 20})
+	undeclared := func(body string) io.Reader { return io.MultiReader(strings.NewReader(body)) }
+
+	r, err := a.sendBatch("/orders.chunked", undeclared(keyedBatch("chunked", 20)))
+	if err != nil || r.status != 200 || len(r.Entries) != 20 {
+		t.Fatalf("chunked batch: %v, answer %d %q, %d entries", err, r.status, r.Error, len(r.Entries))
+	}
+	// 3 entries of 600 KB of base64 each: 1.8 MB, past firstRead.
+	var b strings.Builder
+	b.WriteString(`{"entries":[`)
+	for i := range 3 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"idempotencyKey":"large-%d","dataBase64":"%s"}`, i, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{byte(i)}, 450<<10)))
+	}
+	b.WriteString(`]}`)
+	if b.Len() <= firstRead {
+		t.Fatalf("the large batch is %d bytes, not past %d", b.Len(), firstRead)
+	}
+	for _, body := range []io.Reader{strings.NewReader(b.String()), undeclared(b.String())} {
+		r, err := a.sendBatch("/orders.large", body)
+		if err != nil || r.status != 200 || len(r.Entries) != 3 {
+			t.Fatalf("large batch: %v, answer %d %q, %d entries", err, r.status, r.Error, len(r.Entries))
+		}
+	}
+	stream, err := js.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(context.Background(), "orders.large")
+	if err != nil || !bytes.Equal(m.Data, bytes.Repeat([]byte{2}, 450<<10)) {
+		t.Fatalf("the large batch's last entry: %v, %d bytes", err, len(m.Data))
+	}
+	before := a.count(outcomeTooLarge)
+	r, err = a.sendBatch("/orders.chunked", undeclared(`{"entries":[{"data":"`+strings.Repeat("y", 5<<20)+`"}]}`))
+	if err != nil || r.status != 413 || !strings.Contains(r.Error, "larger than 4194304 bytes") {
+		t.Errorf("chunked batch over MaxBatchBytes: %v, answer %d %q", err, r.status, r.Error)
+	}
+	if got := a.count(outcomeTooLarge); got != before+1 {
+		t.Errorf("too large counted %v, want %v", got, before+1)
+	}
+	// 20 chunked, and each large one stored once (the second sent again
+	// with the same keys: duplicates).
+	if n := msgCount(t, js, "ORDERS"); n != 23 {
+		t.Errorf("%d messages stored, want 23", n)
 	}
 }
 

@@ -36,26 +36,16 @@ func decodeBatch(body []byte) (b batchBody, ok bool) {
 		return batchBody{}, false
 	}
 	b.Entries = make([]batchEntry, 0, min(countObjects(body), maxBatchEntries+1))
-	if d.peek(']') {
-		d.i++
-	} else {
-		for {
-			var e batchEntry
-			if !d.entry(&e) {
-				return batchBody{}, false
-			}
-			b.Entries = append(b.Entries, e)
-			if d.peek(',') {
-				d.i++
-				continue
-			}
-			if !d.byte(']') {
-				return batchBody{}, false
-			}
-			break
+	entries := d.list(']', func() bool {
+		var e batchEntry
+		seen := 0
+		if !d.byte('{') || !d.list('}', func() bool { return d.field(&e, &seen) }) {
+			return false
 		}
-	}
-	if !d.byte('}') {
+		b.Entries = append(b.Entries, e)
+		return true
+	})
+	if !entries || !d.byte('}') {
 		return batchBody{}, false
 	}
 	d.space()
@@ -80,6 +70,24 @@ type batchScanner struct {
 	i int
 }
 
+// list reads the items of an array or object whose opening bracket was
+// read, each with item, up to its closing bracket end.
+func (d *batchScanner) list(end byte, item func() bool) bool {
+	if d.peek(end) {
+		d.i++
+		return true
+	}
+	for {
+		if !item() {
+			return false
+		}
+		if !d.peek(',') {
+			return d.byte(end)
+		}
+		d.i++
+	}
+}
+
 // The fields of an entry, each allowed once on the fast path.
 const (
 	fieldEntryID = 1 << iota
@@ -95,58 +103,45 @@ const (
 	fieldPublished
 )
 
-// entry reads one entry's object into e.
-func (d *batchScanner) entry(e *batchEntry) bool {
-	if !d.byte('{') {
+// field reads one field of an entry's object into e: a field courier
+// knows, not among those seen already (a bit each), which it joins.
+func (d *batchScanner) field(e *batchEntry, seen *int) bool {
+	name, ok := d.str()
+	if !ok || !d.byte(':') {
 		return false
 	}
-	if d.peek('}') {
-		d.i++
-		return true
+	d.space()
+	var field int
+	var ok2 bool
+	switch string(name) {
+	case "entryId":
+		field, ok2 = fieldEntryID, d.text(&e.EntryID)
+	case "subject":
+		field, ok2 = fieldSubject, d.text(&e.Subject)
+	case "idempotencyKey":
+		field, ok2 = fieldIdempotencyKey, d.text(&e.IdempotencyKey)
+	case "contentType":
+		field, ok2 = fieldContentType, d.text(&e.ContentType)
+	case "headers":
+		field, ok2 = fieldHeaders, d.headers(&e.Headers)
+	case "data":
+		field, ok2 = fieldData, d.raw(&e.Data)
+	case "dataBase64":
+		field, ok2 = fieldDataBase64, d.base64(&e.dataB64)
+	case "attempt":
+		field, ok2 = fieldAttempt, d.raw(&e.Attempt)
+	case "stream":
+		field, ok2 = fieldStream, d.raw(&e.Stream)
+	case "sequence":
+		field, ok2 = fieldSequence, d.raw(&e.Sequence)
+	case "published":
+		field, ok2 = fieldPublished, d.raw(&e.Published)
 	}
-	seen := 0
-	for {
-		name, ok := d.str()
-		if !ok || !d.byte(':') {
-			return false
-		}
-		d.space()
-		var field int
-		var ok2 bool
-		switch string(name) {
-		case "entryId":
-			field, ok2 = fieldEntryID, d.text(&e.EntryID)
-		case "subject":
-			field, ok2 = fieldSubject, d.text(&e.Subject)
-		case "idempotencyKey":
-			field, ok2 = fieldIdempotencyKey, d.text(&e.IdempotencyKey)
-		case "contentType":
-			field, ok2 = fieldContentType, d.text(&e.ContentType)
-		case "headers":
-			field, ok2 = fieldHeaders, d.headers(&e.Headers)
-		case "data":
-			field, ok2 = fieldData, d.raw(&e.Data)
-		case "dataBase64":
-			field, ok2 = fieldDataBase64, d.base64(&e.dataB64)
-		case "attempt":
-			field, ok2 = fieldAttempt, d.raw(&e.Attempt)
-		case "stream":
-			field, ok2 = fieldStream, d.raw(&e.Stream)
-		case "sequence":
-			field, ok2 = fieldSequence, d.raw(&e.Sequence)
-		case "published":
-			field, ok2 = fieldPublished, d.raw(&e.Published)
-		}
-		if !ok2 || seen&field != 0 {
-			return false
-		}
-		seen |= field
-		if d.peek(',') {
-			d.i++
-			continue
-		}
-		return d.byte('}')
+	if !ok2 || *seen&field != 0 {
+		return false
 	}
+	*seen |= field
+	return true
 }
 
 // space skips JSON's white space.
@@ -245,11 +240,7 @@ func (d *batchScanner) headers(h *map[string][]string) bool {
 	}
 	m := map[string][]string{}
 	*h = m
-	if d.peek('}') {
-		d.i++
-		return true
-	}
-	for {
+	return d.list('}', func() bool {
 		k, ok := d.str()
 		if !ok || !d.byte(':') || !d.byte('[') {
 			return false
@@ -258,32 +249,14 @@ func (d *batchScanner) headers(h *map[string][]string) bool {
 			return false
 		}
 		vs := []string{}
-		if d.peek(']') {
-			d.i++
-		} else {
-			for {
-				v, ok := d.str()
-				if !ok {
-					return false
-				}
-				vs = append(vs, string(v))
-				if d.peek(',') {
-					d.i++
-					continue
-				}
-				if !d.byte(']') {
-					return false
-				}
-				break
-			}
-		}
+		values := d.list(']', func() bool {
+			v, ok := d.str()
+			vs = append(vs, string(v))
+			return ok
+		})
 		m[string(k)] = vs
-		if d.peek(',') {
-			d.i++
-			continue
-		}
-		return d.byte('}')
-	}
+		return values
+	})
 }
 
 // raw reads any JSON value, as json.RawMessage keeps it (null too).

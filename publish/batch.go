@@ -286,7 +286,6 @@ func (s *Server) readBatch(r *http.Request, pathSubj string) ([]pending, error) 
 	// the bodies it leaves, copies them.
 	b, ok := decodeBatch(body)
 	if !ok {
-		b = batchBody{}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&b); err != nil {

@@ -41,9 +41,10 @@ func (s *sidecar) openSharedStore(ctx context.Context) (func(), error) {
 		var err error
 		shared, err = dedup.OpenShared(ctx, s.js, s.local, dedup.SharedOptions{
 			Bucket: s.cfg.DedupBucket, Replicas: s.cfg.StreamReplicas, TTL: s.cfg.DedupTTL,
-			// A claim outlives an attempt, and lapses about an ack wait
-			// after its courier died.
-			ClaimTTL: (max(s.cfg.AckWait, s.cfg.HTTPTimeout) + time.Second - 1).Truncate(time.Second),
+			// A claim lapses about an ack wait after its courier died,
+			// when JetStream redelivers what that courier held; while it
+			// lives it renews its claims, however long a request takes.
+			ClaimTTL: max(s.cfg.AckWait+time.Second-1, time.Second).Truncate(time.Second),
 			Scope:    s.scope(), Logger: s.log, Registerer: s.reg,
 		})
 		return err

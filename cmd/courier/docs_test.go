@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -139,4 +140,79 @@ func TestBehaviourDoc(t *testing.T) {
 func githubAnchor(heading string) string {
 	a := regexp.MustCompile(`[^a-z0-9 _-]`).ReplaceAllString(strings.ToLower(heading), "")
 	return strings.ReplaceAll(a, " ", "-")
+}
+
+// TestDocLinks: every relative link of the README and docs/ lands on a file
+// or directory of the repo and, when it names a section of a Markdown file,
+// on one of its headings.
+func TestDocLinks(t *testing.T) {
+	const root = "../.."
+	files := docFiles(t)
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	anchorsOf := map[string]map[string]bool{}
+	anchors := func(path string) map[string]bool {
+		if a, ok := anchorsOf[path]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inFence := false
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "```") {
+				inFence = !inFence
+			}
+			if h, ok := strings.CutPrefix(line, "#"); ok && !inFence {
+				base := githubAnchor(strings.TrimSpace(strings.TrimLeft(h, "#")))
+				id := base
+				for n := 1; a[id]; n++ { // GitHub numbers repeated headings
+					id = fmt.Sprintf("%s-%d", base, n)
+				}
+				a[id] = true
+			}
+		}
+		anchorsOf[path] = a
+		return a
+	}
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		inFence := false
+		for i, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "```") {
+				inFence = !inFence
+			}
+			if inFence {
+				continue
+			}
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				checked++
+				path, anchor, _ := strings.Cut(target, "#")
+				dest := f
+				if path != "" {
+					dest = filepath.Join(filepath.Dir(f), path)
+				}
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s:%d: %s: no such file in the repo", rel, i+1, target)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(dest, ".md") && !anchors(dest)[anchor] {
+					t.Errorf("%s:%d: %s: no section #%s there", rel, i+1, target, anchor)
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("only %d relative links checked: is %s the repo?", checked, root)
+	}
 }

@@ -9,27 +9,29 @@ import (
 
 // The automatic limit is a gradient controller in the manner of Envoy's
 // adaptive concurrency filter (source/extensions/filters/http/adaptive_concurrency
-// in envoyproxy/envoy), with AIMD's steps:
+// in envoyproxy/envoy), with AIMD's steps; docs/adaptive-concurrency.md argues
+// the choice.
 //
-//   - The unloaded answer time (minRTT) is measured, not assumed: at start and
-//     every ProbeInterval (with jitter) the limit is held at a quarter of
-//     itself until ProbeSamples answers of requests sent while held are in;
-//     their median is the minRTT. A window whose median is below it lowers it
-//     at once (the app got faster). Three windows in a row that queue start a
-//     measurement at once (the app may have got slower: a stale minimum).
-//   - Answers are read in windows of at least Interval and MinSamples
-//     answers; a window's median is compared with
-//     target = minRTT×(1+Tolerance) + Slack.
-//   - At or under the target, and with the limit in use, the limit rises by 1
-//     (by √limit while starting, or after three rises in a row).
-//   - Over it the app queues: the limit becomes what was in flight × target/median
-//     (at most halved), which is where the app stops queueing if answer time
-//     grows with the requests inside it (Little's law).
+//   - Answers are read in windows of at least Interval and MinSamples answers,
+//     each window only of requests sent under the limit it judges. A window's
+//     typical answer time (mean less the highest and lowest tenth) is compared
+//     with target = minRTT×(1+Tolerance) + Slack.
+//   - At or under the target, with the limit in use, the limit rises by 1
+//     (by √limit while starting, and after three rises in a row).
+//   - Over it the app queues: the limit becomes what was in flight ×
+//     target/typical (at most halved), which is where the app stops queueing
+//     when its answer time grows with the requests inside it (Little's law).
 //   - A 429/503 takes a quarter off the limit, a timeout half.
+//   - The unloaded answer time (minRTT) is measured, not assumed: at start,
+//     every ProbeInterval (plus jitter), after three queueing windows in a row
+//     (the app may have got slower), and when a window is well under it (the
+//     app got faster), the limit is held at a quarter of itself until
+//     ProbeSamples answers of requests sent while held are in.
 //
-// After any decrease, answers of requests sent before it are not read: they
-// queued under the old limit (TCP reacts once per window of data for the same
-// reason), so one burst of queueing or 503s lowers the limit once.
+// Answers of requests sent before a change are not read after it: a window read
+// across a rise would count answers of the lower limit as evidence for the
+// higher one, and a burst of queueing or 503s sent under one limit lowers it
+// once (TCP reacts once per window of data for the same reason).
 
 // AutoOptions tunes an automatic limit. The zero value of each field takes
 // the default it names.
@@ -78,7 +80,7 @@ func (o AutoOptions) withDefaults() AutoOptions {
 		o.MinSamples = 10
 	}
 	if o.Tolerance <= 0 {
-		o.Tolerance = 0.2
+		o.Tolerance = 0.1
 	}
 	if o.Slack <= 0 {
 		o.Slack = time.Millisecond
@@ -126,8 +128,8 @@ type control struct {
 	rises     int  // windows in a row that rose
 	queued    int  // windows in a row that queued
 
-	// epoch advances at each decrease and at both ends of a probe; only
-	// answers of requests admitted in the current epoch are read.
+	// epoch advances at each change of the limit and at both ends of a
+	// probe; only answers of requests admitted in the current epoch are read.
 	epoch    uint64
 	winStart time.Time
 	win      []time.Duration
@@ -224,15 +226,22 @@ func (c *control) windowRead(now time.Time) Cause {
 		!(age >= 10*c.opts.Interval && len(c.win) >= 3) {
 		return CauseNone
 	}
-	med := median(c.win)
+	typ := typical(c.win)
 	peak := c.winPeak
 	inUse := peak >= c.effective()
 	c.winStart, c.win, c.winSeen, c.winPeak = now, c.win[:0], 0, 0
-	if med < c.minRTT {
-		c.minRTT = med
+	if typ < c.minRTT {
+		faster := float64(typ)*(1+c.opts.Tolerance) < float64(c.minRTT)
+		c.minRTT = typ
+		if faster {
+			// The app got faster: typ was read under load, so measure
+			// the unloaded time now rather than at the next probe.
+			c.startProbe(now)
+			return CauseProbe
+		}
 	}
 	target := time.Duration(float64(c.minRTT)*(1+c.opts.Tolerance)) + c.opts.Slack
-	if med <= target {
+	if typ <= target {
 		c.queued = 0
 		if !inUse {
 			// Nothing learnt about more requests than were sent.
@@ -245,11 +254,12 @@ func (c *control) windowRead(now time.Time) Cause {
 		}
 		c.rises++
 		c.est = min(float64(c.max), c.est+step)
+		c.newEpoch(now)
 		return CauseRise
 	}
 	c.queued++
 	c.rises, c.slowStart = 0, false
-	g := max(0.5, float64(target)/float64(med))
+	g := max(0.5, float64(target)/float64(typ))
 	c.est = max(1, min(c.est, float64(peak))*g)
 	c.newEpoch(now)
 	if c.queued >= 3 {
@@ -285,7 +295,7 @@ func (c *control) probeRead(now time.Time) Cause {
 		return CauseNone
 	}
 	if len(c.win) >= 3 || c.minRTT == 0 && len(c.win) > 0 {
-		m := median(c.win)
+		m := typical(c.win)
 		if c.minRTT > 0 && (m > 2*c.minRTT || 2*m < c.minRTT) {
 			// The app changed a lot: what the limit was is no guide.
 			c.slowStart = true
@@ -300,8 +310,18 @@ func (c *control) probeRead(now time.Time) Cause {
 	return CauseProbe
 }
 
-func median(ds []time.Duration) time.Duration {
+// typical is the mean of the answer times less the highest and lowest tenth.
+// A mean because the requests inside the app grow with the mean answer time
+// (Little's law), where a median can stay put while half of them wait; trimmed
+// because a noisy machine delays a few answers a lot.
+func typical(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[len(s)/2]
+	cut := len(s) / 10
+	s = s[cut : len(s)-cut]
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return sum / time.Duration(len(s))
 }

@@ -30,6 +30,9 @@ const (
 	nReasons
 )
 
+// Reasons lists every reason, in order; Stats.InFlightBy is indexed by them.
+func Reasons() []Reason { return []Reason{Deliver, Retry, Probe, Batch} }
+
 // String is the reason's metric label.
 func (r Reason) String() string {
 	switch r {
@@ -89,8 +92,11 @@ const (
 	nCauses
 )
 
-// Causes lists every cause, in order, for registering metrics up front.
-var Causes = [...]Cause{CauseNone, CauseRise, CauseQueueing, CauseOverload, CauseTimeout, CauseProbe}
+// Causes lists every cause, in order, for registering metrics up front;
+// Stats.Changes is indexed by them.
+func Causes() []Cause {
+	return []Cause{CauseNone, CauseRise, CauseQueueing, CauseOverload, CauseTimeout, CauseProbe}
+}
 
 // String is the cause's metric label.
 func (c Cause) String() string {
@@ -207,8 +213,9 @@ func (l *Limiter) TryAcquire(reason Reason) (*Slot, bool) {
 func (l *Limiter) admitLocked(reason Reason) *Slot {
 	l.inflight++
 	l.byReason[reason]++
-	s := &Slot{l: l, reason: reason, admitted: l.now()}
+	s := &Slot{l: l, reason: reason}
 	if l.ctrl != nil {
+		s.admitted = l.now()
 		s.epoch = l.ctrl.admitted(l.inflight)
 	}
 	return s

@@ -184,6 +184,9 @@ type Case struct {
 	Name    string
 	Workers int // 0: unlimited
 	Service time.Duration
+	// ShedAbove, if not 0, makes the app answer 503 to a request that
+	// finds that many inside it.
+	ShedAbove int
 }
 
 // Cases are the apps courier's choice of default is judged on.
@@ -192,6 +195,7 @@ func Cases() []Case {
 		{Name: "8 workers x 10ms", Workers: 8, Service: 10 * time.Millisecond},
 		{Name: "instant", Workers: 0, Service: 0},
 		{Name: "20ms, unlimited workers", Workers: 0, Service: 20 * time.Millisecond},
+		{Name: "8x10ms, 503 above 8", Workers: 8, Service: 10 * time.Millisecond, ShedAbove: 8},
 	}
 }
 
@@ -222,6 +226,7 @@ type Result struct {
 // app did during measure.
 func Run(ctx context.Context, c Case, name string, lim *limit.Limiter, warm, measure time.Duration) Result {
 	app := NewApp(c.Workers, c.Service)
+	app.ShedAbove(c.ShedAbove)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -48,7 +48,7 @@ type AutoOptions struct {
 	// window past 10×Interval is read with 3.
 	MinSamples int
 	// Tolerance is how far, as a fraction of minRTT, answer times may grow
-	// before the app counts as queueing. Default 0.2.
+	// before the app counts as queueing. Default 0.1.
 	Tolerance float64
 	// Slack is an absolute allowance added to the target, so that the
 	// scheduling noise of a busy machine (a millisecond or two) does not
@@ -101,8 +101,8 @@ func (o AutoOptions) withDefaults() AutoOptions {
 const maxWindow = 256
 
 // NewAuto returns a limiter whose limit the app's answers set, between 1 and
-// o.Max. It begins by measuring the unloaded answer time with one request at
-// a time.
+// o.Max. It begins by measuring the unloaded answer time with a quarter of
+// o.Initial in flight (one request at a time by default).
 func NewAuto(o AutoOptions) *Limiter {
 	o = o.withDefaults()
 	now := o.Now()

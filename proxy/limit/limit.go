@@ -166,9 +166,10 @@ func (l *Limiter) Acquire(ctx context.Context, reason Reason) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	now := l.clock()
 	l.mu.Lock()
 	if len(l.waiters) == 0 && l.inflight < l.limit {
-		s := l.admitLocked(reason)
+		s := l.admitLocked(reason, now)
 		l.mu.Unlock()
 		return s, nil
 	}
@@ -202,20 +203,29 @@ func (l *Limiter) Acquire(ctx context.Context, reason Reason) (*Slot, error) {
 
 // TryAcquire takes a slot only if one is free now and nobody waits for one.
 func (l *Limiter) TryAcquire(reason Reason) (*Slot, bool) {
+	now := l.clock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.waiters) > 0 || l.inflight >= l.limit {
 		return nil, false
 	}
-	return l.admitLocked(reason), true
+	return l.admitLocked(reason, now), true
 }
 
-func (l *Limiter) admitLocked(reason Reason) *Slot {
+// clock reads the time for an automatic limit, outside the lock; a fixed
+// limit needs none.
+func (l *Limiter) clock() time.Time {
+	if l.ctrl == nil {
+		return time.Time{}
+	}
+	return l.now()
+}
+
+func (l *Limiter) admitLocked(reason Reason, now time.Time) *Slot {
 	l.inflight++
 	l.byReason[reason]++
-	s := &Slot{l: l, reason: reason}
+	s := &Slot{l: l, reason: reason, admitted: now}
 	if l.ctrl != nil {
-		s.admitted = l.now()
 		s.epoch = l.ctrl.admitted(l.inflight)
 	}
 	return s
@@ -228,12 +238,12 @@ func (s *Slot) Release(o Outcome) {
 		return
 	}
 	l := s.l
+	now := l.clock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
 	l.byReason[s.reason]--
 	if l.ctrl != nil && o != Dropped {
-		now := l.now()
 		if limit, cause, changed := l.ctrl.observe(s, o, now); changed {
 			l.setLimitLocked(limit, cause)
 		}
@@ -258,7 +268,7 @@ func (l *Limiter) wakeLocked() {
 		w := l.waiters[0]
 		l.waiters[0] = nil
 		l.waiters = l.waiters[1:]
-		w.slot = l.admitLocked(w.reason)
+		w.slot = l.admitLocked(w.reason, l.clock())
 		close(w.ready)
 	}
 }

@@ -257,13 +257,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Compare runs every contender against every case and writes a table to w.
-func Compare(ctx context.Context, w io.Writer, warm, measure time.Duration) ([]Result, error) {
+// Compare runs every contender against each of cases and writes a table to w.
+func Compare(ctx context.Context, w io.Writer, cases []Case, warm, measure time.Duration) ([]Result, error) {
 	var rs []Result
 	if _, err := fmt.Fprintf(w, "%-24s %-9s %10s %8s %6s %6s %9s\n", "app", "limit", "req/s", "inside", "shed", "limit", "minRTT"); err != nil {
 		return nil, err
 	}
-	for _, c := range Cases() {
+	for _, c := range cases {
 		for _, k := range Contenders() {
 			r := Run(ctx, c, k.Name, k.New(), warm, measure)
 			if err := ctx.Err(); err != nil {

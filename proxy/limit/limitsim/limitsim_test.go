@@ -13,10 +13,16 @@ import (
 // asserts nothing:
 //
 //	go test -run '^$' -bench Compare -benchtime 1x ./proxy/limit/limitsim/
+//
+// (-bench Compare/instant for one app.)
 func BenchmarkCompare(b *testing.B) {
-	for b.Loop() {
-		if _, err := Compare(context.Background(), os.Stdout, 3*time.Second, 5*time.Second); err != nil {
-			b.Fatal(err)
-		}
+	for _, c := range Cases() {
+		b.Run(c.Name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := Compare(context.Background(), os.Stdout, []Case{c}, 3*time.Second, 5*time.Second); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

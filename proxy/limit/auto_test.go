@@ -69,13 +69,13 @@ func TestAutoFollowsTheAppsCapacity(t *testing.T) {
 	// Five times slower (a slower database): the unloaded time is measured
 	// again within seconds, and the app does not fill up.
 	s.service = 5 * d
-	s.runUntil(5*time.Second, "minRTT follows a 5x slowdown", func(st Stats) bool { return st.MinRTT >= 4*d })
+	s.runUntil(3*time.Second, "minRTT follows a 5x slowdown", func(st Stats) bool { return st.MinRTT >= 4*d })
 	s.run(3 * time.Second)
 	check("5x slower", s.run(10*time.Second), w, 5*d)
 
 	// Fast again: the lower answer times are seen at once.
 	s.service = d
-	s.runUntil(3*time.Second, "minRTT follows the speed-up", func(st Stats) bool { return st.MinRTT <= 2*d })
+	s.runUntil(time.Second, "minRTT follows the speed-up", func(st Stats) bool { return st.MinRTT <= 2*d })
 	s.run(3 * time.Second)
 	check("fast again", s.run(10*time.Second), w, d)
 
@@ -87,7 +87,7 @@ func TestAutoFollowsTheAppsCapacity(t *testing.T) {
 
 	// The workers back: the limit rises again.
 	s.workers = w
-	s.runUntil(5*time.Second, "the limit rises with the workers", func(st Stats) bool { return st.Limit >= w })
+	s.runUntil(3*time.Second, "the limit rises with the workers", func(st Stats) bool { return st.Limit >= w })
 	s.run(3 * time.Second)
 	check("8 workers again", s.run(10*time.Second), w, d)
 }
@@ -185,5 +185,22 @@ func TestAutoLowersOncePerBurst(t *testing.T) {
 				t.Errorf("last cause %s, want %s", after.LastCause, tc.cause)
 			}
 		})
+	}
+}
+
+// The unloaded answer time is measured again every ProbeInterval (plus up to
+// 15%), each time holding the limit low and giving it back, at a small cost.
+func TestAutoMeasuresAgainPeriodically(t *testing.T) {
+	const w, d = 8, 10 * time.Millisecond
+	s := newSim(t, w, d, AutoOptions{ProbeInterval: 10 * time.Second})
+	s.run(5 * time.Second)
+	before := s.lim.Stats().Changes[CauseProbe]
+	sp := s.run(60 * time.Second)
+	// Five or six measurements in 60s, two changes each (held low, given back).
+	if got := s.lim.Stats().Changes[CauseProbe] - before; got < 10 || got > 12 {
+		t.Errorf("%d probe changes in 60s with a 10s interval, want 10 to 12", got)
+	}
+	if want := 0.9 * capacity(w, d); sp.perSecond < want {
+		t.Errorf("%.0f served per second with probes, want at least %.0f", sp.perSecond, want)
 	}
 }

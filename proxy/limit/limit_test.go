@@ -192,3 +192,31 @@ func TestAutoAgainstAConcurrentApp(t *testing.T) {
 		t.Error("the load stopped early")
 	}
 }
+
+// BenchmarkAcquireRelease is the limiter's own cost per request, all
+// goroutines sharing one limiter (the instant app of limitsim measures the same
+// with an app in the loop).
+func BenchmarkAcquireRelease(b *testing.B) {
+	for _, k := range []struct {
+		name string
+		new  func() *limit.Limiter
+	}{
+		{"fixed 64", func() *limit.Limiter { return limit.NewFixed(64) }},
+		{"auto", func() *limit.Limiter { return limit.NewAuto(limit.AutoOptions{}) }},
+	} {
+		b.Run(k.name, func(b *testing.B) {
+			l := k.new()
+			ctx := context.Background()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					s, err := l.Acquire(ctx, limit.Deliver)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					s.Release(limit.Success)
+				}
+			})
+		})
+	}
+}

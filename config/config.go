@@ -45,8 +45,20 @@ type Config struct {
 	// The app.
 	AppURL       string        `env:"COURIER_APP_URL"`
 	AppHealthURL string        `env:"COURIER_APP_HEALTH_URL"`
-	MaxInflight  int           `env:"COURIER_MAX_INFLIGHT" envDefault:"8"`
+	// MaxInflight bounds concurrent requests to the app
+	// (COURIER_MAX_INFLIGHT, default 8): the number itself, or with
+	// InflightAuto the most the automatic limit may reach (auto:N; auto
+	// alone is DefaultInflightCeiling). Load parses the variable itself
+	// (inflight.go), so it has no env tag.
+	MaxInflight int
+	// InflightAuto is true for COURIER_MAX_INFLIGHT=auto or auto:N: courier
+	// finds the limit from the app's answers, between 1 and MaxInflight.
+	InflightAuto bool
 	HTTPTimeout  time.Duration `env:"COURIER_HTTP_TIMEOUT" envDefault:"30s"`
+	// Routes send a message whose subject matches a pattern to another path
+	// of the app's origin (COURIER_ROUTES, routes.go); none = every message
+	// to AppURL.
+	Routes Routes `env:"COURIER_ROUTES"`
 
 	// Retries.
 	BackoffInitial    time.Duration `env:"COURIER_BACKOFF_INITIAL" envDefault:"1s"`
@@ -134,6 +146,12 @@ type Config struct {
 	PublishAddr     string   `env:"COURIER_PUBLISH_ADDR"`
 	PublishSubjects []string `env:"COURIER_PUBLISH_SUBJECTS"`
 
+	// SubscriptionNames are COURIER_SUBSCRIPTIONS as listed: with them one
+	// courier serves several durable consumers, each set by its
+	// COURIER_SUB_<NAME>_<VAR> variables (see Subscriptions). None = one,
+	// set by the plain variables, which are then what this Config holds.
+	SubscriptionNames []string `env:"COURIER_SUBSCRIPTIONS"`
+
 	// Operations.
 	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
 	LogLevel  string `env:"COURIER_LOG_LEVEL" envDefault:"info"`
@@ -162,6 +180,13 @@ type Config struct {
 	OTELTracesSampler      string `env:"OTEL_TRACES_SAMPLER" envDefault:"parentbased_always_on"`
 	OTELTracesSamplerArg   string `env:"OTEL_TRACES_SAMPLER_ARG"`
 	OTELSDKDisabled        bool   `env:"OTEL_SDK_DISABLED" envDefault:"false"`
+
+	// subs are the subscriptions of COURIER_SUBSCRIPTIONS, as Load resolved
+	// them; nil without it (Subscriptions returns this Config alone).
+	subs []Subscription
+	// source is where each per-subscription variable's value came from,
+	// for the one subscription of the plain variables (Subscription.Source).
+	source map[string]string
 }
 
 // StatusSet is a set of HTTP status codes, parsed from a comma-separated list
@@ -280,17 +305,36 @@ func Load(environ map[string]string) (Config, error) {
 }
 
 // load is Load, returning the checker with every problem and what did not
-// parse, for Inspect.
+// parse, for Inspect. Without COURIER_SUBSCRIPTIONS it checks the plain
+// variables as one subscription; with it, the plain variables are checked
+// for what the process has once, and each subscription on its own
+// (subscriptions.go).
 func load(environ map[string]string) (Config, *checker) {
 	if environ == nil {
 		// env falls back to the process environment when given none.
 		environ = map[string]string{}
 	}
+	if strings.TrimSpace(environ[subscriptionsVar]) == "" {
+		cfg, c := loadScope(environ, scopeAll, nil)
+		cfg.source = plainSources(environ)
+		c.checkSubVars(nil)
+		return cfg, c
+	}
+	cfg, c := loadScope(environ, scopeProcess, nil)
+	c.loadSubscriptions(&cfg, environ)
+	return cfg, c
+}
+
+// loadScope parses environ into a Config and runs the checks of scope;
+// sub names the subscription's variables in scopeSubscription.
+func loadScope(environ map[string]string, scope scope, sub *subNames) (Config, *checker) {
 	c := newChecker(environ)
+	c.scope, c.sub = scope, sub
 
 	var cfg Config
 	err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, FuncMap: parsers()})
 	c.parseErrors(err)
+	c.parseInflight(&cfg)
 
 	cfg.DeliverPolicy = lower(cfg.DeliverPolicy)
 	cfg.LogLevel = lower(cfg.LogLevel)
@@ -361,6 +405,9 @@ func parsers() map[reflect.Type]env.ParserFunc {
 		},
 		reflect.TypeFor[StatusSet](): func(v string) (any, error) {
 			return ParseStatusSet(v)
+		},
+		reflect.TypeFor[Routes](): func(v string) (any, error) {
+			return ParseRoutes(v)
 		},
 	}
 }

@@ -43,8 +43,8 @@ type Config struct {
 	MaxAckPending int           `env:"COURIER_MAX_ACK_PENDING" envDefault:"1000"`
 
 	// The app.
-	AppURL       string        `env:"COURIER_APP_URL"`
-	AppHealthURL string        `env:"COURIER_APP_HEALTH_URL"`
+	AppURL       string `env:"COURIER_APP_URL"`
+	AppHealthURL string `env:"COURIER_APP_HEALTH_URL"`
 	// MaxInflight bounds concurrent requests to the app
 	// (COURIER_MAX_INFLIGHT, default 8): the number itself, or with
 	// InflightAuto the most the automatic limit may reach (auto:N; auto

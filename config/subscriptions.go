@@ -166,6 +166,9 @@ type subResult struct {
 // ("subscriptions orders, payments: COURIER_BATCH_MAX=..."), once.
 func (c *checker) loadSubscriptions(cfg *Config, environ map[string]string) {
 	names := c.checkSubscriptionNames(cfg.SubscriptionNames)
+	if len(names) == 0 {
+		return // COURIER_SUBSCRIPTIONS's problem says why
+	}
 	c.checkSubVars(names)
 
 	type shared struct {

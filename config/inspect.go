@@ -21,7 +21,8 @@ func (w Warning) String() string { return w.Text }
 // Inspect loads environ as Load does and describes it for `courier
 // config`: every variable as Describe shows it, except that a variable
 // with a problem shows its value as given (secrets redacted) and carries
-// its problems; then the warnings (Warnings); then Load's error.
+// its problems (a plain variable of the path those of the subscriptions
+// that take it); then the warnings (Warnings); then Load's error.
 func Inspect(environ map[string]string) ([]Var, []Warning, error) {
 	cfg, c := load(environ)
 	vars := Describe(cfg)
@@ -29,14 +30,25 @@ func Inspect(environ map[string]string) ([]Var, []Warning, error) {
 	for i := range vars {
 		byName[vars[i].Name] = &vars[i]
 	}
-	for _, p := range c.problems {
-		v, ok := byName[p.name]
-		if !ok || p.group >= 2 { // a subscription's: InspectSubscriptions
-			continue
+	mark := func(v *Var, text string) {
+		if !slices.Contains(v.Problems, text) {
+			v.Problems = append(v.Problems, text)
 		}
-		v.Problems = append(v.Problems, p.text)
-		if given := c.environ[p.name]; given != "" {
-			v.Value = redactVar(p.name, given)
+		if given := c.environ[v.Name]; given != "" {
+			v.Value = redactVar(v.Name, given)
+		}
+	}
+	for _, p := range c.problems {
+		if v, ok := byName[p.name]; ok && p.group < 2 { // a subscription's: below
+			mark(v, p.text)
+		}
+	}
+	// A plain variable of the path is wrong where a subscription takes it.
+	for i, sub := range cfg.subs {
+		for _, p := range c.subs[i].problems {
+			if v, ok := byName[p.name]; ok && sub.Source[p.name] == p.name {
+				mark(v, p.text)
+			}
 		}
 	}
 	var err error
@@ -94,9 +106,10 @@ func InspectSubscriptions(environ map[string]string) []SubscriptionVars {
 // unknown COURIER_* variables (most likely misspelt, with the closest known
 // name), OTLP exporter variables for spans that courier does not read
 // (such as OTEL_EXPORTER_OTLP_CERTIFICATE), the deprecated
-// COURIER_DEDUP_STORE=kv, and for each subscription a COURIER_MAX_DELIVER
+// COURIER_DEDUP_STORE=kv, for each subscription a COURIER_MAX_DELIVER
 // too small to survive a restart, batches that cannot fill, and a route
-// that no filter subject lets a message take. cfg is what Load returned
+// that no filter subject lets a message take, and a plain variable of the
+// path that every subscription sets for itself. cfg is what Load returned
 // for environ.
 func Warnings(cfg Config, environ map[string]string) []Warning {
 	var ws []Warning
@@ -150,6 +163,27 @@ func Warnings(cfg Config, environ map[string]string) []Warning {
 	}
 	for _, s := range merged {
 		ws[s.at].Text = subscriptionsLabel(s.subs) + ": " + s.text
+	}
+	return append(ws, unusedPlainVars(cfg, environ)...)
+}
+
+// unusedPlainVars warns of the plain variables of the path that every
+// subscription sets for itself: they are not used (nor checked).
+func unusedPlainVars(cfg Config, environ map[string]string) []Warning {
+	if len(cfg.subs) == 0 {
+		return nil
+	}
+	var ws []Warning
+	for _, s := range specs() {
+		if !s.perSub || environ[s.name] == "" {
+			continue
+		}
+		used := slices.ContainsFunc(cfg.subs, func(sub Subscription) bool { return sub.Source[s.name] == s.name })
+		if !used {
+			ws = append(ws, Warning{Variable: s.name, Text: fmt.Sprintf(
+				"%s is set but every subscription sets its own (%s<NAME>_%s): it is not used",
+				s.name, SubscriptionPrefix, strings.TrimPrefix(s.name, "COURIER_"))})
+		}
 	}
 	return ws
 }

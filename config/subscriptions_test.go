@@ -29,18 +29,6 @@ func subsEnv(kv map[string]string) map[string]string {
 	return m
 }
 
-// subscription returns the subscription called name.
-func subscription(t *testing.T, cfg Config, name string) Subscription {
-	t.Helper()
-	for _, s := range cfg.Subscriptions() {
-		if s.Name == name {
-			return s
-		}
-	}
-	t.Fatalf("no subscription %q", name)
-	return Subscription{}
-}
-
 // TestSubscriptionFallback: a subscription's variable comes from its own
 // COURIER_SUB_<NAME>_<VAR>, else the plain COURIER_<VAR>, else the
 // default; the dead-letter subject's default follows its own stream and
@@ -395,6 +383,38 @@ func TestInspectSubscriptions(t *testing.T) {
 		wantProblem := v.Name == "COURIER_BATCH_MAX"
 		if (len(v.Problems) > 0) != wantProblem {
 			t.Errorf("payments' %s: problems %q", v.Name, v.Problems)
+		}
+	}
+}
+
+// TestInspectPlainVariableOfSubscriptions: a plain variable of the path
+// that is wrong for the subscriptions taking it is shown as given and
+// invalid; one no subscription takes is not checked.
+func TestInspectPlainVariableOfSubscriptions(t *testing.T) {
+	vars, _, err := Inspect(subsEnv(map[string]string{
+		"COURIER_BATCH_MAX":             "abc",
+		"COURIER_ACK_WAIT":              "banana",
+		"COURIER_SUB_ORDERS_ACK_WAIT":   "1m",
+		"COURIER_SUB_PAYMENTS_ACK_WAIT": "2m",
+	}))
+	if err == nil || strings.Contains(err.Error(), "banana") {
+		t.Errorf("error %v: want COURIER_BATCH_MAX's problem only", err)
+	}
+	environ := subsEnv(map[string]string{"COURIER_ACK_WAIT": "banana", "COURIER_SUB_ORDERS_ACK_WAIT": "1m", "COURIER_SUB_PAYMENTS_ACK_WAIT": "2m"})
+	ws := Warnings(mustLoad(t, environ), environ)
+	if len(ws) != 1 || ws[0].Text != "COURIER_ACK_WAIT is set but every subscription sets its own (COURIER_SUB_<NAME>_ACK_WAIT): it is not used" {
+		t.Errorf("warnings %q", ws)
+	}
+	for _, v := range vars {
+		switch v.Name {
+		case "COURIER_BATCH_MAX":
+			if v.Value != "abc" || len(v.Problems) != 1 || v.Problems[0] != `COURIER_BATCH_MAX="abc": not an integer` {
+				t.Errorf("COURIER_BATCH_MAX: %q, problems %q", v.Value, v.Problems)
+			}
+		default:
+			if len(v.Problems) > 0 {
+				t.Errorf("%s: problems %q", v.Name, v.Problems)
+			}
 		}
 	}
 }

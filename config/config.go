@@ -278,9 +278,11 @@ func Environ(kv []string) map[string]string {
 }
 
 // Load parses courier's configuration from environ (see Environ), applies
-// the defaults of the README's configuration table, fills in the derived ones
+// the defaults of docs/configuration.md, fills in the derived ones
 // (COURIER_DLQ_SUBJECT) and checks every value and the relations between
-// them. It reads nothing but environ and, to check that they are readable,
+// them. With COURIER_SUBSCRIPTIONS it does so for each subscription, its
+// COURIER_SUB_<NAME>_<VAR> in place of the plain COURIER_<VAR>
+// (Subscriptions), and checks the names of those variables. It reads nothing but environ and, to check that they are readable,
 // the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT, NATS_KEY,
 // COURIER_SIGNING_SECRETS_FILE and COURIER_APP_TOKEN_FILE (whose content
 // the sidecar checks as it opens them: appauth).
@@ -288,8 +290,8 @@ func Environ(kv []string) map[string]string {
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
 // COURIER_DEDUP_STORE, COURIER_CLOUDEVENTS, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
-// protocols and OTEL_TRACES_SAMPLER are case-insensitive and come back
-// lower-cased (COURIER_DEDUP_STORE=kv comes
+// protocols, OTEL_TRACES_SAMPLER and the auto of COURIER_MAX_INFLIGHT are
+// case-insensitive and come back lower-cased (COURIER_DEDUP_STORE=kv comes
 // back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
 // when COURIER_REPLY_SUBJECTS is set and it is not.
 //

@@ -21,6 +21,9 @@ import (
 // Load. The zero value is not valid; use Load. A Config is a plain value:
 // safe to copy and to read from several goroutines. Log it as a whole (it is
 // a slog.LogValuer that redacts secrets) or through Redacted, never with fmt.
+// With COURIER_SUBSCRIPTIONS its fields of one message's path are the plain
+// variables, which subscriptions fall back to; Subscriptions gives each
+// subscription's Config.
 type Config struct {
 	// NATS connection, named as in the nats CLI.
 	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`

@@ -33,7 +33,10 @@ func (c *checker) check(cfg *Config) {
 
 func (c *checker) checkConsumer(cfg *Config) {
 	if cfg.Stream == "" {
-		if len(cfg.ReplySubjects) == 0 {
+		switch {
+		case c.scope == scopeSubscription:
+			c.note("COURIER_STREAM", "COURIER_STREAM is required: the name of the stream this subscription consumes (it must exist; courier does not create it)")
+		case len(cfg.ReplySubjects) == 0:
 			c.note("COURIER_STREAM", "COURIER_STREAM is required: the name of the stream to consume (it must exist; courier does not create it); only a courier that just serves COURIER_REPLY_SUBJECTS goes without")
 		}
 	} else if msg := checkName(cfg.Stream); msg != "" {
@@ -71,11 +74,11 @@ func (c *checker) checkConsumer(cfg *Config) {
 	if !c.ok("COURIER_MAX_ACK_PENDING") {
 		return
 	}
-	if c.ok("COURIER_MAX_INFLIGHT") && cfg.MaxInflight >= 1 {
+	if c.ok(inflightVar) && cfg.MaxInflight >= 1 {
 		if cfg.MaxAckPending < cfg.MaxInflight {
 			c.add("COURIER_MAX_ACK_PENDING",
-				"must be at least COURIER_MAX_INFLIGHT (%d), and should be far larger: messages waiting out a backoff count toward it, so a small limit stalls fresh messages",
-				cfg.MaxInflight)
+				"must be at least COURIER_MAX_INFLIGHT (%s), and should be far larger: messages waiting out a backoff count toward it, so a small limit stalls fresh messages",
+				cfg.inflightString())
 		}
 	} else if cfg.MaxAckPending < 1 {
 		c.add("COURIER_MAX_ACK_PENDING", "must be at least 1, and far larger than COURIER_MAX_INFLIGHT")
@@ -84,7 +87,7 @@ func (c *checker) checkConsumer(cfg *Config) {
 
 func (c *checker) checkApp(cfg *Config) {
 	switch {
-	case cfg.AppURL == "" && (cfg.Stream != "" || len(cfg.ReplySubjects) == 0):
+	case cfg.AppURL == "" && (c.scope == scopeSubscription || cfg.Stream != "" || len(cfg.ReplySubjects) == 0):
 		c.note("COURIER_APP_URL", "COURIER_APP_URL is required: the URL each message is POSTed to, such as http://127.0.0.1:8080/messages")
 	case cfg.AppURL != "":
 		c.checkHTTPURL("COURIER_APP_URL", cfg.AppURL)
@@ -92,12 +95,10 @@ func (c *checker) checkApp(cfg *Config) {
 	if cfg.AppHealthURL != "" {
 		c.checkHTTPURL("COURIER_APP_HEALTH_URL", cfg.AppHealthURL)
 	}
-	if c.ok("COURIER_MAX_INFLIGHT") && cfg.MaxInflight < 1 {
-		c.add("COURIER_MAX_INFLIGHT", "must be at least 1")
-	}
 	if c.ok("COURIER_HTTP_TIMEOUT") && cfg.HTTPTimeout <= 0 {
 		c.add("COURIER_HTTP_TIMEOUT", "must be more than 0")
 	}
+	c.checkRoutes(cfg)
 }
 
 func (c *checker) checkHTTPURL(name, v string) {
@@ -300,7 +301,7 @@ func (c *checker) checkReplies(cfg *Config) {
 		}
 		for _, f := range cfg.Subjects {
 			if checkSubject(f) == "" && subjectsCollide(a, f) {
-				c.add(name, "%q overlaps the filter subject %q of COURIER_SUBJECTS: the stream would store such a request too, and its acknowledgement could answer the caller before the app does", a, f)
+				c.cross(name, "%q overlaps the filter subject %q of COURIER_SUBJECTS: the stream would store such a request too, and its acknowledgement could answer the caller before the app does", a, f)
 			}
 		}
 		// A JetStream publish is a request: courier would answer its own
@@ -309,7 +310,7 @@ func (c *checker) checkReplies(cfg *Config) {
 			{"COURIER_DLQ_SUBJECT", cfg.DLQSubject}, {"COURIER_SUCCESS_SUBJECT", cfg.SuccessSubject},
 		} {
 			if p.subject != "" && natsSubjectMatches(a, p.subject) {
-				c.add(name, "%q matches %s (%q): courier would answer its own publishes there", a, p.name, p.subject)
+				c.cross(name, "%q matches %s (%q): courier would answer its own publishes there", a, p.name, p.subject)
 			}
 		}
 	}

@@ -15,13 +15,37 @@ import (
 // the configuration table (README.md#configuration) so that the lines come
 // out in that order.
 type problem struct {
+	// group comes first in the order: 0 for the plain variables, 1 for
+	// COURIER_SUBSCRIPTIONS and the COURIER_SUB_ variables' names, then one
+	// per subscription.
+	group int
 	order int
 	name  string // the variable it is about, "" if none
 	text  string
+	// cross marks a problem of a variable the process has once that
+	// depends on a subscription's values (reply subjects overlapping its
+	// filter subjects): found while checking the subscription.
+	cross bool
 }
+
+// scope is what a checker checks.
+type scope int
+
+const (
+	// scopeAll checks every variable: there is no COURIER_SUBSCRIPTIONS.
+	scopeAll scope = iota
+	// scopeProcess checks what the process has once; the variables of one
+	// message's path are checked per subscription.
+	scopeProcess
+	// scopeSubscription checks the variables of one subscription's path,
+	// and what the process has once only where it meets them.
+	scopeSubscription
+)
 
 // checker collects the problems of one Load.
 type checker struct {
+	scope    scope
+	sub      *subNames // in scopeSubscription: how its variables are named
 	environ  map[string]string
 	fields   map[string]string // Go field name → variable, to name env's ParseErrors
 	defaults map[string]string // variable → envDefault, for variables that have one
@@ -29,6 +53,7 @@ type checker struct {
 	order    map[string]int    // variable → position in the configuration table
 	bad      map[string]bool   // variables that did not parse: not checked further
 	problems []problem
+	subs     []subResult // with COURIER_SUBSCRIPTIONS: what each one's check found
 }
 
 func newChecker(environ map[string]string) *checker {
@@ -55,6 +80,8 @@ func newChecker(environ map[string]string) *checker {
 	for i, s := range specs() {
 		c.order[s.name] = i
 	}
+	// Parsed by parseInflight, not by env: no tag says its default.
+	c.defaults[inflightVar] = strconv.Itoa(defaultInflight)
 	return c
 }
 
@@ -98,17 +125,59 @@ func (c *checker) shown(name string) string {
 }
 
 // add records a problem with a variable's value: NAME="value": message.
+// The variables format names are named as the subscription being checked
+// names them (subNames.rename), its arguments are left as they are.
 func (c *checker) add(name, format string, args ...any) {
-	c.note(name, name+"="+c.shown(name)+": "+fmt.Sprintf(format, args...))
+	c.record(name, false, c.display(name)+"="+c.shown(name)+": "+fmt.Sprintf(c.rename(format), args...))
 }
 
-// note records a problem written out in full.
+// cross is add for a problem of a variable the process has once that
+// depends on a subscription's values.
+func (c *checker) cross(name, format string, args ...any) {
+	c.record(name, true, c.display(name)+"="+c.shown(name)+": "+fmt.Sprintf(c.rename(format), args...))
+}
+
+// note records a problem written out in full (with no value in it: the
+// variables it names are renamed as add's format is).
 func (c *checker) note(name, text string) {
+	c.record(name, false, c.rename(text))
+}
+
+// record keeps a problem if it belongs to the checker's scope.
+func (c *checker) record(name string, cross bool, text string) {
+	perSub := name != "" && isPerSub(name)
+	switch c.scope {
+	case scopeProcess:
+		if perSub || cross {
+			return // checked per subscription
+		}
+	case scopeSubscription:
+		if name != "" && !perSub && !cross {
+			return // checked once, for the process
+		}
+	}
 	order, ok := c.order[name]
 	if !ok {
 		order = len(c.order)
 	}
-	c.problems = append(c.problems, problem{order: order, name: name, text: text})
+	c.problems = append(c.problems, problem{order: order, name: name, text: text, cross: cross})
+}
+
+// display is how a problem names the variable name: as the subscription
+// being checked names it, else as it is.
+func (c *checker) display(name string) string {
+	if c.sub == nil {
+		return name
+	}
+	return c.sub.display(name)
+}
+
+// rename renames the variables named in text as display does.
+func (c *checker) rename(text string) string {
+	if c.sub == nil {
+		return text
+	}
+	return c.sub.rename(text)
 }
 
 // ok reports whether a variable parsed, so that a value that did not is not
@@ -123,7 +192,12 @@ func (c *checker) ok(names ...string) bool {
 }
 
 func (c *checker) sorted() []string {
-	slices.SortStableFunc(c.problems, func(a, b problem) int { return a.order - b.order })
+	slices.SortStableFunc(c.problems, func(a, b problem) int {
+		if a.group != b.group {
+			return a.group - b.group
+		}
+		return a.order - b.order
+	})
 	out := make([]string, len(c.problems))
 	for i, p := range c.problems {
 		out[i] = p.text

@@ -21,6 +21,9 @@ import (
 // Load. The zero value is not valid; use Load. A Config is a plain value:
 // safe to copy and to read from several goroutines. Log it as a whole (it is
 // a slog.LogValuer that redacts secrets) or through Redacted, never with fmt.
+// With COURIER_SUBSCRIPTIONS its fields of one message's path are the plain
+// variables, which subscriptions fall back to; Subscriptions gives each
+// subscription's Config.
 type Config struct {
 	// NATS connection, named as in the nats CLI.
 	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
@@ -43,10 +46,22 @@ type Config struct {
 	MaxAckPending int           `env:"COURIER_MAX_ACK_PENDING" envDefault:"1000"`
 
 	// The app.
-	AppURL       string        `env:"COURIER_APP_URL"`
-	AppHealthURL string        `env:"COURIER_APP_HEALTH_URL"`
-	MaxInflight  int           `env:"COURIER_MAX_INFLIGHT" envDefault:"8"`
+	AppURL       string `env:"COURIER_APP_URL"`
+	AppHealthURL string `env:"COURIER_APP_HEALTH_URL"`
+	// MaxInflight bounds concurrent requests to the app
+	// (COURIER_MAX_INFLIGHT, default 8): the number itself, or with
+	// InflightAuto the most the automatic limit may reach (auto:N; auto
+	// alone is DefaultInflightCeiling). Load parses the variable itself
+	// (inflight.go), so it has no env tag.
+	MaxInflight int
+	// InflightAuto is true for COURIER_MAX_INFLIGHT=auto or auto:N: courier
+	// finds the limit from the app's answers, between 1 and MaxInflight.
+	InflightAuto bool
 	HTTPTimeout  time.Duration `env:"COURIER_HTTP_TIMEOUT" envDefault:"30s"`
+	// Routes send a message whose subject matches a pattern to another path
+	// of the app's origin (COURIER_ROUTES, routes.go); none = every message
+	// to AppURL.
+	Routes Routes `env:"COURIER_ROUTES"`
 
 	// Retries.
 	BackoffInitial    time.Duration `env:"COURIER_BACKOFF_INITIAL" envDefault:"1s"`
@@ -134,6 +149,12 @@ type Config struct {
 	PublishAddr     string   `env:"COURIER_PUBLISH_ADDR"`
 	PublishSubjects []string `env:"COURIER_PUBLISH_SUBJECTS"`
 
+	// SubscriptionNames are COURIER_SUBSCRIPTIONS as listed: with them one
+	// courier serves several durable consumers, each set by its
+	// COURIER_SUB_<NAME>_<VAR> variables (see Subscriptions). None = one,
+	// set by the plain variables, which are then what this Config holds.
+	SubscriptionNames []string `env:"COURIER_SUBSCRIPTIONS"`
+
 	// Operations.
 	AdminAddr string `env:"COURIER_ADMIN_ADDR" envDefault:":7415"`
 	LogLevel  string `env:"COURIER_LOG_LEVEL" envDefault:"info"`
@@ -162,6 +183,13 @@ type Config struct {
 	OTELTracesSampler      string `env:"OTEL_TRACES_SAMPLER" envDefault:"parentbased_always_on"`
 	OTELTracesSamplerArg   string `env:"OTEL_TRACES_SAMPLER_ARG"`
 	OTELSDKDisabled        bool   `env:"OTEL_SDK_DISABLED" envDefault:"false"`
+
+	// subs are the subscriptions of COURIER_SUBSCRIPTIONS, as Load resolved
+	// them; nil without it (Subscriptions returns this Config alone).
+	subs []Subscription
+	// source is where each per-subscription variable's value came from,
+	// for the one subscription of the plain variables (Subscription.Source).
+	source map[string]string
 }
 
 // StatusSet is a set of HTTP status codes, parsed from a comma-separated list
@@ -253,9 +281,11 @@ func Environ(kv []string) map[string]string {
 }
 
 // Load parses courier's configuration from environ (see Environ), applies
-// the defaults of the README's configuration table, fills in the derived ones
+// the defaults of docs/configuration.md, fills in the derived ones
 // (COURIER_DLQ_SUBJECT) and checks every value and the relations between
-// them. It reads nothing but environ and, to check that they are readable,
+// them. With COURIER_SUBSCRIPTIONS it does so for each subscription, its
+// COURIER_SUB_<NAME>_<VAR> in place of the plain COURIER_<VAR>
+// (Subscriptions), and checks the names of those variables. It reads nothing but environ and, to check that they are readable,
 // the files named by NATS_CREDS, NATS_NKEY, NATS_CA, NATS_CERT, NATS_KEY,
 // COURIER_SIGNING_SECRETS_FILE and COURIER_APP_TOKEN_FILE (whose content
 // the sidecar checks as it opens them: appauth).
@@ -263,8 +293,8 @@ func Environ(kv []string) map[string]string {
 // A variable set to the empty string counts as unset. Comma lists are
 // trimmed and empty items dropped; COURIER_DELIVER_POLICY,
 // COURIER_DEDUP_STORE, COURIER_CLOUDEVENTS, COURIER_LOG_LEVEL, COURIER_LOG_FORMAT, the OTLP
-// protocols and OTEL_TRACES_SAMPLER are case-insensitive and come back
-// lower-cased (COURIER_DEDUP_STORE=kv comes
+// protocols, OTEL_TRACES_SAMPLER and the auto of COURIER_MAX_INFLIGHT are
+// case-insensitive and come back lower-cased (COURIER_DEDUP_STORE=kv comes
 // back as DedupShared). COURIER_REPLY_URL is filled in from COURIER_APP_URL
 // when COURIER_REPLY_SUBJECTS is set and it is not.
 //
@@ -280,17 +310,36 @@ func Load(environ map[string]string) (Config, error) {
 }
 
 // load is Load, returning the checker with every problem and what did not
-// parse, for Inspect.
+// parse, for Inspect. Without COURIER_SUBSCRIPTIONS it checks the plain
+// variables as one subscription; with it, the plain variables are checked
+// for what the process has once, and each subscription on its own
+// (subscriptions.go).
 func load(environ map[string]string) (Config, *checker) {
 	if environ == nil {
 		// env falls back to the process environment when given none.
 		environ = map[string]string{}
 	}
+	if strings.TrimSpace(environ[subscriptionsVar]) == "" {
+		cfg, c := loadScope(environ, scopeAll, nil)
+		cfg.source = plainSources(environ)
+		c.checkSubVars(nil)
+		return cfg, c
+	}
+	cfg, c := loadScope(environ, scopeProcess, nil)
+	c.loadSubscriptions(&cfg, environ)
+	return cfg, c
+}
+
+// loadScope parses environ into a Config and runs the checks of scope;
+// sub names the subscription's variables in scopeSubscription.
+func loadScope(environ map[string]string, scope scope, sub *subNames) (Config, *checker) {
 	c := newChecker(environ)
+	c.scope, c.sub = scope, sub
 
 	var cfg Config
 	err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, FuncMap: parsers()})
 	c.parseErrors(err)
+	c.parseInflight(&cfg)
 
 	cfg.DeliverPolicy = lower(cfg.DeliverPolicy)
 	cfg.LogLevel = lower(cfg.LogLevel)
@@ -361,6 +410,9 @@ func parsers() map[reflect.Type]env.ParserFunc {
 		},
 		reflect.TypeFor[StatusSet](): func(v string) (any, error) {
 			return ParseStatusSet(v)
+		},
+		reflect.TypeFor[Routes](): func(v string) (any, error) {
+			return ParseRoutes(v)
 		},
 	}
 }

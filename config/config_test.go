@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,7 @@ func specOrder() []string {
 		"COURIER_ORDER_KEY", "COURIER_ORDER_PARTITIONS", "COURIER_BATCH_MAX", "COURIER_BATCH_WAIT", "COURIER_BATCH_BYTES",
 		"COURIER_CLOUDEVENTS", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE",
 		"COURIER_PUBLISH_ADDR", "COURIER_PUBLISH_SUBJECTS",
+		"COURIER_ROUTES", "COURIER_SUBSCRIPTIONS",
 		"COURIER_ADMIN_ADDR", "COURIER_LOG_LEVEL", "COURIER_LOG_FORMAT",
 		"COURIER_SHUTDOWN_GRACE",
 		"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -144,6 +146,7 @@ func TestLoadDefaults(t *testing.T) {
 		OTLPProtocol:      "http/protobuf",
 		OTELTracesSampler: "parentbased_always_on",
 	}
+	cfg.source = nil // TestSubscriptionSources
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", cfg, want)
 	}
@@ -220,10 +223,14 @@ func TestDescribeCoversConfig(t *testing.T) {
 	}
 
 	ct := reflect.TypeFor[Config]()
-	tags := map[string]string{}
+	// COURIER_MAX_INFLIGHT is parsed by parseInflight, not by env.
+	tags := map[string]string{inflightVar: strconv.Itoa(defaultInflight)}
 	for i := range ct.NumField() {
 		f := ct.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue // MaxInflight, InflightAuto and what Load fills in
+		}
 		tags[name] = f.Tag.Get("envDefault")
 	}
 	if got := slices.Sorted(maps.Keys(tags)); !slices.Equal(got, slices.Sorted(slices.Values(specOrder()))) {
@@ -353,6 +360,7 @@ func TestLoadValues(t *testing.T) {
 		OTELTracesSampler:      "parentbased_traceidratio",
 		OTELTracesSamplerArg:   "0.25",
 	}
+	cfg.source = nil // TestSubscriptionSources
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", cfg, want)
 	}
@@ -450,7 +458,7 @@ func TestBadValue(t *testing.T) {
 		{"ack wait unit", with(map[string]string{"COURIER_ACK_WAIT": "30"}), `COURIER_ACK_WAIT="30": missing a unit: a duration in Go syntax, such as 30s`},
 		{"ack wait junk", with(map[string]string{"COURIER_ACK_WAIT": "half a minute"}), `COURIER_ACK_WAIT="half a minute": not a duration: Go syntax expected…`},
 		{"ack wait short", with(map[string]string{"COURIER_ACK_WAIT": "999ms"}), `COURIER_ACK_WAIT="999ms": must be at least 1s…`},
-		{"max inflight zero", with(map[string]string{"COURIER_MAX_INFLIGHT": "0"}), `COURIER_MAX_INFLIGHT="0": must be at least 1`},
+		{"max inflight zero", with(map[string]string{"COURIER_MAX_INFLIGHT": "0"}), `COURIER_MAX_INFLIGHT="0": must be at least 1: expected a number from 1 (the requests in flight), or auto or auto:N…`},
 		{"reply waiting negative", with(map[string]string{"COURIER_REPLY_SUBJECTS": "q.get", "COURIER_REPLY_MAX_WAITING": "-1"}), `COURIER_REPLY_MAX_WAITING="-1": must be at least 1 (or unset: 64 × COURIER_MAX_INFLIGHT)`},
 		{"ack pending below inflight", with(map[string]string{"COURIER_MAX_INFLIGHT": "2000"}), `COURIER_MAX_ACK_PENDING="1000" (default): must be at least COURIER_MAX_INFLIGHT (2000), and should be far larger: messages waiting out a backoff count toward it…`},
 		{"ack pending set low", with(map[string]string{"COURIER_MAX_ACK_PENDING": "4"}), `COURIER_MAX_ACK_PENDING="4": must be at least COURIER_MAX_INFLIGHT (8)…`},

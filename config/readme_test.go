@@ -8,9 +8,11 @@ import (
 	"testing"
 )
 
-// TestREADMEVariables: the README's tables of variables ("Configuration"
-// and "Tracing") name every variable `courier config` describes, no other,
-// and state the same default, so that the README cannot drift from the code.
+// TestREADMEVariables: the README's tables of variables name no variable
+// that `courier config` does not describe, and state the same defaults, so
+// that the README cannot drift from the code. Every variable is in
+// docs/configuration.md, generated from the code (TestConfigurationDoc);
+// the README may show a few.
 func TestREADMEVariables(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -68,9 +70,7 @@ func TestREADMEVariables(t *testing.T) {
 			}
 		}
 	}
-	for v := range defaults {
-		if !seen[v] {
-			t.Errorf("%s is not in the README's tables of variables", v)
-		}
+	if len(seen) == 0 {
+		t.Log("the README has no table of variables")
 	}
 }

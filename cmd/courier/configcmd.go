@@ -2,9 +2,12 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/courierhq/courier/config"
 )
@@ -26,7 +29,7 @@ func loadConfig(environ []string) (config.Config, error) {
 // is filled with a placeholder when unset.
 func loadConfigWithoutApp(environ []string) (config.Config, error) {
 	m := config.Environ(environ)
-	if m["COURIER_APP_URL"] == "" && m["COURIER_STREAM"] != "" {
+	if m["COURIER_APP_URL"] == "" && (m["COURIER_STREAM"] != "" || m["COURIER_SUBSCRIPTIONS"] != "") {
 		m["COURIER_APP_URL"] = "http://courier-no-app.invalid/"
 	}
 	cfg, err := config.Load(m)
@@ -53,12 +56,62 @@ func indent(err error) error {
 	return errors.New(strings.Join(lines, "\n"))
 }
 
-// runConfig prints every variable (an invalid one as given) on stdout, the
-// warnings on stderr, and fails with status 2 if the configuration is
-// invalid.
+// configWidth is the width `courier config` fits its table in, unless
+// --wide: a value is never cut (it is to be copied), so only a long value
+// runs past it.
+const configWidth = 100
+
+const configUsage = `Usage: courier config [--wide]
+
+Prints every variable courier reads: its value in effect (secrets
+redacted; an invalid one as given), its default and what it means, then,
+with COURIER_SUBSCRIPTIONS, each subscription's values of the variables of
+one message's path and where each came from (its own
+COURIER_SUB_<NAME>_<VAR>, the plain variable, or the default). Unknown
+COURIER_* variables are named on stderr. Exit status 2 if the
+configuration is invalid, with every problem.
+
+  --wide   one line a variable, the meaning last (for a wide terminal or grep)
+`
+
+// runConfigArgs runs `courier config [--wide]`.
+func runConfigArgs(args, environ []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("courier config", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	wide := fs.Bool("wide", false, "")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, configUsage)
+		return nil
+	} else if err != nil {
+		return usageError("config: %v (see 'courier config --help')", err)
+	}
+	if fs.NArg() > 0 {
+		return usageError("config takes no arguments, only --wide (see 'courier config --help')")
+	}
+	return printConfig(environ, *wide, stdout, stderr)
+}
+
+// runConfig is `courier config` without flags.
 func runConfig(environ []string, stdout, stderr io.Writer) error {
-	vars, warnings, err := config.Inspect(config.Environ(environ))
-	if werr := config.WriteTable(stdout, vars); werr != nil {
+	return printConfig(environ, false, stdout, stderr)
+}
+
+// printConfig prints every variable (an invalid one as given) on stdout,
+// then each subscription's, the warnings on stderr, and fails with status
+// 2 if the configuration is invalid.
+func printConfig(environ []string, wide bool, stdout, stderr io.Writer) error {
+	m := config.Environ(environ)
+	vars, warnings, err := config.Inspect(m)
+	var werr error
+	if wide {
+		werr = config.WriteTable(stdout, vars)
+	} else {
+		werr = writeWrapped(stdout, vars, configWidth)
+	}
+	if werr == nil {
+		werr = writeSubscriptions(stdout, m["COURIER_SUBSCRIPTIONS"], config.InspectSubscriptions(m))
+	}
+	if werr != nil {
 		return werr
 	}
 	for _, w := range warnings {
@@ -68,11 +121,111 @@ func runConfig(environ []string, stdout, stderr io.Writer) error {
 		return invalidConfig(err, nil) // the warnings are above
 	}
 	// The secrets and token files are read as the sidecar would read them.
-	cfg, _ := config.Load(config.Environ(environ))
+	cfg, _ := config.Load(m)
 	auth, err := openAppAuth(cfg, nil)
 	if err != nil {
 		return err
 	}
 	auth.Close()
 	return nil
+}
+
+// nameColumn is the width of the variable's column: the longest name and
+// two spaces.
+func nameColumn(vars []config.Var) int {
+	n := 0
+	for _, v := range vars {
+		n = max(n, len(v.Name))
+	}
+	return n + 2
+}
+
+// writeWrapped writes vars in width columns: a line with the variable and
+// its value, then its meaning and default wrapped below it, indented.
+func writeWrapped(w io.Writer, vars []config.Var, width int) error {
+	const indent = "    "
+	col := nameColumn(vars)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-*s%s\n", col, "VARIABLE", "VALUE")
+	for _, v := range vars {
+		value := configCell(v.Value)
+		if len(v.Problems) > 0 && v.Value != "" {
+			value += " (invalid)"
+		}
+		fmt.Fprintf(&b, "%-*s%s\n", col, v.Name, value)
+		about := v.Meaning + ". Default: " + v.Default
+		if v.PerSubscription {
+			about += "; per subscription"
+		}
+		for _, line := range wrap(about+".", width-len(indent)) {
+			b.WriteString(indent + line + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeSubscriptions writes each subscription's variables: the variable,
+// where its value came from, the value.
+func writeSubscriptions(w io.Writer, list string, subs []config.SubscriptionVars) error {
+	if len(subs) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("\n")
+	for _, line := range wrap(fmt.Sprintf("Subscriptions (COURIER_SUBSCRIPTIONS=%s): the variables of one message's path as each subscription has them, and where each value came from: the subscription's own variable, the plain one, or the default.", strings.TrimSpace(list)), configWidth) {
+		b.WriteString(line + "\n")
+	}
+	col, from := nameColumn(subs[0].Vars), len("FROM")
+	for _, s := range subs {
+		for _, v := range s.Vars {
+			from = max(from, len(v.Source))
+		}
+	}
+	for _, s := range subs {
+		fmt.Fprintf(&b, "\nsubscription %s\n%-*s%-*s%s\n", s.Name, col, "VARIABLE", from+2, "FROM", "VALUE")
+		for _, v := range s.Vars {
+			value := configCell(v.Value)
+			if len(v.Problems) > 0 && v.Value != "" {
+				value += " (invalid)"
+			}
+			fmt.Fprintf(&b, "%-*s%-*s%s\n", col, v.Name, from+2, v.Source, value)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// configCell is a value as a table shows it: "-" when empty, quoted when it
+// would break the layout.
+func configCell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// wrap breaks text into lines of at most width bytes at spaces; a word
+// longer than width has a line of its own.
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }

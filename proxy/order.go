@@ -73,7 +73,20 @@ type orderer struct {
 	// epoch counts the times the pin moved away (unpinned): a message
 	// admitted before is not sent.
 	epoch uint64
+	// blind: at the hand-over, a barrier stood (a start's or a takeover's
+	// wait for what another courier held), so this courier did not know
+	// every key's first unsettled message; its hand-over is not clean.
+	blind bool
+	// givenBack is, for each key whose line was given back whole (drain)
+	// while its head was still with a worker, that head and the first
+	// message given back behind it (0: none): the mark moves on to it
+	// once the head is settled (marks.go, markGivenBack).
+	givenBack map[string]givenBack
 }
+
+// givenBack is a key's head at drain and the first message given back
+// behind it.
+type givenBack struct{ head, next uint64 }
 
 // keyLine is one key's head and the later messages waiting behind it.
 type keyLine struct {
@@ -246,7 +259,12 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 func (o *orderer) settled(k string, seq uint64) int {
 	o.mu.Lock()
 	l := o.lines[k]
-	if l == nil || l.head != seq {
+	if l == nil {
+		o.headSettledAfterDrain(k, seq)
+		o.mu.Unlock()
+		return 0
+	}
+	if l.head != seq {
 		o.mu.Unlock()
 		return 0
 	}
@@ -299,7 +317,11 @@ func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack 
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	l := o.lines[k]
-	if l == nil || l.head != seq {
+	if l == nil {
+		o.headRetriedAfterDrain(k, seq, delay)
+		return nil
+	}
+	if l.head != seq {
 		return nil
 	}
 	l.inFlight = false
@@ -325,8 +347,10 @@ func (o *orderer) handOn() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.handingOn = true
+	o.blind = o.holding || !o.barrierUntil.IsZero()
 	out := o.barrier
 	o.barrier, o.barrierUntil, o.holding = nil, time.Time{}, false
+	o.markGivenBack(out) // keys with a line keep their line's mark
 	for k, l := range o.lines {
 		if !l.inFlight {
 			out = append(out, o.forget(k, l)...)
@@ -355,6 +379,14 @@ func (o *orderer) forget(k string, l *keyLine) []queued {
 	return l.waiting
 }
 
+// isBlind reports whether a wait for what another courier held stood when
+// the lines were handed on or drained.
+func (o *orderer) isBlind() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.blind
+}
+
 // waitingBehind is how many messages wait in key k's line.
 func (o *orderer) waitingBehind(k string) int {
 	o.mu.Lock()
@@ -371,8 +403,11 @@ func (o *orderer) waitingBehind(k string) int {
 func (o *orderer) drain() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.blind = o.blind || o.holding || !o.barrierUntil.IsZero()
 	out := append(o.rel.take(o), o.barrier...)
 	o.barrier, o.holding = nil, false
+	o.markDrained()
+	o.markGivenBack(out)
 	for _, l := range o.lines {
 		out = append(out, l.waiting...)
 	}

@@ -178,6 +178,82 @@ func (o *orderer) ackFloor(floor uint64) {
 	}
 }
 
+// markDrained marks, as the lines are given up (drain), each key's first
+// unsettled message: its line's head. A head still with a worker is
+// noted (givenBack): once it is settled here the mark moves on to the
+// first message given back behind it, or goes; once it is retried the
+// mark says when it is due. Called with mu held.
+func (o *orderer) markDrained() {
+	if o.marks == nil {
+		return
+	}
+	for k, l := range o.lines {
+		if l.inFlight {
+			var next uint64
+			if len(l.waiting) > 0 {
+				next = l.waiting[0].seq
+			}
+			if o.givenBack == nil {
+				o.givenBack = map[string]givenBack{}
+			}
+			o.givenBack[k] = givenBack{head: l.head, next: next}
+			l.marked = true
+			o.marks.set(k, ordermark.Mark{Seq: l.head})
+			continue
+		}
+		if !l.marked {
+			l.marked = true
+			o.marks.set(k, ordermark.Mark{Seq: l.head})
+		}
+	}
+}
+
+// markGivenBack marks, for each key of msgs without a line (those with
+// one keep their line's mark: its head comes first), the first of them:
+// given back to JetStream, they come back to the courier that comes next
+// in no particular order (JETSTREAM.md, "Order"), and the marks make it
+// await each key's first. Called with mu held.
+func (o *orderer) markGivenBack(msgs []queued) {
+	if o.marks == nil {
+		return
+	}
+	first := map[string]uint64{}
+	for _, q := range msgs {
+		if q.okey == "" || o.lines[q.okey] != nil {
+			continue
+		}
+		if s, ok := first[q.okey]; !ok || q.seq < s {
+			first[q.okey] = q.seq
+		}
+	}
+	for k, seq := range first {
+		o.marks.set(k, ordermark.Mark{Seq: seq})
+	}
+}
+
+// headSettledAfterDrain moves key k's mark on when seq, its head given up
+// by drain while with a worker, is settled: to the first message given
+// back behind it, or away. Called with mu held.
+func (o *orderer) headSettledAfterDrain(k string, seq uint64) {
+	g, ok := o.givenBack[k]
+	if !ok || g.head != seq {
+		return
+	}
+	delete(o.givenBack, k)
+	o.marks.set(k, ordermark.Mark{Seq: g.next}) // Seq 0: unmark
+}
+
+// headRetriedAfterDrain notes in key k's mark when seq, its head given up
+// by drain while with a worker, is due again. Called with mu held.
+func (o *orderer) headRetriedAfterDrain(k string, seq uint64, delay time.Duration) {
+	g, ok := o.givenBack[k]
+	if !ok || g.head != seq {
+		return
+	}
+	delete(o.givenBack, k)
+	o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
+}
+
 // OrderMarks keeps, durably and for every replica of the durable, the
 // stream sequence of the first unsettled message of each key that has later
 // messages waiting or is being retried (package ordermark). Safe for
@@ -200,6 +276,9 @@ type marker struct {
 	wake    chan struct{}
 	done    chan struct{}
 	failing bool
+	// unwritten: wishes were left unwritten when run ended (the store
+	// could not be reached): a hand-over is not clean (finishSession).
+	unwritten bool
 }
 
 func newMarker(store OrderMarks, log *slog.Logger) *marker {
@@ -217,22 +296,47 @@ func (m *marker) set(key string, mk ordermark.Mark) {
 	}
 }
 
-// run writes what is asked until ctx ends, then what is left, and closes
-// done.
+// run writes what is asked until ctx ends, then what is left (trying for
+// up to markFinalTries), and closes done. A wish that cannot be written is
+// kept and tried again with the next, unless a newer one replaced it.
 func (m *marker) run(ctx context.Context) {
 	defer close(m.done)
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
 	for {
 		select {
 		case <-m.wake:
 			m.flush(ctx)
+		case <-retry.C:
+			m.flush(ctx)
 		case <-ctx.Done():
-			m.flush(context.WithoutCancel(ctx))
+			final := context.WithoutCancel(ctx)
+			for try := 0; m.flush(final) && try < markFinalTries; try++ {
+				time.Sleep(200 * time.Millisecond)
+			}
+			m.mu.Lock()
+			m.unwritten = len(m.want) > 0
+			m.mu.Unlock()
 			return
 		}
 	}
 }
 
-func (m *marker) flush(ctx context.Context) {
+// markFinalTries is how many times run tries again, when it ends, to write
+// what the store refused.
+const markFinalTries = 10
+
+// written reports, once run has ended, whether every wish was written.
+func (m *marker) written() bool {
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.unwritten
+}
+
+// flush writes the wishes; it reports whether any was left unwritten (and
+// kept for the next flush).
+func (m *marker) flush(ctx context.Context) (left bool) {
 	m.mu.Lock()
 	want := m.want
 	m.want = map[string]ordermark.Mark{}
@@ -246,6 +350,14 @@ func (m *marker) flush(ctx context.Context) {
 			err = m.store.Mark(wctx, key, mk)
 		}
 		cancel()
+		if err != nil {
+			left = true
+			m.mu.Lock()
+			if _, newer := m.want[key]; !newer {
+				m.want[key] = mk
+			}
+			m.mu.Unlock()
+		}
 		switch {
 		case err != nil && !m.failing:
 			m.failing = true
@@ -255,6 +367,7 @@ func (m *marker) flush(ctx context.Context) {
 			m.log.Info("recording keys' first unsettled messages again")
 		}
 	}
+	return left
 }
 
 // orderBarrier is how long first deliveries of keyed messages wait after a

@@ -237,12 +237,20 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 		if s.held.Load() != 0 || ps.r.ph.requests.Err() != nil {
 			return
 		}
+		// Clean only if this courier knew every key's first unsettled
+		// message (no wait for what a courier before it held stood) and
+		// the marks naming what it gave back are written: the next
+		// courier sends at once, awaiting only what the marks name.
+		clean := !s.order.isBlind() && s.order.marks != nil && s.order.marks.written()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if !s.f.stillPinned(ctx) {
 			return
 		}
-		if ps.o.HandedOn != nil {
+		if !clean {
+			s.f.log.Info("handing the partition on without a clean record: the next courier waits for what may still be out")
+		}
+		if clean && ps.o.HandedOn != nil {
 			if err := ps.o.HandedOn(ctx, s.i); err != nil {
 				s.f.log.Warn("cannot record the partition's hand-over; the next courier waits an ack wait before first deliveries", "error", err)
 			}

@@ -39,6 +39,10 @@ import (
 type keyedApp struct {
 	url   string
 	delay time.Duration // how long each request takes
+	// answers, when set, gives the answer to the try-th request of
+	// message n of key, and how long it takes, in place of answerFor and
+	// delay. Set before the first request.
+	answers func(key string, n, try int) (status int, retryAfter string, took time.Duration)
 
 	mu       sync.Mutex
 	busy     map[string]int // requests of the key at the app now
@@ -52,6 +56,10 @@ type keyedApp struct {
 	problems []string
 	troubled []string            // the keys of the problems, in their order
 	trace    map[string][]string // key → its requests, as check shows them
+	// lastOK is when a message was last answered 2xx for the first time;
+	// longestGap the longest time between two such answers.
+	lastOK     time.Time
+	longestGap time.Duration
 }
 
 func newKeyedApp(t *testing.T, delay time.Duration) *keyedApp {
@@ -70,12 +78,12 @@ func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, n := r.Header.Get("Order"), r.Header.Get("N")
-	status, retryAfter, ok := a.arrive(key, n, r.URL.Path, r.Header.Get("Courier-Attempt"))
+	status, retryAfter, took, ok := a.arrive(key, n, r.URL.Path, r.Header.Get("Courier-Attempt"))
 	if !ok {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
-	time.Sleep(a.delay)
+	time.Sleep(took)
 	a.leave(key, n, status)
 	if retryAfter != "" {
 		w.Header().Set("Retry-After", retryAfter)
@@ -113,15 +121,17 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	a.mu.Unlock()
 	statuses := make([]int, len(body.Entries))
 	var retryAfter string
+	var took time.Duration
 	for i, e := range body.Entries {
-		st, ra, ok := a.arrive(first(e.Headers["Order"]), first(e.Headers["N"]), r.URL.Path, strconv.Itoa(e.Attempt))
+		st, ra, d, ok := a.arrive(first(e.Headers["Order"]), first(e.Headers["N"]), r.URL.Path, strconv.Itoa(e.Attempt))
 		if !ok {
 			st = http.StatusBadRequest
 		}
 		statuses[i] = st
 		retryAfter = cmp.Or(retryAfter, ra)
+		took = max(took, d)
 	}
-	time.Sleep(a.delay)
+	time.Sleep(took)
 	out := make([]map[string]string, len(body.Entries))
 	for i, e := range body.Entries {
 		if statuses[i] != http.StatusBadRequest {
@@ -140,15 +150,15 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // arrive checks a request (or batch entry) of message number of key as it
-// reaches the app, notes it at the app, and returns the answer it gets;
-// ok is false for a request without its key or place.
-func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryAfter string, ok bool) {
+// reaches the app, notes it at the app, and returns the answer it gets and
+// how long it takes; ok is false for a request without its key or place.
+func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryAfter string, took time.Duration, ok bool) {
 	n, err := strconv.Atoi(number)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if key == "" || err != nil {
 		a.problem(key, "a request without its key or place: Order %q, N %q", key, number)
-		return 0, "", false
+		return 0, "", 0, false
 	}
 	last, seen := a.done[key]
 	if !seen {
@@ -170,8 +180,12 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 		time.Now().Format("15:04:05.000"), n, path, attempt))
 	id := fmt.Sprint(key, "/", n)
 	a.tries[id]++
+	if a.answers != nil {
+		status, retryAfter, took = a.answers(key, n, a.tries[id])
+		return status, retryAfter, took, true
+	}
 	status, retryAfter = answerFor(key, n, a.tries[id])
-	return status, retryAfter, true
+	return status, retryAfter, a.delay, true
 }
 
 // leave notes the answer to a request of message number of key that
@@ -185,6 +199,11 @@ func (a *keyedApp) leave(key, number string, status int) {
 		if last, seen := a.done[key]; !seen && n == 0 || seen && n == last+1 {
 			a.done[key] = n
 			a.ok++
+			now := time.Now()
+			if !a.lastOK.IsZero() {
+				a.longestGap = max(a.longestGap, now.Sub(a.lastOK))
+			}
+			a.lastOK = now
 		}
 	}
 }

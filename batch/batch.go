@@ -205,6 +205,10 @@ type Answer struct {
 	// Problem says what could not be read or placed ("" if nothing):
 	// what it concerns was set to Retry.
 	Problem string
+	// Whole: the answer placed no entry (it could not be read, or named
+	// none of the batch's entries), so it says nothing of which entry
+	// failed: every entry is Retry, as after a non-2xx answer.
+	Whole bool
 }
 
 // ReadAnswer reads the body of a 2xx answer to a batch of the entries ids,
@@ -218,7 +222,9 @@ type Answer struct {
 // read (malformed, a shape of the wrong type) retries every entry; so does a Lambda answer naming an entry not in
 // the batch, as the entries it meant to fail cannot be told apart from
 // those that succeeded. A Dapr status naming an unknown entry is ignored
-// (its own entries are placed); Problem says so.
+// (its own entries are placed), and an entry given two different statuses
+// is Retry; Problem says so. An answer that places no entry at all is
+// Whole.
 func ReadAnswer(body []byte, contentType string, ids []string) Answer {
 	a := Answer{Statuses: make([]Status, len(ids))}
 	body = bytes.TrimSpace(body)
@@ -265,6 +271,7 @@ func (a Answer) dapr(statuses []struct {
 	Status  *string `json:"status"`
 }, index map[string]int) Answer {
 	placed := make([]bool, len(a.Statuses))
+	conflict := make([]bool, len(a.Statuses))
 	var problems []string
 	for _, st := range statuses {
 		if st.EntryID == nil {
@@ -276,30 +283,45 @@ func (a Answer) dapr(statuses []struct {
 			problems = append(problems, fmt.Sprintf("a status for %q, not an entry of the batch", *st.EntryID))
 			continue
 		}
-		placed[i] = true
+		var got Status
 		switch {
 		case st.Status == nil:
-			a.Statuses[i] = Retry
+			got = Retry
 			problems = append(problems, fmt.Sprintf("entry %q without a status: retried", *st.EntryID))
 		case strings.EqualFold(*st.Status, "SUCCESS"):
-			a.Statuses[i] = Success
+			got = Success
 		case strings.EqualFold(*st.Status, "RETRY"):
-			a.Statuses[i] = Retry
+			got = Retry
 		case strings.EqualFold(*st.Status, "DROP"):
-			a.Statuses[i] = Drop
+			got = Drop
 		default:
-			a.Statuses[i] = Retry
+			got = Retry
 			problems = append(problems, fmt.Sprintf("entry %q has unknown status %q: retried", *st.EntryID, *st.Status))
 		}
+		switch {
+		case conflict[i]:
+		case placed[i] && a.Statuses[i] != got:
+			// Which one the app meant cannot be told: the entry goes
+			// again, as one whose status is unknown.
+			conflict[i] = true
+			problems = append(problems, fmt.Sprintf("entry %q given two statuses (%s, then %s): retried", *st.EntryID, a.Statuses[i], got))
+			a.Statuses[i] = Retry
+		default:
+			a.Statuses[i] = got
+		}
+		placed[i] = true
 	}
 	// An entry Dapr's answer leaves out is retried, as Dapr does; that is
 	// the shape's rule, not a problem.
+	any := false
 	for i, ok := range placed {
+		any = any || ok
 		if !ok {
 			a.Statuses[i] = Retry
 		}
 	}
 	a.Problem = strings.Join(problems, "; ")
+	a.Whole = !any && len(placed) > 0
 	return a
 }
 
@@ -308,5 +330,6 @@ func (a Answer) retryAll(problem string) Answer {
 		a.Statuses[i] = Retry
 	}
 	a.Problem = problem
+	a.Whole = true
 	return a
 }

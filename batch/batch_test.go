@@ -77,29 +77,37 @@ func TestReadAnswer(t *testing.T) {
 		body    string
 		want    []Status
 		problem string // a word the problem must hold; "" = no problem
+		whole   bool   // the answer places no entry
 	}{
-		{"empty body: all succeeded", "", []Status{S, S, S}, ""},
-		{"neither shape: all succeeded", `{"ok":true}`, []Status{S, S, S}, ""},
+		{"empty body: all succeeded", "", []Status{S, S, S}, "", false},
+		{"neither shape: all succeeded", `{"ok":true}`, []Status{S, S, S}, "", false},
 		{"dapr", `{"statuses":[{"entryId":"1","status":"SUCCESS"},{"entryId":"2","status":"RETRY"},{"entryId":"3","status":"DROP"}]}`,
-			[]Status{S, R, D}, ""},
+			[]Status{S, R, D}, "", false},
 		{"dapr, lower case", `{"statuses":[{"entryId":"1","status":"success"},{"entryId":"2","status":"drop"},{"entryId":"3","status":"Retry"}]}`,
-			[]Status{S, D, R}, ""},
+			[]Status{S, D, R}, "", false},
 		{"dapr, an entry missing is retried", `{"statuses":[{"entryId":"1","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
-			[]Status{S, R, S}, ""},
-		{"dapr, empty list: all retried", `{"statuses":[]}`, []Status{R, R, R}, ""},
+			[]Status{S, R, S}, "", false},
+		{"dapr, empty list: all retried", `{"statuses":[]}`, []Status{R, R, R}, "", true},
+		{"dapr, only unknown entries: all retried", `{"statuses":[{"entryId":"9","status":"SUCCESS"}]}`, []Status{R, R, R}, "not an entry", true},
+		{"dapr, two statuses for one entry: retried", `{"statuses":[{"entryId":"1","status":"RETRY"},{"entryId":"1","status":"SUCCESS"},{"entryId":"2","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
+			[]Status{R, S, S}, `entry "1" given two statuses (RETRY, then SUCCESS)`, false},
+		{"dapr, two statuses, a third too: retried, said once", `{"statuses":[{"entryId":"2","status":"SUCCESS"},{"entryId":"2","status":"DROP"},{"entryId":"2","status":"SUCCESS"},{"entryId":"1","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
+			[]Status{S, R, S}, "(SUCCESS, then DROP)", false},
+		{"dapr, the same status twice", `{"statuses":[{"entryId":"1","status":"SUCCESS"},{"entryId":"1","status":"success"},{"entryId":"2","status":"SUCCESS"},{"entryId":"3","status":"DROP"}]}`,
+			[]Status{S, S, D}, "", false},
 		{"dapr, unknown status", `{"statuses":[{"entryId":"1","status":"MAYBE"},{"entryId":"2","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
-			[]Status{R, S, S}, "unknown status"},
+			[]Status{R, S, S}, "unknown status", false},
 		{"dapr, status missing", `{"statuses":[{"entryId":"1"},{"entryId":"2","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
-			[]Status{R, S, S}, "without a status"},
+			[]Status{R, S, S}, "without a status", false},
 		{"dapr, unknown entry", `{"statuses":[{"entryId":"9","status":"DROP"},{"entryId":"1","status":"SUCCESS"},{"entryId":"2","status":"SUCCESS"},{"entryId":"3","status":"SUCCESS"}]}`,
-			[]Status{S, S, S}, "not an entry"},
-		{"lambda", `{"batchItemFailures":[{"itemIdentifier":"2"}]}`, []Status{S, R, S}, ""},
-		{"lambda, none failed", `{"batchItemFailures":[]}`, []Status{S, S, S}, ""},
-		{"lambda, unknown entry: all retried", `{"batchItemFailures":[{"itemIdentifier":"9"}]}`, []Status{R, R, R}, "not an entry"},
-		{"lambda, no identifier: all retried", `{"batchItemFailures":[{}]}`, []Status{R, R, R}, "without itemIdentifier"},
-		{"bad JSON: all retried", `{"statuses":[`, []Status{R, R, R}, "not a batch answer"},
-		{"wrong type: all retried", `{"statuses":"SUCCESS"}`, []Status{R, R, R}, "not a batch answer"},
-		{"plain text: all succeeded", "OK", []Status{S, S, S}, ""},
+			[]Status{S, S, S}, "not an entry", false},
+		{"lambda", `{"batchItemFailures":[{"itemIdentifier":"2"}]}`, []Status{S, R, S}, "", false},
+		{"lambda, none failed", `{"batchItemFailures":[]}`, []Status{S, S, S}, "", false},
+		{"lambda, unknown entry: all retried", `{"batchItemFailures":[{"itemIdentifier":"9"}]}`, []Status{R, R, R}, "not an entry", true},
+		{"lambda, no identifier: all retried", `{"batchItemFailures":[{}]}`, []Status{R, R, R}, "without itemIdentifier", true},
+		{"bad JSON: all retried", `{"statuses":[`, []Status{R, R, R}, "not a batch answer", true},
+		{"wrong type: all retried", `{"statuses":"SUCCESS"}`, []Status{R, R, R}, "not a batch answer", true},
+		{"plain text: all succeeded", "OK", []Status{S, S, S}, "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ct := ""
@@ -115,6 +123,12 @@ func TestReadAnswer(t *testing.T) {
 			}
 			if c.problem != "" && !strings.Contains(a.Problem, c.problem) {
 				t.Errorf("problem %q, want it to say %q", a.Problem, c.problem)
+			}
+			if c.problem != "" && strings.Count(a.Problem, "statuses (") > 1 {
+				t.Errorf("problem %q says an entry's conflict more than once", a.Problem)
+			}
+			if a.Whole != c.whole {
+				t.Errorf("whole %v, want %v", a.Whole, c.whole)
 			}
 		})
 	}

@@ -98,9 +98,16 @@ type batcher struct {
 	mu    sync.Mutex
 	cur   []*batchEntry
 	size  int
+	most  int // entries the batch gathering may hold: max, or less (caps)
 	gen   uint64
 	timer *time.Timer
 	now   bool
+	// caps holds, by stream sequence, the most entries the batch of a
+	// message's next delivery may hold: half the batch it was in when
+	// that failed as a whole (split). Kept in memory only: after a
+	// restart, or on another replica, an entry goes in a full batch again,
+	// but always alone on its last allowed delivery, which needs no memory.
+	caps map[uint64]int
 
 	// Batches as batches; their entries count as messages in every other
 	// metric.
@@ -110,7 +117,7 @@ type batcher struct {
 
 func newBatcher(r *Runner) *batcher {
 	b := &batcher{
-		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait,
+		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
 		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
@@ -150,23 +157,62 @@ func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpa
 // add adds e to the batch gathering. A batch goes when full (entries or
 // bytes: an entry that would take it over BatchBytes goes in the next one),
 // BatchWait after its first entry, or at once once courier is stopping.
+//
+// An entry may cap the batch it goes in (capOf): the batch gathering goes
+// first if it would hold more.
 func (b *batcher) add(e *batchEntry) {
 	n := len(e.d.m.Data())
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.cur) > 0 && b.size+n > b.bytes {
+	most := b.capOf(e.d)
+	if len(b.cur) > 0 && (b.size+n > b.bytes || len(b.cur)+1 > min(b.most, most)) {
 		b.flushLocked()
 	}
 	if b.cur == nil {
-		b.cur = make([]*batchEntry, 0, b.max)
+		b.cur, b.most = make([]*batchEntry, 0, b.max), b.max
 	}
+	b.most = min(b.most, most)
 	b.cur, b.size = append(b.cur, e), b.size+n
 	switch {
-	case len(b.cur) >= b.max || b.size >= b.bytes || b.now || b.wait <= 0:
+	case len(b.cur) >= b.most || b.size >= b.bytes || b.now || b.wait <= 0:
 		b.flushLocked()
 	case len(b.cur) == 1:
 		gen := b.gen
 		b.timer = time.AfterFunc(b.wait, func() { b.flushGen(gen) })
+	}
+}
+
+// capOf is the most entries the batch of d may hold: one on its last
+// allowed delivery (a message that makes every batch fail is then
+// dead-lettered after a request of its own, and none is dead-lettered for
+// it), else what split left for it, else max. Called with mu held.
+func (b *batcher) capOf(d *delivery) int {
+	if d.last(b.r.o.MaxDeliver) {
+		return 1
+	}
+	seq := d.meta.Sequence.Stream
+	if c, ok := b.caps[seq]; ok {
+		delete(b.caps, seq)
+		return c
+	}
+	return b.max
+}
+
+// maxCaps bounds the caps kept: past it they are forgotten, which costs
+// only the splitting of batches; the last delivery still goes alone.
+const maxCaps = 1 << 16
+
+// split notes that entries failed as one batch, saying nothing of which
+// failed: each goes again in a batch of at most half as many.
+func (b *batcher) split(entries []*batchEntry) {
+	half := max(len(entries)/2, 1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.caps)+len(entries) > maxCaps {
+		clear(b.caps)
+	}
+	for _, e := range entries {
+		b.caps[e.d.meta.Sequence.Stream] = half
 	}
 }
 
@@ -328,6 +374,12 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
 	b.entries.Observe(float64(len(entries)))
 	if err != nil {
+		if c := b.failedWhole(err); c != apphttp.Success && len(entries) > 1 {
+			b.split(entries)
+			if c == apphttp.Permanent {
+				err = &splitError{err: err, entries: len(entries)}
+			}
+		}
 		answerAll(batchResult{took: took, err: err})
 		return
 	}
@@ -339,6 +391,19 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	if ans.Problem != "" {
 		r.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
 	}
+	if ans.Whole && len(entries) > 1 {
+		b.split(entries)
+	}
+	// The slot is kept until the keys of the entries that succeeded are
+	// recorded and acked: what a kill repeats is then at most the batches
+	// at the app, not also those answered and not yet recorded.
+	recs := &batchRecords{all: make(chan struct{})}
+	for _, st := range ans.Statuses {
+		if st == batch.Success {
+			recs.left.Add(1)
+		}
+	}
+	defer b.awaitRecords(recs)
 	var app *apphttp.AppError
 	for i, e := range entries {
 		switch ans.Statuses[i] {
@@ -347,6 +412,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			if r.o.Success != nil {
 				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
 			}
+			e.d.records = recs
 			r.answer(e, batchResult{answer: each, took: took})
 		default:
 			if app == nil {
@@ -356,6 +422,58 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		}
 	}
 }
+
+// failedWhole returns how err, a batch request's, classifies if it says
+// the batch failed as a whole (Transient or Permanent): the app answered
+// it with a status, or the request timed out or lost its connection after
+// it was sent. Else Success: the app could not be reached, or courier did
+// not send it, and no entry failed.
+func (b *batcher) failedWhole(err error) apphttp.Class {
+	if errors.Is(err, errNotSent) || b.r.ph.requests.Err() != nil {
+		return apphttp.Success
+	}
+	switch c := apphttp.Classify(err, b.r.o.Retryable); c {
+	case apphttp.Transient, apphttp.Permanent:
+		return c
+	}
+	return apphttp.Success
+}
+
+// maxRecordWait bounds how long a batch's slot waits for its entries'
+// keys to be recorded: an entry whose success record cannot be stored yet
+// is held, and must not hold the slot.
+const maxRecordWait = 5 * time.Second
+
+// awaitRecords waits until every entry of recs is recorded and acked, at
+// most maxRecordWait, or until the grace period is over.
+func (b *batcher) awaitRecords(recs *batchRecords) {
+	if recs.left.Load() == 0 {
+		return
+	}
+	t := time.NewTimer(maxRecordWait)
+	defer t.Stop()
+	select {
+	case <-recs.all:
+	case <-t.C:
+	case <-b.r.ph.requests.Done():
+	}
+}
+
+// splitError is the answer to a batch of several entries that failed as a
+// whole with an answer that would end a single message (a 4xx): as it
+// says nothing of which entry the app refused, each entry is retried, in a
+// batch of at most half as many (split), and only an entry sent alone is
+// rejected. It does not count towards the breaker: the app answered.
+type splitError struct {
+	err     error
+	entries int
+}
+
+func (e *splitError) Error() string {
+	return fmt.Sprintf("the batch of %d entries failed as a whole (%v): each goes again in a smaller batch", e.entries, e.err)
+}
+
+func (e *splitError) Unwrap() error { return e.err }
 
 // entryOf is e as the batch carries it: the message, its metadata, and its
 // application headers (courier's own are the entry's fields).
@@ -411,6 +529,9 @@ func (r *Runner) classify(err error) apphttp.Class {
 		if ee.status == batch.Drop {
 			return apphttp.Permanent
 		}
+		return apphttp.Transient
+	}
+	if se := (*splitError)(nil); errors.As(err, &se) {
 		return apphttp.Transient
 	}
 	return apphttp.Classify(err, r.o.Retryable)

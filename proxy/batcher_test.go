@@ -24,6 +24,7 @@ import (
 	"github.com/courierhq/courier/batch"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/success"
 )
@@ -288,7 +289,10 @@ func TestBatchWholeAnswers(t *testing.T) {
 			return 503, http.Header{"Retry-After": {"1"}}, "busy"
 		}, ""},
 		{"malformed answer", func() (int, http.Header, string) { return 200, nil, `{"statuses":[{` }, ""},
-		{"400", func() (int, http.Header, string) { return 400, nil, "bad batch" }, dlq.ReasonRejected},
+		// A 4xx to a batch of several says nothing of which entry the app
+		// refused: each goes again, alone here (half of three), and is
+		// rejected only if refused alone (TestBatchRefusedAlone).
+		{"400", func() (int, http.Header, string) { return 400, nil, "bad batch" }, ""},
 		{"no answer in time", func() (int, http.Header, string) {
 			time.Sleep(700 * time.Millisecond) // past the HTTP timeout: real time is what is tested
 			return 200, nil, ""
@@ -328,10 +332,143 @@ func TestBatchWholeAnswers(t *testing.T) {
 					t.Errorf("%s dead letter reason %q, want %q", k, reasons[k], c.want)
 				}
 			}
+			a.mu.Lock()
+			for i, b := range a.batches[1:] {
+				if len(b) > 1 {
+					t.Errorf("batch %d after the first failed whole carried %d entries, want at most 1 (half of 3)", i+2, len(b))
+				}
+			}
+			a.mu.Unlock()
 			if c.name == "503 with Retry-After" && secondAt.Sub(firstAt) < 900*time.Millisecond {
 				t.Errorf("retried after %s, want the app's Retry-After of 1s", secondAt.Sub(firstAt))
 			}
 		})
+	}
+}
+
+// An entry the app refuses (4xx) when it goes alone is dead-lettered as
+// rejected, and only it: those that shared its batches are delivered.
+func TestBatchRefusedAlone(t *testing.T) {
+	e := setup(t)
+	a := newBatchApp(t, e, func(entries []batchEntry, n int) (int, http.Header, string) {
+		for _, en := range entries {
+			if en.IdempotencyKey == "bad" {
+				return 400, nil, "cannot read one of these"
+			}
+		}
+		return 200, nil, ""
+	})
+	publishKeys(t, e, "a", "bad", "b", "c")
+	e.runWith(t, nil, batchOptions())
+	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	reasons := deadLetterReasons(t, e)
+	if len(reasons) != 1 || reasons["bad"] != dlq.ReasonRejected {
+		t.Errorf("dead letters %v, want only bad's, rejected", reasons)
+	}
+	sent := a.sent()
+	if got := sent["bad"]; len(got) < 2 {
+		t.Errorf("bad sent with attempts %v, want it refused in a batch and then alone", got)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last := a.batches[len(a.batches)-1]; len(last) != 1 {
+		t.Errorf("the last batch carried %d entries, want bad alone", len(last))
+	}
+}
+
+// One message in ten makes the app fail every batch it is in (500): it is
+// dead-lettered exhausted after a request of its own, on its last allowed
+// delivery, and every other message is delivered, none dead-lettered for
+// it, however the batches form around it.
+func TestBatchPoisonEntryExhaustsOnlyItself(t *testing.T) {
+	e := setup(t)
+	poison := func(k string) bool { n, _ := strconv.Atoi(strings.TrimPrefix(k, "k")); return n%10 == 3 }
+	a := newBatchApp(t, e, func(entries []batchEntry, n int) (int, http.Header, string) {
+		for _, en := range entries {
+			if poison(en.IdempotencyKey) {
+				return 500, nil, "crashed on a record"
+			}
+		}
+		return 200, nil, ""
+	})
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.MaxDeliver, o.MaxInflight, o.BreakerFailures = 4, 2, 0
+	e.runWith(t, nil, o)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	reasons := deadLetterReasons(t, e)
+	sent := a.sent()
+	for _, k := range keys {
+		switch {
+		case poison(k) && reasons[k] != dlq.ReasonExhausted:
+			t.Errorf("poison %s: dead letter reason %q, want %q", k, reasons[k], dlq.ReasonExhausted)
+		case !poison(k) && reasons[k] != "":
+			t.Errorf("%s dead-lettered (%s) for a poison message it shared batches with; sent with attempts %v", k, reasons[k], sent[k])
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range a.batches {
+		for _, en := range b {
+			if poison(en.IdempotencyKey) && en.Attempt == o.MaxDeliver && len(b) != 1 {
+				t.Errorf("poison %s went on its last delivery in a batch of %d, want alone", en.IdempotencyKey, len(b))
+			}
+		}
+	}
+}
+
+// slowRecords is the embedded store whose recording takes a while, as on a
+// loaded disk: the keys of a batch answered 2xx are recorded some time
+// after the answer.
+type slowRecords struct {
+	checker
+	took time.Duration
+}
+
+func (s *slowRecords) Record(ctx context.Context, keys ...string) error {
+	time.Sleep(s.took)
+	return s.Store.Record(ctx, keys...)
+}
+
+// With one batch request in flight, the next batch goes only once the keys
+// of the one before are recorded and acked: a kill then repeats at most
+// what was at the app, one batch, not also one answered and not yet
+// recorded.
+func TestBatchNextWaitsForRecords(t *testing.T) {
+	e := setup(t)
+	store := &slowRecords{checker: openStore(t), took: 150 * time.Millisecond}
+	var early atomic.Int32
+	var prev []string
+	a := newBatchApp(t, e, func(entries []batchEntry, n int) (int, http.Header, string) {
+		for _, k := range prev {
+			if v, err := store.Store.Check(context.Background(), k); err != nil || v != verdict.Processed {
+				early.Add(1)
+			}
+		}
+		prev = prev[:0]
+		for _, en := range entries {
+			prev = append(prev, en.IdempotencyKey)
+		}
+		return 200, nil, ""
+	})
+	var keys []string
+	for i := range 24 {
+		keys = append(keys, "k"+strconv.Itoa(i))
+	}
+	publishKeys(t, e, keys...)
+	o := batchOptions()
+	o.MaxInflight, o.BatchMax, o.BatchWait = 1, 4, 10*time.Millisecond
+	e.runWith(t, store, o)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	a.mu.Lock()
+	n := len(a.batches)
+	a.mu.Unlock()
+	if early.Load() > 0 {
+		t.Errorf("%d keys of a batch not yet recorded when the next batch reached the app (%d batches)", early.Load(), n)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,6 +51,10 @@ type delivery struct {
 	entry     batchEntry
 	batchDone chan batchResult
 	handedOff bool
+	// records, for an entry its batch's answer said succeeded: told once
+	// its key is recorded and it is acked (recorder), so that the batch's
+	// slot waits for it (batchRecords).
+	records *batchRecords
 }
 
 // last reports whether this is the message's last allowed delivery.
@@ -244,7 +249,13 @@ func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
 		return outUnavailable
 	case apphttp.Transient:
 		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
-		r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
+		if se := (*splitError)(nil); errors.As(err, &se) {
+			// A batch refused whole is no sign of an outage: the app
+			// answered, as for a message rejected.
+			r.breaker.success()
+		} else {
+			r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
+		}
 		switch {
 		case d.last(r.o.MaxDeliver) && d.probe:
 			// A probe never spends a message's last allowed delivery.
@@ -417,6 +428,20 @@ func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) 
 // key (dedup on) and acks it with the others of its batch.
 func (r *Runner) settleSuccess(d *delivery, took time.Duration) {
 	r.recs <- recJob{d: d, took: took}
+}
+
+// batchRecords counts the entries of one batch answered 2xx whose keys are
+// not yet recorded and acked; all is closed when none is left.
+type batchRecords struct {
+	left atomic.Int64
+	all  chan struct{}
+}
+
+// done tells b one more entry was recorded and acked.
+func (b *batchRecords) done() {
+	if b.left.Add(-1) == 0 {
+		close(b.all)
+	}
 }
 
 // unclaim ends the delivery's flight and its claim in the store after an

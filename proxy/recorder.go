@@ -76,6 +76,10 @@ func (r *Runner) recorder() {
 				j.d.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
 			}
 			r.acked(j.d, j.took)
+			if b := j.d.records; b != nil {
+				j.d.records = nil
+				b.done()
+			}
 		}
 		clear(batch) // drop references to settled messages
 	}

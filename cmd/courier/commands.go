@@ -22,7 +22,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{name: "", summary: "run the sidecar (configured by environment variables)", run: runSidecarCommand},
-		{name: "config", summary: "print every variable, its meaning, default and value; warn about unknown ones", run: runConfigCommand},
+		{name: "config", args: "[--wide]", summary: "print every variable, its meaning, default and value; warn about unknown ones", run: runConfigCommand},
 		{name: "dlq", args: "ls|show|replay|purge", summary: "list, show, replay or purge dead letters ('courier dlq help')", run: runDLQ},
 		{name: "pause", args: "[--for D | --until RFC3339]", summary: "pause the durable consumer on the server: every courier of it stops fetching", run: runPause},
 		{name: "resume", summary: "resume the paused durable consumer", run: runResume},
@@ -74,10 +74,7 @@ func runSidecarCommand(ctx context.Context, _, environ []string, _, stderr io.Wr
 }
 
 func runConfigCommand(_ context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	if err := noArgs("config", args); err != nil {
-		return err
-	}
-	return runConfig(environ, stdout, stderr)
+	return runConfigArgs(args, environ, stdout, stderr)
 }
 
 func runDemoCommand(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {

@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -367,36 +366,6 @@ func plainLiteral(subj string) bool {
 		}
 	}
 	return true
-}
-
-// readBody reads the message data, refusing (413) a body larger than the
-// server's max_payload before reading it when its length is declared.
-func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
-	tooLarge := func() error {
-		return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the body is larger than the server's max_payload (%d bytes)", maxPayload)
-	}
-	if r.ContentLength > maxPayload {
-		return nil, tooLarge()
-	}
-	var data []byte
-	var err error
-	if r.ContentLength >= 0 {
-		// net/http's body ends at the declared length: no limit to add.
-		data = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, data)
-	} else {
-		data, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPayload))
-	}
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
-	}
-	// Read to its end, so closed: net/http then has nothing left to
-	// discard before the answer (chunkWriter.writeHeader).
-	_ = r.Body.Close()
-	return data, nil
 }
 
 // answer writes the result as JSON: {"stream","seq","duplicate"} on

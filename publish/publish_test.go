@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -527,5 +529,57 @@ func TestPublishRoutes(t *testing.T) {
 	}
 	if n := msgCount(t, js, "ORDERS"); n != 5 {
 		t.Errorf("%d messages stored, want 5", n)
+	}
+}
+
+// TestPublishBodyLengths: a single publish whose length is not declared
+// (sent chunked) is read whole and stored, and refused 413 once it grows
+// past max_payload; one larger than what is set aside before it arrives
+// (firstRead) is read whole too, declared or not.
+func TestPublishBodyLengths(t *testing.T) {
+	const limit = 4 << 20
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = limit }})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{})
+	undeclared := func(body string) io.Reader { return io.MultiReader(strings.NewReader(body)) }
+	send := func(body io.Reader) answer {
+		t.Helper()
+		resp, err := http.Post(a.url+PathPrefix+"orders.large", "application/octet-stream", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ans answer
+		ans.status = resp.StatusCode
+		if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+			t.Errorf("answer %d: not JSON: %v", resp.StatusCode, err)
+		}
+		return ans
+	}
+
+	large := strings.Repeat("x", firstRead+12345)
+	for _, body := range []io.Reader{strings.NewReader("small"), undeclared("small"), strings.NewReader(large), undeclared(large)} {
+		if ans := send(body); ans.status != http.StatusOK {
+			t.Fatalf("answer %+v", ans)
+		}
+	}
+	stream, err := js.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(context.Background(), "orders.large")
+	if err != nil || string(m.Data) != large {
+		t.Fatalf("the large body chunked: %v, %d bytes stored, want %d", err, len(m.Data), len(large))
+	}
+	before := a.count(outcomeTooLarge)
+	if ans := send(undeclared(strings.Repeat("y", limit+1))); ans.status != http.StatusRequestEntityTooLarge || !strings.Contains(ans.Error, "max_payload (4194304 bytes)") {
+		t.Errorf("chunked past max_payload: %+v", ans)
+	}
+	if got := a.count(outcomeTooLarge); got != before+1 {
+		t.Errorf("too large counted %v, want %v", got, before+1)
+	}
+	if n := msgCount(t, js, "ORDERS"); n != 4 {
+		t.Errorf("%d messages stored, want 4", n)
 	}
 }

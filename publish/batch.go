@@ -168,8 +168,8 @@ func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string)
 // connection. It returns the entries ready to publish, holding a slot each
 // (the caller releases them), or the refusal of the whole request.
 func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time) ([]pending, *result) {
-	if !s.authorized(r) {
-		return nil, &result{status: http.StatusUnauthorized, outcome: outcomeUnauthorized, msg: "a bearer token is required: Authorization: Bearer <token>"}
+	if res := s.admit(r); res != nil {
+		return nil, res
 	}
 	if pathSubj != "" {
 		if err := s.allowed(pathSubj); err != nil {

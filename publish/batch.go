@@ -12,8 +12,8 @@ package publish
 // The whole batch is checked before anything is published: a request that
 // cannot be read, or an entry that could never be stored as it is (a
 // subject outside the allowed ones, a Nats-* header courier does not pass,
-// too large), refuses the batch with the status a single publish would get
-// and the entry named, and nothing is stored. Then every entry is published
+// a header NATS cannot carry, too large), refuses the batch with the status
+// a single publish would get and the entry named, and nothing is stored. Then every entry is published
 // at once, as its own message with its own acknowledgement and courier's
 // retries, and the answer lists each entry's outcome in the order sent:
 //

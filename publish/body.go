@@ -47,7 +47,11 @@ func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
 // length declared larger is grown into as the bytes come, so that a
 // client does not make courier hold what it never sends.
 func readAll(r io.Reader, n int64) ([]byte, error) {
-	b := make([]byte, 0, min(max(n, 512), firstRead)+1) // +1: room to read the end
+	size := int64(512) // a first guess at a body of no declared length
+	if n >= 0 {
+		size = n // exactly, so that a small message holds no more
+	}
+	b := make([]byte, 0, min(size, firstRead)+1) // +1: room to read the end
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]

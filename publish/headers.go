@@ -120,10 +120,11 @@ func messageHeaders(src http.Header) (nats.Header, bool, error) {
 // carried refuses (400) a header NATS cannot carry as it is: nats.go
 // fails a message, at every attempt, whose header name is not an HTTP
 // token (RFC 9110 section 5.6.2: printable ASCII but for the separators,
-// the set of ADR-4 nats.go's isHeaderKeyValid takes), and it writes a CR or LF of a value as a space (writeHeaderValue),
-// storing another value than the one sent. An HTTP request's own headers
-// always pass (net/http refuses such a name or value first); a batch
-// entry's, read from JSON, need not.
+// the names of NATS's ADR-4 that its isHeaderKeyValid takes), and writes
+// a CR or LF of a value as a space (writeHeaderValue), storing another
+// value than the one sent. An HTTP request's own headers always pass
+// (net/http refuses such a name or value first); a batch entry's, read
+// from JSON, need not.
 func carried(name string, vs []string) error {
 	if !httpguts.ValidHeaderFieldName(name) {
 		return refuse(http.StatusBadRequest, outcomeInvalid,

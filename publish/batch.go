@@ -12,8 +12,8 @@ package publish
 // The whole batch is checked before anything is published: a request that
 // cannot be read, or an entry that could never be stored as it is (a
 // subject outside the allowed ones, a Nats-* header courier does not pass,
-// too large), refuses the batch with the status a single publish would get
-// and the entry named, and nothing is stored. Then every entry is published
+// a header NATS cannot carry, too large), refuses the batch with the status
+// a single publish would get and the entry named, and nothing is stored. Then every entry is published
 // at once, as its own message with its own acknowledgement and courier's
 // retries, and the answer lists each entry's outcome in the order sent:
 //
@@ -168,8 +168,8 @@ func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string)
 // connection. It returns the entries ready to publish, holding a slot each
 // (the caller releases them), or the refusal of the whole request.
 func (s *Server) checkBatch(r *http.Request, pathSubj string, deadline time.Time) ([]pending, *result) {
-	if !s.authorized(r) {
-		return nil, &result{status: http.StatusUnauthorized, outcome: outcomeUnauthorized, msg: "a bearer token is required: Authorization: Bearer <token>"}
+	if res := s.admit(r); res != nil {
+		return nil, res
 	}
 	if pathSubj != "" {
 		if err := s.allowed(pathSubj); err != nil {

@@ -14,17 +14,12 @@ package publish
 
 import (
 	"encoding/json"
-	"errors"
-	"io"
 	"unicode/utf8"
 )
 
 // maxFastDepth bounds the nesting of an entry's data the fast path skips;
 // deeper data goes to encoding/json (its own bound is 10,000).
 const maxFastDepth = 256
-
-// firstRead bounds what readAll sets aside for a body before it arrives.
-const firstRead = 1 << 20
 
 // decodeBatch reads body as encoding/json reads it into a batchBody (no
 // unknown field, nothing but white space after), for the bodies it takes:
@@ -327,26 +322,5 @@ func (d *batchScanner) skip(depth int) bool {
 			d.i++
 		}
 		return d.i > start
-	}
-}
-
-// readAll reads all of r, in one allocation when the request says its
-// length (n, or -1 when it does not) and it is at most firstRead: a
-// length declared larger is grown into as the bytes come, so that a
-// client does not make courier hold what it never sends.
-func readAll(r io.Reader, n int64) ([]byte, error) {
-	b := make([]byte, 0, min(max(n, 512), firstRead)+1) // +1: room to read the end
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		m, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+m]
-		if errors.Is(err, io.EOF) {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
 	}
 }

@@ -64,6 +64,11 @@ func classify(ctx context.Context, err error, noStream func(ctx context.Context)
 	switch {
 	case errors.As(err, &apiErr):
 		return classifyAPI(apiErr)
+	case errors.Is(err, nats.ErrBadHeaderMsg), errors.Is(err, nats.ErrBadSubject):
+		// nats.go refuses the message itself before sending it, as it
+		// will at every attempt (a header name or subject it cannot
+		// write): a request that can never succeed, not a moment's.
+		return refuse(http.StatusBadRequest, outcomeInvalid, "NATS cannot carry the message as it is: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload):
 		return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the message is larger than the server's max_payload, headers included")
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):

@@ -17,16 +17,52 @@ import (
 
 // TestPublishFromOtherLanguages: an app in Python or Node, with its
 // standard library only, publishes through the API (testdata/client.py,
-// testdata/client.mjs, run as subprocesses): its message is stored with its
-// headers, a retry with the same Idempotency-Key is reported as the
-// duplicate it is, the refusals reach it as statuses with a JSON error, and
-// a batch's entries are each answered, a retry among them as a duplicate.
+// testdata/client.mjs, run as subprocesses; Node with node:http and with
+// fetch): its message is stored with its headers, a retry with the same
+// Idempotency-Key is reported as the duplicate it is, the refusals reach it
+// as statuses with a JSON error, and a batch's entries are each answered, a
+// retry among them as a duplicate. So does curl. With a token and without
+// one: a client on the loopback is not taken for a browser page.
 func TestPublishFromOtherLanguages(t *testing.T) {
+	for _, token := range []string{"t0ken", ""} {
+		name := "token"
+		if token == "" {
+			name = "no token"
+		}
+		t.Run(name, func(t *testing.T) { publishFromOtherLanguages(t, token) })
+	}
+}
+
+// publishFromOtherLanguages is TestPublishFromOtherLanguages against an
+// API asking for token ("" for none).
+func publishFromOtherLanguages(t *testing.T, token string) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
 	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
-	a := startAPI(t, srv.ClientURL(), Options{Token: func() string { return "t0ken" }})
+	a := startAPI(t, srv.ClientURL(), Options{Token: func() string { return token }})
 
+	t.Run("curl", func(t *testing.T) {
+		bin, err := exec.LookPath("curl")
+		if err != nil {
+			t.Skipf("curl not installed (%v)", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bin, "-sS", "-w", "\n%{http_code}", "-H", "Authorization: Bearer "+token,
+			"-H", "Idempotency-Key: curl-1", "--data-binary", "from curl", a.url+PathPrefix+"orders.curl").Output()
+		if err != nil {
+			t.Fatalf("curl: %v", err)
+		}
+		i := bytes.LastIndexByte(out, '\n')
+		body, status := out[:max(i, 0)], string(out[i+1:])
+		var ans answer
+		if err := json.Unmarshal(body, &ans); err != nil || status != "200" || ans.Stream != "ORDERS" {
+			t.Fatalf("curl: %s %q (%v)", status, body, err)
+		}
+		if m := stored(t, js, "ORDERS", ans.Seq); string(m.Data) != "from curl" || m.Header.Get(nats.MsgIdHdr) != "curl-1" {
+			t.Errorf("stored %q with %v", m.Data, m.Header)
+		}
+	})
 	for _, tt := range []struct{ lang, bin, script string }{
 		{"python", "python3", "testdata/client.py"},
 		{"node", "node", "testdata/client.mjs"},
@@ -39,7 +75,7 @@ func TestPublishFromOtherLanguages(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			var stderr bytes.Buffer
-			cmd := exec.CommandContext(ctx, bin, tt.script, a.url, "t0ken")
+			cmd := exec.CommandContext(ctx, bin, tt.script, a.url, token)
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()
 			if err != nil {
@@ -65,8 +101,13 @@ func TestPublishFromOtherLanguages(t *testing.T) {
 			if f := got["forbidden"]; f.Status != 403 || f.Answer.Error == "" {
 				t.Errorf("outside the subjects: %+v", f)
 			}
-			if n := got["no-token"]; n.Status != 401 || n.Answer.Error == "" {
+			if n := got["no-token"]; token != "" && (n.Status != 401 || n.Answer.Error == "") {
 				t.Errorf("without the token: %+v", n)
+			} else if token == "" && n.Status != 200 {
+				t.Errorf("no token asked, none sent: %+v", n)
+			}
+			if f, ok := got["fetch"]; tt.lang == "node" && (!ok || f.Status != 200 || f.Answer.Stream != "ORDERS") {
+				t.Errorf("with fetch: %+v", f)
 			}
 			b := got["batch"]
 			if b.Status != 200 || len(b.Answer.Entries) != 3 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"golang.org/x/net/http/httpguts"
 )
 
 // HeaderIdempotencyKey is the request header whose value becomes the
@@ -92,6 +93,9 @@ func messageHeaders(src http.Header) (nats.Header, bool, error) {
 			}
 			name = n
 		}
+		if err := carried(name, vs); err != nil {
+			return nil, false, err
+		}
 		h[name] = vs
 	}
 
@@ -111,6 +115,28 @@ func messageHeaders(src http.Header) (nats.Header, bool, error) {
 		return h, true, nil
 	}
 	return h, false, nil
+}
+
+// carried refuses (400) a header NATS cannot carry as it is: nats.go
+// fails a message, at every attempt, whose header name is not an HTTP
+// token (RFC 9110 section 5.6.2: printable ASCII but for the separators,
+// the names of NATS's ADR-4 that its isHeaderKeyValid takes), and writes
+// a CR or LF of a value as a space (writeHeaderValue), storing another
+// value than the one sent. An HTTP request's own headers always pass
+// (net/http refuses such a name or value first); a batch entry's, read
+// from JSON, need not.
+func carried(name string, vs []string) error {
+	if !httpguts.ValidHeaderFieldName(name) {
+		return refuse(http.StatusBadRequest, outcomeInvalid,
+			"header name %q cannot be carried by NATS: a name is one or more printable ASCII characters, none of them a space or one of \"(),/:;<=>?@[\\]{}", name)
+	}
+	for _, v := range vs {
+		if strings.IndexByte(v, '\r') >= 0 || strings.IndexByte(v, '\n') >= 0 {
+			return refuse(http.StatusBadRequest, outcomeInvalid,
+				"header %s: a value holding a line break (CR or LF) cannot be carried by NATS, which would store a space in its place: %q", name, v)
+		}
+	}
+	return nil
 }
 
 // headerSize is the size of h as NATS sends it ("NATS/1.0\r\n", a line per

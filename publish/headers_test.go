@@ -58,10 +58,35 @@ func TestMessageHeaders(t *testing.T) {
 		{"Nats-Expected-Something-New": {"1"}},
 		{"Idempotency-Key": {"a", "b"}},
 		{"Idempotency-Key": {""}},
+		// What NATS cannot carry as it is (nats.go's isHeaderKeyValid,
+		// writeHeaderValue).
+		{"X Tenant": {"7"}},
+		{"": {"7"}},
+		{"X-Tenant:": {"7"}},
+		{"X-\u00e9": {"7"}},
+		{"X-Note": {"a\r\nb"}},
+		{"X-Note": {"fine", "a\nb"}},
+		{"X-Note": {"a\rb"}},
+		{"Idempotency-Key": {"k\r\n"}},
 	} {
 		var ref *refusal
 		if _, _, err := messageHeaders(bad); !errors.As(err, &ref) || ref.status != http.StatusBadRequest {
 			t.Errorf("%v: %v, want a 400", bad, err)
+		}
+	}
+}
+
+// TestMessageHeadersCarried: what NATS carries as it is passes, UTF-8 in
+// values and an HTTP token's every character in names included.
+func TestMessageHeadersCarried(t *testing.T) {
+	src := http.Header{"X-!#$%&'*+-.^_`|~09az": {"v"}, "X-Utf8": {"caf\u00e9 \t tab"}}
+	h, _, err := messageHeaders(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range src {
+		if got := h[k]; len(got) != 1 || got[0] != v[0] {
+			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
 }

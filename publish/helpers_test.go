@@ -33,6 +33,12 @@ type api struct {
 // defaults to orders.>, shutdown when the test ends.
 func startAPI(t testing.TB, url string, opts Options) *api {
 	t.Helper()
+	return startAPIAt(t, "127.0.0.1:0", url, opts)
+}
+
+// startAPIAt is startAPI listening on addr; a.url is the address bound.
+func startAPIAt(t testing.TB, addr, url string, opts Options) *api {
+	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect: %v", err)
@@ -47,7 +53,7 @@ func startAPI(t testing.TB, url string, opts Options) *api {
 	}
 	reg := prometheus.NewRegistry()
 	opts.Registerer = reg
-	s, err := Listen("127.0.0.1:0", opts)
+	s, err := Listen(addr, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

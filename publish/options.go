@@ -23,6 +23,10 @@ type Options struct {
 	// "Authorization: Bearer <token>"; "" asks for none. It is called on
 	// every request, so a token re-read from a file takes effect at once;
 	// it must be fast and safe for concurrent use. Nil asks for none.
+	// Without a token, a request must name courier in its Host by a
+	// loopback name or the listen address (so that a browser page cannot
+	// reach it by DNS rebinding); with one, by any name. A browser's
+	// cross-site request is refused either way.
 	Token func() string
 	// Timeout bounds one publish, from its arrival to the stream's
 	// acknowledgement, courier's own retries included; past it the caller

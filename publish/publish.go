@@ -3,12 +3,15 @@
 // message data and the request's headers as its headers, and gets its answer
 // only once a stream has acknowledged the message (200 with the stream, the
 // sequence and whether it was a duplicate), or a status saying why not: 401
-// without the bearer token, 403 a subject outside Options.Subjects, 400 an
-// invalid subject or header, 404 no stream captures it, 413 too large, 412 a
+// without the bearer token, 403 a subject outside Options.Subjects or a
+// request a browser page made (route.go), 400 an invalid subject or a header
+// NATS cannot carry, 404 no stream captures it, 413 too large, 412 a
 // Nats-Expected-* header did not hold, 503 with Retry-After when no
 // acknowledgement came within Options.Timeout (courier retried meanwhile:
 // NATS unreachable, no quorum, a leader election) or when too many publishes
-// are in progress.
+// are in progress. Every answer is JSON, {"error": "..."} when refused, an
+// unknown path and another method included (404, 405 with Allow); no path
+// is redirected.
 //
 // Idempotency-Key becomes the message's Nats-Msg-Id, so a publish the app
 // retries is stored once within the stream's duplicate window; a request
@@ -21,15 +24,13 @@ package publish
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,6 +88,12 @@ type Server struct {
 	turn    chan struct{} // held by the one batch waiting for slots
 	batches chan struct{} // a token per batch request in progress
 
+	// crossOrigin refuses a browser's cross-site request (admit).
+	crossOrigin *http.CrossOriginProtection
+	// listenIP or listenName is the listen address's host (hostAllowed).
+	listenIP   netip.Addr
+	listenName string
+
 	ln  net.Listener
 	srv *http.Server
 	// base is every request's context; cancelled when Shutdown gives up
@@ -98,7 +105,8 @@ type Server struct {
 }
 
 // Listen binds addr (host:port; the sidecar makes ":7416" 127.0.0.1:7416)
-// and prepares the API. It registers the metrics on opts.Registerer;
+// and prepares the API. Without a token, a request must name courier in
+// its Host by a loopback name, addr's host or the IP it reached (admit). It registers the metrics on opts.Registerer;
 // nothing is served before Start.
 func Listen(addr string, opts Options) (*Server, error) {
 	if err := opts.defaults(); err != nil {
@@ -116,27 +124,26 @@ func Listen(addr string, opts Options) (*Server, error) {
 	s := &Server{
 		connected: make(chan struct{}),
 		o:         opts, m: m,
-		hdr:     newAnswerHeaders(opts.RetryAfter),
-		pubOpts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
-		log:     opts.Logger.With("component", "publish"),
-		slots:   make(chan struct{}, opts.MaxConcurrent),
-		turn:    make(chan struct{}, 1),
-		batches: make(chan struct{}, maxBatches),
-		ln:      ln, base: base, cancelBase: cancel,
+		hdr:         newAnswerHeaders(opts.RetryAfter),
+		pubOpts:     []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
+		log:         opts.Logger.With("component", "publish"),
+		slots:       make(chan struct{}, opts.MaxConcurrent),
+		turn:        make(chan struct{}, 1),
+		batches:     make(chan struct{}, maxBatches),
+		crossOrigin: http.NewCrossOriginProtection(),
+		ln:          ln, base: base, cancelBase: cancel,
 		done: make(chan error, 1),
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+PathPrefix+"{subject...}", func(w http.ResponseWriter, r *http.Request) {
-		s.servePublish(w, r, r.PathValue("subject"))
-	})
-	mux.HandleFunc("POST "+BatchPath, func(w http.ResponseWriter, r *http.Request) {
-		s.serveBatch(w, r, "")
-	})
-	mux.HandleFunc("POST "+BatchPath+"/{subject...}", func(w http.ResponseWriter, r *http.Request) {
-		s.serveBatch(w, r, r.PathValue("subject"))
-	})
+	// The listen address's host, a Host that names this courier (hostAllowed).
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip, err := netip.ParseAddr(host); err == nil {
+			s.listenIP = ip.Unmap()
+		} else {
+			s.listenName = host
+		}
+	}
 	s.srv = &http.Server{
-		Handler:           s.route(mux),
+		Handler:           http.HandlerFunc(s.route),
 		ReadHeaderTimeout: 5 * time.Second,
 		// The body must arrive within the publish's own time.
 		ReadTimeout:    opts.Timeout,
@@ -221,28 +228,6 @@ func fail(err error) result {
 	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: err.Error()}
 }
 
-// route hands the usual request, POST PathPrefix + a subject with no '/'
-// and nothing escaped, straight to servePublish, and every other to mux,
-// which would route that one alike: it answers the rest (404, 405 with
-// Allow, a redirect to a cleaned path, an escaped subject unescaped). It
-// spares the usual request the mux's matching, which showed in profiles.
-func (s *Server) route(mux *http.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.RawPath == "" {
-			subj, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
-			if ok && subj != "" && subj != "." && subj != ".." && !strings.Contains(subj, "/") {
-				s.servePublish(w, r, subj)
-				return
-			}
-			if r.URL.Path == BatchPath {
-				s.serveBatch(w, r, "")
-				return
-			}
-		}
-		mux.ServeHTTP(w, r)
-	})
-}
-
 func (s *Server) servePublish(w http.ResponseWriter, r *http.Request, subj string) {
 	start := time.Now()
 	res := s.handle(r, subj, start.Add(s.o.Timeout))
@@ -258,12 +243,16 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request, subj strin
 	}
 }
 
-// handle decides a request, in the order its checks cost: the token, the
-// subject, a slot, the body, the headers, then the publish, which must be
-// acknowledged by deadline (the request's arrival and Options.Timeout).
+// handle decides a request, in the order its checks cost: who may publish
+// (admit), the subject, a slot, the body, the headers, then the publish,
+// which must be acknowledged by deadline (the request's arrival and
+// Options.Timeout).
 func (s *Server) handle(r *http.Request, subj string, deadline time.Time) result {
-	if !s.authorized(r) {
-		return result{status: http.StatusUnauthorized, outcome: outcomeUnauthorized, msg: "a bearer token is required: Authorization: Bearer <token>"}
+	if res := s.admit(r); res != nil {
+		return *res
+	}
+	if subj == "" {
+		return fail(refuse(http.StatusBadRequest, outcomeInvalid, "no subject: publish with POST %s<subject>", PathPrefix))
 	}
 	if err := s.allowed(subj); err != nil {
 		return fail(err)
@@ -310,25 +299,6 @@ func (s *Server) waitConnected(reqCtx context.Context, deadline time.Time) error
 	}
 }
 
-// authorized reports whether the request carries the token, when one is
-// asked for. Both sides are hashed first, so that the comparison takes the
-// same time whatever the token's length.
-func (s *Server) authorized(r *http.Request) bool {
-	if s.o.Token == nil {
-		return true
-	}
-	want := s.o.Token()
-	if want == "" {
-		return true
-	}
-	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
-	}
-	a, b := sha256.Sum256([]byte(strings.TrimSpace(got))), sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
-}
-
 // allowed checks the subject: a valid literal (400), outside NATS's own
 // subjects and matched by one of Options.Subjects (403).
 func (s *Server) allowed(subj string) error {
@@ -367,36 +337,6 @@ func plainLiteral(subj string) bool {
 		}
 	}
 	return true
-}
-
-// readBody reads the message data, refusing (413) a body larger than the
-// server's max_payload before reading it when its length is declared.
-func readBody(r *http.Request, maxPayload int64) ([]byte, error) {
-	tooLarge := func() error {
-		return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the body is larger than the server's max_payload (%d bytes)", maxPayload)
-	}
-	if r.ContentLength > maxPayload {
-		return nil, tooLarge()
-	}
-	var data []byte
-	var err error
-	if r.ContentLength >= 0 {
-		// net/http's body ends at the declared length: no limit to add.
-		data = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, data)
-	} else {
-		data, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPayload))
-	}
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
-		return nil, refuse(http.StatusBadRequest, outcomeInvalid, "reading the body: %v", err)
-	}
-	// Read to its end, so closed: net/http then has nothing left to
-	// discard before the answer (chunkWriter.writeHeader).
-	_ = r.Body.Close()
-	return data, nil
 }
 
 // answer writes the result as JSON: {"stream","seq","duplicate"} on

@@ -1,10 +1,12 @@
 package publish
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -120,7 +123,7 @@ func TestPublishRefusals(t *testing.T) {
 		{"reserved though allowed", "$JS.API.STREAM.DELETE.ORDERS", "", nil, 403, outcomeForbidden, "reserved by NATS"},
 		{"empty token", "orders..created", "x", nil, 400, outcomeInvalid, "empty token"},
 		{"wildcard", "orders.*", "x", nil, 400, outcomeInvalid, "not a literal subject"},
-		{"no subject", "", "x", nil, 400, outcomeInvalid, "is empty"},
+		{"no subject", "", "x", nil, 400, outcomeInvalid, "no subject"},
 		{"a Nats header NATS acts on", "orders.created", "x", []string{"Nats-Rollup", "sub"}, 400, outcomeInvalid, "Nats-Rollup is not accepted"},
 		{"two ids", "orders.created", "x", []string{"Idempotency-Key", "a", "Nats-Msg-Id", "b"}, 400, outcomeInvalid, "differ"},
 		{"no stream", "nostream.created", "x", nil, 404, outcomeNoStream, "no stream captures"},
@@ -485,15 +488,14 @@ func TestAppendAck(t *testing.T) {
 }
 
 // TestPublishRoutes: a subject sent escaped, or holding a '/', is
-// published to as it reads unescaped (the mux's routing), the same as a
-// plain one (routed without the mux); a path the mux would clean is
-// redirected, not published.
+// published to as it reads unescaped, as net/http's ServeMux would route
+// it; a path the mux would clean is refused, neither redirected nor
+// published.
 func TestPublishRoutes(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
 	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
 	a := startAPI(t, srv.ClientURL(), Options{})
-	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	tests := []struct {
 		path    string // after PathPrefix, as sent
 		status  int
@@ -504,8 +506,8 @@ func TestPublishRoutes(t *testing.T) {
 		{"orders.a%2Fb", 200, "orders.a/b"},
 		{"orders.a/b", 200, "orders.a/b"},
 		{"orders.%C3%A9", 200, "orders.é"},
-		{"..", http.StatusTemporaryRedirect, ""},
-		{"orders.x/../y", http.StatusTemporaryRedirect, ""},
+		{"..", http.StatusBadRequest, ""},
+		{"orders.x/../y", http.StatusBadRequest, ""},
 	}
 	for _, tt := range tests {
 		resp, err := noRedirect.Post(a.url+PathPrefix+tt.path, "text/plain", strings.NewReader("x"))
@@ -527,5 +529,88 @@ func TestPublishRoutes(t *testing.T) {
 	}
 	if n := msgCount(t, js, "ORDERS"); n != 5 {
 		t.Errorf("%d messages stored, want 5", n)
+	}
+}
+
+// TestPublishRawHeaders: a single publish whose header NATS could not
+// carry (a name that is not an HTTP token, a value with a CR) never
+// reaches the publish: net/http refuses the request 400 first, so none is
+// stored.
+func TestPublishRawHeaders(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{})
+
+	for _, line := range []string{"X Tenant: 7", "X\tTenant: 7", ": 7", "X(Tenant): 7", "X-Note: a\rb"} {
+		c, err := net.Dial("tcp", a.srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST %sorders.raw HTTP/1.1\r\nHost: localhost\r\n%s\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx", PathPrefix, line)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		resp.Body.Close()
+		c.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%q: %d, want 400", line, resp.StatusCode)
+		}
+	}
+	if n := msgCount(t, js, "ORDERS"); n != 0 {
+		t.Errorf("%d messages stored", n)
+	}
+}
+
+// TestPublishBodyLengths: a single publish whose length is not declared
+// (sent chunked) is read whole and stored, and refused 413 once it grows
+// past max_payload; one larger than what is set aside before it arrives
+// (firstRead) is read whole too, declared or not.
+func TestPublishBodyLengths(t *testing.T) {
+	const limit = 4 << 20
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = limit }})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{})
+	undeclared := func(body string) io.Reader { return io.MultiReader(strings.NewReader(body)) }
+	send := func(body io.Reader) answer {
+		t.Helper()
+		resp, err := http.Post(a.url+PathPrefix+"orders.large", "application/octet-stream", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ans answer
+		ans.status = resp.StatusCode
+		if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+			t.Errorf("answer %d: not JSON: %v", resp.StatusCode, err)
+		}
+		return ans
+	}
+
+	large := strings.Repeat("x", firstRead+12345)
+	for _, body := range []io.Reader{strings.NewReader("small"), undeclared("small"), strings.NewReader(large), undeclared(large)} {
+		if ans := send(body); ans.status != http.StatusOK {
+			t.Fatalf("answer %+v", ans)
+		}
+	}
+	stream, err := js.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(context.Background(), "orders.large")
+	if err != nil || string(m.Data) != large {
+		t.Fatalf("the large body chunked: %v, %d bytes stored, want %d", err, len(m.Data), len(large))
+	}
+	before := a.count(outcomeTooLarge)
+	if ans := send(undeclared(strings.Repeat("y", limit+1))); ans.status != http.StatusRequestEntityTooLarge || !strings.Contains(ans.Error, "max_payload (4194304 bytes)") {
+		t.Errorf("chunked past max_payload: %+v", ans)
+	}
+	if got := a.count(outcomeTooLarge); got != before+1 {
+		t.Errorf("too large counted %v, want %v", got, before+1)
+	}
+	if n := msgCount(t, js, "ORDERS"); n != 4 {
+		t.Errorf("%d messages stored, want 4", n)
 	}
 }

@@ -1,4 +1,4 @@
-// A publisher in Node with the standard library only (node:http), as an app
+// A publisher in Node with the standard library only (node:http, and fetch), as an app
 // would write one: POST the message (or a batch of them), read the JSON
 // answer. It prints one JSON line per request: {"name", "status",
 // "retry_after", "answer"}.
@@ -42,3 +42,11 @@ const batch = { entries: [
 ] };
 await publish("batch", "orders.node", JSON.stringify(batch), { ...auth, "Content-Type": "application/json" },
   "/v1/publish-batch/");
+// A publish with fetch, as a server-side app would make it.
+const res = await fetch(`${base}/v1/publish/orders.node`, {
+  method: "POST", body: order,
+  headers: { ...auth, "Content-Type": "application/json", "Idempotency-Key": "node-fetch-7" },
+});
+console.log(JSON.stringify({
+  name: "fetch", status: res.status, retry_after: res.headers.get("retry-after"), answer: await res.json(),
+}));

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/courierhq/courier/proxy/limit"
 	"net/http"
 	"slices"
 	"strconv"
@@ -345,6 +346,11 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
 	}
+	slot, err := r.inflight.Acquire(r.ph.requests, limit.Batch)
+	if err != nil {
+		answerAll(batchResult{err: errNotSent})
+		return
+	}
 	// In stream order, as a reader of the batch expects; the workers hand
 	// their entries in whatever order they got to them.
 	slices.SortFunc(entries, func(x, y *batchEntry) int {
@@ -358,7 +364,6 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	r.m.inflight.Inc()
 	began := time.Now()
 	var a *apphttp.Answer
-	var err error
 	if r.epErr != nil {
 		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
 	} else {
@@ -368,6 +373,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		a, err = r.app.Post(ctx, h, body, batchAnswerLimit)
 	}
 	took := time.Since(began)
+	slot.Release(r.outcomeOf(err))
 	b.keep(buf, body)
 	r.m.inflight.Dec()
 	span.end(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/courierhq/courier/proxy/limit"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -363,21 +364,20 @@ var errNotSent = errors.New("request not sent")
 // timeout and by the grace period (t: the worker's lane's timer). The answer
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
-func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Answer, time.Duration, error) {
-	// A slot: the workers are MaxInflight, but a delivery detached from
-	// its worker (detach) sends beside them.
-	select {
-	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
-	case <-r.ph.requests.Done():
-		return nil, 0, errNotSent
-	}
+func (r *Runner) post(t *requestTimer, h http.Header, body []byte, reason limit.Reason) (*apphttp.Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
 			return nil, 0, errNotSent
 		}
 		r.m.rateWait.Add(time.Since(began).Seconds())
+	}
+	// A slot of the one bound on requests at the app: the workers are
+	// MaxInflight, but a delivery detached from its worker (detach) sends
+	// beside them, and an automatic limit may be lower.
+	slot, err := r.inflight.Acquire(r.ph.requests, reason)
+	if err != nil {
+		return nil, 0, errNotSent
 	}
 	if t == nil {
 		t = newRequestTimer(r.ph.requests, r.o.HTTPTimeout)
@@ -393,12 +393,14 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte) (*apphttp.Ans
 	}
 	began := time.Now()
 	if r.epErr != nil {
+		slot.Release(limit.Dropped)
 		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
 	}
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
 	a, err := r.app.Post(ctx, h, body, keep)
+	slot.Release(r.outcomeOf(err))
 	return a, time.Since(began), err
 }
 
@@ -421,7 +423,7 @@ func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) 
 		res := r.batcher.submit(d, h, ct, span)
 		return res.answer, res.took, res.err
 	}
-	return r.post(d.timer, h, d.m.Data())
+	return r.post(d.timer, h, d.m.Data(), reasonOf(d))
 }
 
 // settleSuccess hands a 2xx'd delivery to the recorder, which records its

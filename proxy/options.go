@@ -40,8 +40,13 @@ type Options struct {
 	// InfoInterval is how often the consumer's settings are re-read from
 	// the server (ack wait, pull limits). Default 10s.
 	InfoInterval time.Duration
-	// MaxInflight bounds concurrent requests to the app. Default 8.
+	// MaxInflight bounds concurrent requests to the app. Default 8. With
+	// InflightAuto it is the ceiling of a limit found from the app's
+	// answers (inflight.go).
 	MaxInflight int
+	// InflightAuto: the limit on requests at the app is found from its
+	// answers (package limit), between 1 and MaxInflight.
+	InflightAuto bool
 	// HTTPTimeout bounds one request. Default 30s.
 	HTTPTimeout time.Duration
 	// BatchMax is how many messages one request carries (batcher.go): 1,

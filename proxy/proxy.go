@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/courierhq/courier/proxy/limit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -101,11 +102,11 @@ type Runner struct {
 	gate       *gate
 	prober     *prober
 	breaker    *breaker
-	limiter    *rate.Limiter // nil: no rate limit
-	batcher    *batcher      // nil: each message alone
-	places     chan struct{} // with batches: a message held or an entry handed off (handoff.go)
-	slots      chan struct{} // one per request to the app in flight (post): MaxInflight
-	order      *orderer      // nil: no order per key
+	limiter    *rate.Limiter  // nil: no rate limit
+	batcher    *batcher       // nil: each message alone
+	places     chan struct{}  // with batches: a message held or an entry handed off (handoff.go)
+	inflight   *limit.Limiter // one slot per request at the app (inflight.go)
+	order      *orderer       // nil: no order per key
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
@@ -181,7 +182,8 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		r.wasUp.Store(true)
 	}
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
-	r.slots = make(chan struct{}, o.MaxInflight)
+	r.inflight = newInflight(o)
+	r.registerInflightMetrics(o.Registerer)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
 		r.places = make(chan struct{}, o.MaxInflight*o.BatchMax)

@@ -179,7 +179,7 @@ func (r *Runner) heldMessages() float64 {
 // failing could otherwise take every worker while the breaker is open, and
 // leave no worker to take a fresh message, the probe that tells a healthy
 // app: the fetcher pulls for one while no fresh message is held
-// (Runner.freshProbers). Requests stay bounded by MaxInflight (slots).
+// (Runner.freshProbers). Requests stay bounded by the in-flight limit (inflight.go).
 //
 // With batches, the place d held (handoff.go) is given back; d handed off
 // to a batch has no worker waiting on it, so none is started.

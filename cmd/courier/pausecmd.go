@@ -180,6 +180,7 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	fmt.Fprintf(w, "redelivered\t%d\n", info.NumRedelivered)
 	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
+	fmt.Fprintf(w, "in-flight limit\t%s (COURIER_MAX_INFLIGHT, each courier's own)\n", inflightText(cfg))
 	for _, g := range info.PriorityGroups {
 		// Order per key pins the durable to one courier at a time.
 		pinned := "nobody (the next courier to pull takes it)"

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -353,6 +355,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		MaxDeliver:        cfg.MaxDeliver,
 		AckWait:           cfg.AckWait,
 		MaxInflight:       cfg.MaxInflight,
+		InflightAuto:      cfg.InflightAuto,
 		BatchMax:          cfg.BatchMax,
 		BatchWait:         cfg.BatchWait,
 		BatchBytes:        cfg.BatchBytes,
@@ -398,7 +401,7 @@ func (s *sidecar) deliver(ctx context.Context, runner *proxy.Runner) error {
 	}
 	s.health.running(s.nc, l)
 	s.log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
-		"max_inflight", cfg.MaxInflight, "max_deliver", cfg.MaxDeliver)
+		"max_inflight", inflightText(cfg), "max_deliver", cfg.MaxDeliver)
 
 	// Say when the stop signal arrives, not only once the grace period
 	// is over.
@@ -492,4 +495,13 @@ func orderKey(cfg config.Config) orderkey.Key {
 		return nil
 	}
 	return k
+}
+
+// inflightText says the in-flight limit as the logs and courier status show
+// it: the number, or that it is automatic and its ceiling.
+func inflightText(cfg config.Config) string {
+	if cfg.InflightAuto {
+		return fmt.Sprintf("automatic, at most %d", cfg.MaxInflight)
+	}
+	return strconv.Itoa(cfg.MaxInflight)
 }

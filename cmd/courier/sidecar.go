@@ -356,6 +356,7 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		AckWait:           cfg.AckWait,
 		MaxInflight:       cfg.MaxInflight,
 		InflightAuto:      cfg.InflightAuto,
+		Routes:            routesOf(cfg),
 		BatchMax:          cfg.BatchMax,
 		BatchWait:         cfg.BatchWait,
 		BatchBytes:        cfg.BatchBytes,
@@ -504,4 +505,14 @@ func inflightText(cfg config.Config) string {
 		return fmt.Sprintf("automatic, at most %d", cfg.MaxInflight)
 	}
 	return strconv.Itoa(cfg.MaxInflight)
+}
+
+// routesOf is COURIER_ROUTES as the delivery loop takes them: each path on
+// the app URL's origin.
+func routesOf(cfg config.Config) []proxy.Route {
+	out := make([]proxy.Route, 0, len(cfg.Routes))
+	for _, rt := range cfg.Routes {
+		out = append(out, proxy.Route{Pattern: rt.Pattern, URL: cfg.RouteURL(rt.Path)})
+	}
+	return out
 }

@@ -218,6 +218,7 @@ func (s *sidecar) startAdmin() (func(), error) {
 	adm.Start()
 	s.log.Info("courier starting", "version", version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
 		"app", s.cfg.Redacted().AppURL, "admin", adm.Addr())
+	logFeatures(s.log, s.cfg)
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

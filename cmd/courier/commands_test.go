@@ -122,6 +122,7 @@ func TestStopSignalLogged(t *testing.T) {
 	}
 	c := start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=1", "COURIER_SHUTDOWN_GRACE=100ms"))
 	waitFor(t, 10*time.Second, "a request in flight", func() bool { return a.count() == 1 })
+	c.sigterm()
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -48,9 +48,17 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer s.auth.Close()
 	err = s.run(ctx)
 	s.close()
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	// The last line, after every component has stopped.
+	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		s.log.Info("courier stopped during start-up")
 		return nil // stopped while waiting for NATS or JetStream
+	case err == nil:
+		var released int64
+		if r := s.runner.Load(); r != nil {
+			released = r.Released()
+		}
+		s.log.Info("courier stopped", "released", released)
 	}
 	return err
 }
@@ -151,6 +159,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 		s.health.running(s.nc, replyLoop{s.replies})
 		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
 		<-ctx.Done()
+		s.logStop(ctx, "no more requests taken; those in progress get the grace period")
 		return nil
 	}
 	// The shared store's bucket lives on the server.
@@ -195,7 +204,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
-// end.
+// end. runSidecar then logs "courier stopped", the last line.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
 	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.stopMembers, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
@@ -402,23 +411,30 @@ func (s *sidecar) deliver(ctx context.Context, runner *proxy.Runner) error {
 		"max_inflight", cfg.MaxInflight, "max_deliver", cfg.MaxDeliver)
 
 	// Say when the stop signal arrives, not only once the grace period
-	// is over.
+	// is over; when courier is stopped otherwise (its caller, the NATS
+	// connection closed for good), say that instead.
 	signalled := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() {
 		defer close(signalled)
-		s.log.Info("stop signal received: no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery",
-			"cause", context.Cause(ctx).Error(), "grace", cfg.ShutdownGrace.String())
+		s.logStop(ctx, "no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery")
 	})
 	err := runner.Run(ctx)
 	if !stopWatch() {
 		<-signalled
 	}
 	s.health.at("shutting down")
-	if err != nil {
-		return err
+	return err
+}
+
+// logStop says why courier is stopping (ctx has ended) and what happens
+// now: "stop signal received" only when a signal came, "stopping" when
+// courier's caller stopped it or the NATS connection closed for good.
+func (s *sidecar) logStop(ctx context.Context, now string) {
+	what := "stopping"
+	if errors.As(context.Cause(ctx), new(stopSignal)) {
+		what = "stop signal received"
 	}
-	s.log.Info("courier stopped", "released", runner.Released())
-	return nil
+	s.log.Info(what+": "+now, "cause", context.Cause(ctx).Error(), "grace", s.cfg.ShutdownGrace.String())
 }
 
 // startReplies registers the request/reply service. It drains on the stop

@@ -90,10 +90,10 @@ type courier struct {
 	// cause main's notifyStop gives).
 	cancel  context.CancelFunc
 	sigterm func()
-	done   chan error
-	logs   *testlog.Buffer
-	once   sync.Once
-	err    error
+	done    chan error
+	logs    *testlog.Buffer
+	once    sync.Once
+	err     error
 }
 
 // start runs the sidecar with environ until stop (or the test's end).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -37,8 +38,12 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth()}
-	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
+	env := config.Environ(environ)
+	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth(),
+		// config.Config holds the default when the variable is unset;
+		// unset, an existing durable keeps its own (keepDeliverPolicy).
+		deliverPolicyGiven: strings.TrimSpace(env["COURIER_DELIVER_POLICY"]) != ""}
+	for _, w := range config.Warnings(cfg, env) {
 		s.log.Warn(w.Text, "variable", w.Variable)
 	}
 	// The signing secrets and the token, watched while courier runs.
@@ -67,10 +72,12 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 // setting up one component and returning what undoes it; close undoes them
 // in the one order shutdown needs, whichever step start-up reached.
 type sidecar struct {
-	cfg    config.Config
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	health *health
+	cfg config.Config
+	// deliverPolicyGiven: COURIER_DELIVER_POLICY was set.
+	deliverPolicyGiven bool
+	log                *slog.Logger
+	reg                *prometheus.Registry
+	health             *health
 
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -312,7 +319,7 @@ func (s *sidecar) connect(ctx context.Context) (func(), error) {
 func (s *sidecar) setUp(ctx context.Context) error {
 	err := retrySetup(ctx, s.log, "stream, dead-letter stream and consumer", func(ctx context.Context) error {
 		var err error
-		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.log)
+		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.deliverPolicyGiven, s.log)
 		return err
 	})
 	if err != nil {

@@ -31,10 +31,35 @@ func TestConsumerSettingServerRefusesExit1(t *testing.T) {
 		t.Fatalf("exit %d, want 1: %q", code, out.String())
 	}
 	line := out.String()
-	for _, want := range []string{`durable consumer "courier"`, "COURIER_DELIVER_POLICY", "deliver policy"} {
+	for _, want := range []string{`durable consumer "courier"`, "COURIER_DELIVER_POLICY=new", "created with deliver policy all", "unset COURIER_DELIVER_POLICY"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("error does not say %q: %q", want, line)
 		}
+	}
+	if strings.Count(line, "\n") > 1 {
+		t.Errorf("more than one line: %q", line)
+	}
+}
+
+// A durable created with COURIER_DELIVER_POLICY=new keeps its policy when
+// courier starts again without the variable (unset: the durable's own).
+func TestDeliverPolicyKeptWhenUnset(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, "COURIER_DELIVER_POLICY=new"))
+	waitReady(t, c)
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	c = start(t, h.env(a.URL))
+	waitReady(t, c)
+	if info := h.consumerInfo("courier"); info == nil || info.Config.DeliverPolicy != jetstream.DeliverNewPolicy {
+		t.Fatalf("the durable's deliver policy is not kept: %+v", info)
+	}
+	h.publish("orders.created", "after", nil)
+	waitFor(t, 10*time.Second, "the message delivered", func() bool { return a.count() == 1 })
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -107,7 +108,16 @@ func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opt
 	if err != nil {
 		return err
 	}
+	// A stream that is gone may have left what courier made for it; a
+	// stream that never was is most likely misspelt.
+	missing := missingStream(ctx, js, cfg.Stream)
+	if missing != nil && !slices.ContainsFunc(items, func(it item) bool { return it.keep == "" }) {
+		return missing
+	}
 	fmt.Fprintf(stdout, "courier cleanup: consumer %q of stream %q\n", cfg.Consumer, cfg.Stream)
+	if missing != nil {
+		fmt.Fprintf(stdout, "note: %v\n", missing)
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	n := 0
 	for _, it := range items {
@@ -228,6 +238,11 @@ func planAdvisoriesOf(ctx context.Context, js jetstream.JetStream, stream, consu
 		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
 	}
 	info := s.CachedInfo()
+	if !slices.Contains(info.Config.Subjects, giveup.AdvisorySubject(stream, consumer)) {
+		// Stream names are upper-cased: this is another stream's
+		// (COURIER_STREAM=orders beside ORDERS).
+		return nil, nil
+	}
 	it := &item{what: fmt.Sprintf("stream %q (max-deliveries advisories, %d waiting)", name, info.State.Msgs)}
 	switch {
 	case !strings.HasPrefix(info.Config.Description, advisoryDescription):

@@ -83,6 +83,9 @@ func runPause(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	resp, err := js.PauseConsumer(ctx, cfg.Stream, cfg.Consumer, end)
 	if err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("cannot pause consumer %q on stream %q (consumer pause needs nats-server 2.11 or later): %w", cfg.Consumer, cfg.Stream, err)
 	}
 	fmt.Fprintf(stdout, "paused %s/%s until %s\n", cfg.Stream, cfg.Consumer, resp.PauseUntil.UTC().Format(time.RFC3339))
@@ -129,6 +132,9 @@ func runResume(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return pausePartitioned(ctx, js, cfg, time.Time{}, stdout)
 	}
 	if _, err := js.ResumeConsumer(ctx, cfg.Stream, cfg.Consumer); err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("cannot resume consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
 	fmt.Fprintf(stdout, "resumed %s/%s\n", cfg.Stream, cfg.Consumer)
@@ -159,12 +165,15 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			return err
 		}
 		if work == nil {
-			return fmt.Errorf("the partitions' work stream of consumer %q on stream %q does not exist yet: a courier creates it when it starts", cfg.Consumer, cfg.Stream)
+			return missingConsumer(ctx, js, cfg)
 		}
 		return printPartitionStatus(ctx, js, cfg, work, consumers, deadLetters, stdout)
 	}
 	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	if err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
 	info := cons.CachedInfo()

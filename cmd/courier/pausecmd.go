@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/partition"
 )
 
 const pauseUsage = `Usage:
@@ -190,12 +193,25 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
 	for _, g := range info.PriorityGroups {
-		// Order per key pins the durable to one courier at a time.
+		// Order per key pins the durable to one courier at a time, which
+		// puts its name with its pin in the membership bucket.
 		pinned := "nobody (the next courier to pull takes it)"
 		if g.PinnedClientID != "" {
-			pinned = g.PinnedClientID + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
+			pinned = pinHolder(ctx, js, cfg, g.PinnedClientID) + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(w, "pinned (%s)\t%s\n", g.Group, pinned)
 	}
 	return w.Flush()
+}
+
+// pinHolder names the courier holding pin: the instance (host or pod name)
+// that put it in the durable's membership bucket, else the pin id.
+func pinHolder(ctx context.Context, js jetstream.JetStream, cfg config.Config, pin string) string {
+	members, _ := partition.ReadMembers(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer))
+	for _, m := range members {
+		if slices.Contains(slices.Collect(maps.Values(m.Pins)), pin) {
+			return m.Instance
+		}
+	}
+	return "pin " + pin + " (a courier not in the membership: stopped, not yet reporting, or older than this one)"
 }

@@ -86,6 +86,7 @@ type sidecar struct {
 	dd     proxy.Deduper    // nil: dedup off
 	marks  *ordermark.Store // nil: no order per key
 	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
+	pinned *pinWatch        // the durable's consumer noting its pin: order per key without partitions
 	// runner, once made, tells the membership the pins it holds.
 	runner atomic.Pointer[proxy.Runner]
 	local  *dedup.Store // the embedded store (the shared store's cache)
@@ -340,6 +341,9 @@ func (s *sidecar) setUp(ctx context.Context) error {
 			return err
 		}
 	}
+	if s.cfg.OrderKey != "" && !partitioned(s.cfg) {
+		s.joinPinHolders(ctx)
+	}
 	consumers := []jetstream.Consumer{s.cons}
 	if partitioned(s.cfg) {
 		if err := s.setUpPartitions(ctx); err != nil {
@@ -361,7 +365,11 @@ func (s *sidecar) setUp(ctx context.Context) error {
 // newRunner makes the delivery loop; it does no I/O.
 func (s *sidecar) newRunner() (*proxy.Runner, error) {
 	cfg := s.cfg
-	return proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
+	var cons jetstream.Consumer = s.cons
+	if s.pinned != nil {
+		cons = s.pinned
+	}
+	return proxy.New(cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,

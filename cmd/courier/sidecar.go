@@ -233,7 +233,7 @@ func (s *sidecar) startAdmin() (func(), error) {
 		return nil, err
 	}
 	adm.Start()
-	s.log.Info("courier starting", "version", version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
+	s.log.Info("courier starting", "version", readBuild().version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
 		"app", s.cfg.Redacted().AppURL, "admin", adm.Addr())
 	logFeatures(s.log, s.cfg)
 	return func() {

@@ -203,6 +203,11 @@ func partitionsOf(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	if err != nil {
 		return nil, nil, fmt.Errorf("looking up the partitions' work stream %q: %w", name, err)
 	}
+	if src := work.CachedInfo().Config.Sources; len(src) != 1 || src[0].Name != cfg.Stream {
+		// Work stream names are upper-cased: this one copies another
+		// stream (COURIER_STREAM=orders beside ORDERS).
+		return nil, nil, nil
+	}
 	var out []jetstream.Consumer
 	prefix := cfg.Consumer + "-p"
 	for info := range work.ListConsumers(ctx).Info() {
@@ -322,7 +327,7 @@ func pausePartitioned(ctx context.Context, js jetstream.JetStream, cfg config.Co
 		return err
 	}
 	if work == nil {
-		return fmt.Errorf("the partitions' work stream of consumer %q on stream %q does not exist yet: a courier creates it when it starts", cfg.Consumer, cfg.Stream)
+		return missingConsumer(ctx, js, cfg)
 	}
 	stream := work.CachedInfo().Config.Name
 	for _, c := range consumers {

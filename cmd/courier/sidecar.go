@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -39,8 +40,12 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth()}
-	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
+	env := config.Environ(environ)
+	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth(),
+		// config.Config holds the default when the variable is unset;
+		// unset, an existing durable keeps its own (keepDeliverPolicy).
+		deliverPolicyGiven: strings.TrimSpace(env["COURIER_DELIVER_POLICY"]) != ""}
+	for _, w := range config.Warnings(cfg, env) {
 		s.log.Warn(w.Text, "variable", w.Variable)
 	}
 	// The signing secrets and the token, watched while courier runs.
@@ -50,9 +55,17 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer s.auth.Close()
 	err = s.run(ctx)
 	s.close()
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	// The last line, after every component has stopped.
+	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		s.log.Info("courier stopped during start-up")
 		return nil // stopped while waiting for NATS or JetStream
+	case err == nil:
+		var released int64
+		if r := s.runner.Load(); r != nil {
+			released = r.Released()
+		}
+		s.log.Info("courier stopped", "released", released)
 	}
 	return err
 }
@@ -61,10 +74,12 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 // setting up one component and returning what undoes it; close undoes them
 // in the one order shutdown needs, whichever step start-up reached.
 type sidecar struct {
-	cfg    config.Config
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	health *health
+	cfg config.Config
+	// deliverPolicyGiven: COURIER_DELIVER_POLICY was set.
+	deliverPolicyGiven bool
+	log                *slog.Logger
+	reg                *prometheus.Registry
+	health             *health
 
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -73,6 +88,7 @@ type sidecar struct {
 	dd     proxy.Deduper    // nil: dedup off
 	marks  *ordermark.Store // nil: no order per key
 	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
+	pinned *pinWatch        // the durable's consumer noting its pin: order per key without partitions
 	// runner, once made, tells the membership the pins it holds.
 	runner atomic.Pointer[proxy.Runner]
 	local  *dedup.Store // the embedded store (the shared store's cache)
@@ -153,6 +169,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 		s.health.running(s.nc, replyLoop{s.replies})
 		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
 		<-ctx.Done()
+		s.logStop(ctx, "no more requests taken; those in progress get the grace period")
 		return nil
 	}
 	// The shared store's bucket lives on the server.
@@ -197,7 +214,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
-// end.
+// end. runSidecar then logs "courier stopped", the last line.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
 	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.stopMembers, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
@@ -218,8 +235,9 @@ func (s *sidecar) startAdmin() (func(), error) {
 		return nil, err
 	}
 	adm.Start()
-	s.log.Info("courier starting", "version", version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
+	s.log.Info("courier starting", "version", readBuild().version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
 		"app", s.cfg.Redacted().AppURL, "admin", adm.Addr())
+	logFeatures(s.log, s.cfg)
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -304,7 +322,7 @@ func (s *sidecar) connect(ctx context.Context) (func(), error) {
 func (s *sidecar) setUp(ctx context.Context) error {
 	err := retrySetup(ctx, s.log, "stream, dead-letter stream and consumer", func(ctx context.Context) error {
 		var err error
-		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.log)
+		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.deliverPolicyGiven, s.log)
 		return err
 	})
 	if err != nil {
@@ -324,6 +342,9 @@ func (s *sidecar) setUp(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+	}
+	if s.cfg.OrderKey != "" && !partitioned(s.cfg) {
+		s.joinPinHolders(ctx)
 	}
 	consumers := []jetstream.Consumer{s.cons}
 	if partitioned(s.cfg) {
@@ -346,7 +367,11 @@ func (s *sidecar) setUp(ctx context.Context) error {
 // newRunner makes the delivery loop; it does no I/O.
 func (s *sidecar) newRunner() (*proxy.Runner, error) {
 	cfg := s.cfg
-	return proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
+	var cons jetstream.Consumer = s.cons
+	if s.pinned != nil {
+		cons = s.pinned
+	}
+	return proxy.New(cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
@@ -405,23 +430,30 @@ func (s *sidecar) deliver(ctx context.Context, runner *proxy.Runner) error {
 		"max_inflight", inflightText(cfg), "max_deliver", cfg.MaxDeliver)
 
 	// Say when the stop signal arrives, not only once the grace period
-	// is over.
+	// is over; when courier is stopped otherwise (its caller, the NATS
+	// connection closed for good), say that instead.
 	signalled := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() {
 		defer close(signalled)
-		s.log.Info("stop signal received: no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery",
-			"cause", context.Cause(ctx).Error(), "grace", cfg.ShutdownGrace.String())
+		s.logStop(ctx, "no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery")
 	})
 	err := runner.Run(ctx)
 	if !stopWatch() {
 		<-signalled
 	}
 	s.health.at("shutting down")
-	if err != nil {
-		return err
+	return err
+}
+
+// logStop says why courier is stopping (ctx has ended) and what happens
+// now: "stop signal received" only when a signal came, "stopping" when
+// courier's caller stopped it or the NATS connection closed for good.
+func (s *sidecar) logStop(ctx context.Context, now string) {
+	what := "stopping"
+	if errors.As(context.Cause(ctx), new(stopSignal)) {
+		what = "stop signal received"
 	}
-	s.log.Info("courier stopped", "released", runner.Released())
-	return nil
+	s.log.Info(what+": "+now, "cause", context.Cause(ctx).Error(), "grace", s.cfg.ShutdownGrace.String())
 }
 
 // startReplies registers the request/reply service. It drains on the stop

@@ -25,7 +25,7 @@ func features(cfg config.Config) []slog.Attr {
 		default:
 			add("dedup", "badger ("+cfg.DedupTTL.String()+")")
 		}
-		add("max_inflight", strconv.Itoa(cfg.MaxInflight))
+		add("max_inflight", inflightText(cfg))
 		if cfg.OrderKey != "" {
 			add("order_key", cfg.OrderKey)
 			if partitioned(cfg) {

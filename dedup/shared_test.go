@@ -356,7 +356,7 @@ func TestSharedBucketChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := openShared(t, js, SharedOptions{Bucket: "OLD"})
-	bk, _ := a.bucketKey("from-kv")
+	bk, _ := a.own.bucketKey("from-kv")
 	if _, err := old.Create(ctx, bk[len("$KV.OLD."):], nil); err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ type heldClaim struct {
 	scope *SharedScope // whose ClaimTTL it lives
 	key   string       // the idempotency key, for the log
 	id    string       // its ClaimHolderHeader value
-	ended atomic.Bool // recorded or released: renew no more
+	ended atomic.Bool  // recorded or released: renew no more
 
 	mu      sync.Mutex
 	rev     uint64    // the key's revision this claim was last written at

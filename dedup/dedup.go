@@ -12,6 +12,10 @@
 // same methods, with a Store as its local cache, so that several couriers of
 // one durable share their keys and claim a key before calling the app.
 //
+// Keys are scoped (typically per stream and consumer). A store serves the
+// scope it was opened with, and Scoped gives any other scope of the same
+// store, so that a process serving several consumers opens one.
+//
 // The package knows nothing of HTTP; its callers declare the small interface
 // they need (Check, Record, Release) and Store and Shared satisfy it.
 package dedup

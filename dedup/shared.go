@@ -210,7 +210,9 @@ func (s *Shared) use(f func() error) error {
 // answer within the context or the store's timeout): the caller must not
 // send the message unchecked. Errors of the local Store (ErrDiskLow) are
 // returned as they are.
-func (s *Shared) Check(ctx context.Context, key string) (Verdict, error) { return s.own.Check(ctx, key) }
+func (s *Shared) Check(ctx context.Context, key string) (Verdict, error) {
+	return s.own.Check(ctx, key)
+}
 
 // Check is Shared.Check for a key of this scope.
 func (v *SharedScope) Check(ctx context.Context, key string) (verdict Verdict, err error) {

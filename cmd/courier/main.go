@@ -85,6 +85,12 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		fmt.Fprint(stderr, usage())
 		return usageError("unknown command %q", name)
 	}
+	if takesSubscription(cmd.name) {
+		var err error
+		if args, environ, err = chooseSubscription(cmd.name, args, environ); err != nil {
+			return err
+		}
+	}
 	return cmd.run(ctx, args, environ, stdout, stderr)
 }
 

@@ -102,20 +102,20 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 // membership refused for good (no permission for its bucket) costs only
 // the name in `courier status`, which then shows the pin id: it is said,
 // and courier delivers on.
-func (s *sidecar) joinPinHolders(ctx context.Context) {
-	w := &pinWatch{Consumer: s.cons}
-	s.pinned = w
+func (p *path) joinPinHolders(ctx context.Context) {
+	w := &pinWatch{Consumer: p.cons}
+	p.pinned = w
 	var m *partition.Members
-	err := retrySetup(ctx, s.log, "the pin holders' membership", func(ctx context.Context) error {
+	err := retrySetup(ctx, p.log, "the pin holders' membership", func(ctx context.Context) error {
 		var err error
-		m, err = joinPinHolders(ctx, s.js, s.cfg, s.log, w.pins)
+		m, err = joinPinHolders(ctx, p.js, p.cfg, p.log, w.pins)
 		return err
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("courier status will name the courier holding the durable's pin by its pin id only", "error", err)
+			p.log.Warn("courier status will name the courier holding the durable's pin by its pin id only", "error", err)
 		}
 		return
 	}
-	s.stopMembers = runMembers(ctx, m)
+	p.stopMembers = runMembers(ctx, m)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/natstest"
 )
 
 // subsApp is the app of two subscriptions: it notes, by path, the
@@ -260,4 +261,92 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 func (h *harness) consumerSettled(stream, name string) bool {
 	info := h.consumerInfoOn(stream, name)
 	return info != nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
+// Two subscriptions with the shared store, three couriers (processes) on a
+// 3-node cluster, one of them killed with SIGKILL: every message of both
+// streams reaches the app, nothing dead-lettered, and what reaches it twice
+// is at most what the killed courier had at the app.
+func TestSubscriptionsOnACluster(t *testing.T) {
+	k := newCluster(t)
+	natsTry(t, k, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}, Replicas: 3})
+	var mu sync.Mutex
+	seen := map[string]int{}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get("Courier-Batch") == "" {
+			seen[r.Header.Get("Courier-Subject")]++
+			return
+		}
+		var b struct {
+			Entries []struct {
+				Subject string `json:"subject"`
+			} `json:"entries"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		for _, e := range b.Entries {
+			seen[e.Subject]++
+		}
+	}))
+	t.Cleanup(app.Close)
+	const n = 200
+	for i := range n {
+		k.publishRetry(fmt.Sprintf("orders.%d.paid", i), "{}", map[string]string{"Order": "o" + strconv.Itoa(i%10), "Nats-Msg-Id": "o" + strconv.Itoa(i)})
+		k.publishRetry(fmt.Sprintf("payments.%d", i), "{}", map[string]string{"Nats-Msg-Id": "p" + strconv.Itoa(i)})
+	}
+	env := func(i int) []string {
+		return k.env(app.URL+"/orders", i,
+			"COURIER_SUBSCRIPTIONS=orders,payments", "COURIER_ACK_WAIT=2s", "COURIER_MAX_INFLIGHT=4",
+			"COURIER_SUB_ORDERS_STREAM=ORDERS", "COURIER_SUB_ORDERS_ORDER_KEY=header:Order",
+			"COURIER_SUB_PAYMENTS_STREAM=PAYMENTS", "COURIER_SUB_PAYMENTS_APP_URL="+app.URL+"/payments",
+			"COURIER_SUB_PAYMENTS_BATCH_MAX=8", "COURIER_SUB_PAYMENTS_BATCH_WAIT=5ms")
+	}
+	cs := []*child{startChild(t, env(0)), startChild(t, env(1)), startChild(t, env(2))}
+	for _, c := range cs {
+		waitReady(t, c.asCourier())
+	}
+	waitFor(t, 30*time.Second, "both draining", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) > 100
+	})
+	cs[0].kill(t)
+	waitFor(t, 90*time.Second, "both durables settled", func() bool {
+		return k.drained() && k.consumerSettled("PAYMENTS", "courier")
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	dups := 0
+	for i := range n {
+		for _, s := range []string{fmt.Sprintf("orders.%d.paid", i), fmt.Sprintf("payments.%d", i)} {
+			switch c := seen[s]; {
+			case c == 0:
+				t.Errorf("%s lost", s)
+			case c > 1:
+				dups += c - 1
+			}
+		}
+	}
+	// The killed courier had at most 4 orders and 4 batches of 8 payments
+	// at the app.
+	if dups > 4+4*8 {
+		t.Errorf("%d duplicates, want at most %d", dups, 4+4*8)
+	}
+	k.noDeadLetters()
+	if dls := k.deadLetters("dlq.PAYMENTS.courier"); len(dls) > 0 {
+		t.Errorf("%d dead letters of payments", len(dls))
+	}
+	t.Logf("%d duplicates through the kill", dups)
+}
+
+// natsTry creates stream sc on k, trying again while the cluster cannot
+// answer yet.
+func natsTry(t *testing.T, k *cluster, sc jetstream.StreamConfig) {
+	t.Helper()
+	natstest.Try(t, "creating stream "+sc.Name, func(ctx context.Context) error {
+		_, err := k.js.CreateStream(ctx, sc)
+		return err
+	})
 }

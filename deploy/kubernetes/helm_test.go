@@ -177,6 +177,41 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("two subscriptions", func(t *testing.T) {
+		// shipping-values.yaml: one app consuming ORDERS (order per key,
+		// routes) and PAYMENTS (batches, its own path), KEDA on both.
+		objs := render(t, "-f", filepath.Join(example, "shipping-values.yaml"),
+			"--set", "courier.keda.enabled=true")
+		got := checkManifests(t, withSecrets(objs, "orders-courier-nats"))
+		cfg, ok := got.configs["orders"]
+		if !ok {
+			t.Fatal("no Deployment orders with courier")
+		}
+		subs := cfg.Subscriptions()
+		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
+			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
+		}
+		o, p := subs[0].Config, subs[1].Config
+		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
+			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
+		}
+		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
+			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
+		}
+		for _, sub := range subs {
+			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
+				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
+			}
+		}
+		if src := subs[0].Source["COURIER_STREAM"]; src != "COURIER_STREAM" {
+			t.Errorf("orders' stream comes from %s, want the plain COURIER_STREAM of values.yaml", src)
+		}
+		so := find(t, objs, "ScaledObject", "orders-courier")
+		if n := len(asList(t, dig(so.doc, "spec", "triggers"), "triggers")); n != 2 {
+			t.Errorf("ScaledObject: %d triggers, want one per subscription", n)
+		}
+	})
+
 	// Each of these is refused by helm before anything is rendered, let
 	// alone applied: by values.schema.json, or by the templates for what a
 	// schema cannot say.
@@ -192,6 +227,23 @@ func TestHelmChart(t *testing.T) {
 		{"courier.env.COURIER_HTTP_TIMEOUT=10 seconds", "at '/env/COURIER_HTTP_TIMEOUT'"},
 		{"courier.env.COURIER_MAX_DELIVER=five", "at '/env/COURIER_MAX_DELIVER'"},
 		{"courier.env.COURIER_MAX_RATE=fast", "at '/env/COURIER_MAX_RATE'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:x", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=automatic", "at '/env/COURIER_MAX_INFLIGHT'"},
+		// Subscriptions: their names, their variables, and what the
+		// templates refuse beside them.
+		{"courier.subscriptions[0].name=or-ders", "at '/subscriptions/0/name'"},
+		{"courier.subscriptions[0].env.COURIER_STREAM=ORDERS", "at '/subscriptions/0': missing property 'name'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_ADMIN_ADDR=:1", "additional properties 'COURIER_ADMIN_ADDR' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_SUB_ORDERS_STREAM=X", "additional properties 'COURIER_SUB_ORDERS_STREAM' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_BATCH_MAX=many", "at '/subscriptions/0/env/COURIER_BATCH_MAX'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_MAX_INFLIGHT=auto:0", "at '/subscriptions/0/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=Orders", "courier: subscriptions orders and Orders are one name to courier"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUBSCRIPTIONS=orders", "env.COURIER_SUBSCRIPTIONS is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUB_ORDERS_BATCH_MAX=5", "env.COURIER_SUB_ORDERS_BATCH_MAX is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_STREAM=B", "env.COURIER_STREAM is set but every subscription sets its own"},
+		{"replicaCount=2,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0s,courier.subscriptions[0].name=a,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=1h", "replicaCount 2 with COURIER_DEDUP_STORE=badger"},
 		{"courier.env.OTEL_SDK_DISABLED=yes", "at '/env/OTEL_SDK_DISABLED'"},
 		// Derived by the chart, or a secret: refused saying what to set.
 		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "env.COURIER_SHUTDOWN_GRACE is refused. Not here: set shutdownGraceSeconds."},
@@ -282,6 +334,15 @@ func TestHelmChartGuards(t *testing.T) {
 		"courier.env.COURIER_ORDER_KEY=header:Order-Id",
 		"replicaCount=1,courier.env.COURIER_DEDUP_STORE=badger",
 		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0",
+		"courier.env.COURIER_MAX_INFLIGHT=auto",
+		"courier.env.COURIER_MAX_INFLIGHT=auto:16",
+		"courier.env.COURIER_MAX_INFLIGHT=AUTO: 8",
+		"courier.env.COURIER_MAX_INFLIGHT=12",
+		// A subscription that sets nothing of its own takes env's.
+		"courier.subscriptions[0].name=orders",
+		"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=P2,courier.subscriptions[1].env.COURIER_STREAM=PAYMENTS,courier.subscriptions[1].env.COURIER_MAX_INFLIGHT=auto:4",
+		// Dedup off in every subscription: one store per pod is no loss.
+		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_DEDUP_TTL=0,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=0s",
 	} {
 		t.Run("accepts "+set, func(t *testing.T) {
 			if out, err := render(t, set); err != nil {

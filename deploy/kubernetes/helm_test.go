@@ -620,12 +620,13 @@ func TestHelmChartFiles(t *testing.T) {
 
 // TestHelmSchemaVariables: values.schema.json names under env exactly
 // courier's variables, as config lists them for `courier config`
-// (config.Describe), beside GOMEMLIMIT and the names of several
-// subscriptions and routes (COURIER_SUBSCRIPTIONS, COURIER_ROUTES,
-// COURIER_SUB_<NAME>_<VAR>), which it accepts whether or not config
-// reads them yet: any other COURIER_ name is refused. It types each as
-// config.Config parses it, and every value of its lists is one courier
-// accepts.
+// (config.Describe), beside GOMEMLIMIT and the variables of subscriptions
+// (COURIER_SUB_<NAME>_<VAR>): any other COURIER_ name is refused. It types
+// each as config.Config parses it, and every value of its lists is one
+// courier accepts. COURIER_MAX_INFLIGHT takes what courier takes (a
+// number, auto, auto:N). Under subscriptions, a subscription's env names
+// exactly the variables config marks per subscription, each typed as env
+// types it, and a name is what COURIER_SUBSCRIPTIONS accepts.
 func TestHelmSchemaVariables(t *testing.T) {
 	var schema struct {
 		Properties struct {
@@ -634,7 +635,22 @@ func TestHelmSchemaVariables(t *testing.T) {
 				PatternProperties map[string]map[string]any `json:"patternProperties"`
 				Additional        *bool                     `json:"additionalProperties"`
 			} `json:"env"`
+			Subscriptions struct {
+				Type  string `json:"type"`
+				Items struct {
+					Properties struct {
+						Name map[string]any `json:"name"`
+						Env  struct {
+							Properties map[string]map[string]any `json:"properties"`
+							Additional *bool                     `json:"additionalProperties"`
+						} `json:"env"`
+					} `json:"properties"`
+					Additional *bool    `json:"additionalProperties"`
+					Required   []string `json:"required"`
+				} `json:"items"`
+			} `json:"subscriptions"`
 		} `json:"properties"`
+		Defs map[string]map[string]any `json:"$defs"`
 	}
 	if err := json.Unmarshal(readFile(t, libChart+"/values.schema.json"), &schema); err != nil {
 		t.Fatal(err)
@@ -649,7 +665,7 @@ func TestHelmSchemaVariables(t *testing.T) {
 	for _, v := range config.Describe(config.Config{}) {
 		known[v.Name] = true
 	}
-	beyond := []string{"GOMEMLIMIT", "COURIER_SUBSCRIPTIONS", "COURIER_ROUTES"}
+	beyond := []string{"GOMEMLIMIT"}
 	for name := range known {
 		if env[name] == nil {
 			t.Errorf("values.schema.json does not name env.%s, a variable of courier's (courier config lists it): the chart would refuse it", name)
@@ -658,11 +674,6 @@ func TestHelmSchemaVariables(t *testing.T) {
 	for name := range env {
 		if !known[name] && !slices.Contains(beyond, name) {
 			t.Errorf("values.schema.json names env.%s, which courier does not read", name)
-		}
-	}
-	for _, name := range beyond[1:] {
-		if env[name] == nil {
-			t.Errorf("values.schema.json does not name env.%s", name)
 		}
 	}
 	if a := schema.Properties.Env.Additional; a == nil || *a {
@@ -720,6 +731,69 @@ func TestHelmSchemaVariables(t *testing.T) {
 			}
 		}
 	}
+	// COURIER_MAX_INFLIGHT: what courier accepts, as a string or a YAML
+	// number. (The empty string, unset to courier, is refused: leave the
+	// variable out.)
+	refuses := func(name string, value any, environ ...string) bool {
+		_, err := config.Load(config.Environ(append(slices.Clone(base), append(environ, fmt.Sprintf("%s=%v", name, value))...)))
+		var cerr *config.Error
+		return errors.As(err, &cerr) && slices.ContainsFunc(cerr.Problems, func(p string) bool { return strings.Contains(p, name) })
+	}
+	for _, v := range []any{
+		"8", 8, "+3", " 12 ", "auto", "AUTO", "auto:1", "auto:64", " auto:8 ", "auto: 8", "Auto:016",
+		"0", 0, -1, "-1", "x", "1.5", 1.5, "auto:0", "auto:x", "auto:", "auto:-1", "auto:1.5", "auto8", "auto :8", "automatic", "8auto",
+	} {
+		want := !refuses("COURIER_MAX_INFLIGHT", v)
+		if got := schemaTakes(t, schema.Defs, env["COURIER_MAX_INFLIGHT"], v); got != want {
+			t.Errorf("values.schema.json takes env.COURIER_MAX_INFLIGHT %#v: %v; courier accepts it: %v", v, got, want)
+		}
+	}
+
+	// subscriptions: a list of names, each with its own variables of one
+	// message's path, by their plain names.
+	subs := schema.Properties.Subscriptions
+	if subs.Type != "array" || subs.Items.Additional == nil || *subs.Items.Additional || !slices.Contains(subs.Items.Required, "name") {
+		t.Errorf("values.schema.json: subscriptions is %q, its items' additionalProperties %v, required %v: want an array of objects with a name and nothing unknown", subs.Type, subs.Items.Additional, subs.Items.Required)
+	}
+	subEnv := subs.Items.Properties.Env
+	if a := subEnv.Additional; a == nil || *a {
+		t.Error("values.schema.json: a subscription's env takes names it does not list: a variable of the process would pass")
+	}
+	perSub := map[string]bool{}
+	for _, v := range config.Variables() {
+		if v.PerSubscription {
+			perSub[v.Name] = true
+		}
+	}
+	if len(perSub) == 0 {
+		t.Fatal("config marks no variable per subscription")
+	}
+	for name := range perSub {
+		if subEnv.Properties[name] == nil {
+			t.Errorf("values.schema.json: a subscription's env does not name %s, which config marks per subscription", name)
+		}
+	}
+	for name, p := range subEnv.Properties {
+		switch {
+		case !perSub[name]:
+			t.Errorf("values.schema.json: a subscription's env names %s, which config does not mark per subscription: courier would refuse COURIER_SUB_<NAME>_%s", name, strings.TrimPrefix(name, "COURIER_"))
+		case !reflect.DeepEqual(p, env[name]):
+			t.Errorf("values.schema.json: a subscription's %s is %v, env's %v: type them alike", name, p, env[name])
+		}
+	}
+	for _, name := range []string{"orders", "P2", "0", "Orders2", "or-ders", "orders_x", "orders payments", "ördern", "orders.x"} {
+		want := !refuses("COURIER_SUBSCRIPTIONS", name)
+		if got := schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name); got != want {
+			t.Errorf("values.schema.json takes the subscription name %q: %v; courier accepts COURIER_SUBSCRIPTIONS=%s: %v", name, got, name, want)
+		}
+	}
+	// Not one name to courier: none (unset), or two.
+	for _, name := range []string{"", "orders,payments"} {
+		if schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name) {
+			t.Errorf("values.schema.json takes the subscription name %q", name)
+		}
+	}
+
 	// Every typed variable of courier is typed in the schema.
 	for name, typ := range kinds {
 		if _, ok := defs[typ]; ok && env[name] != nil && env[name]["$ref"] != defs[typ] {
@@ -728,4 +802,72 @@ func TestHelmSchemaVariables(t *testing.T) {
 			}
 		}
 	}
+}
+
+// schemaTakes reports whether the schema s of values.schema.json (whose
+// $defs are defs) takes the value v, a string or a YAML number: it knows
+// the keywords the schema gives variables and names ($ref, type, pattern,
+// minimum, enum) and fails t on any other, so that a keyword it would
+// ignore cannot make it take a value helm refuses.
+func schemaTakes(t *testing.T, defs map[string]map[string]any, s map[string]any, v any) bool {
+	t.Helper()
+	if s == nil {
+		t.Fatal("no schema")
+	}
+	for k, kw := range s {
+		switch k {
+		case "description":
+		case "$ref":
+			ref, _ := kw.(string)
+			def, ok := strings.CutPrefix(ref, "#/$defs/")
+			if !ok || defs[def] == nil {
+				t.Fatalf("$ref %q: not one of $defs", ref)
+			}
+			if !schemaTakes(t, defs, defs[def], v) {
+				return false
+			}
+		case "type":
+			types, ok := kw.([]any)
+			if !ok {
+				types = []any{kw}
+			}
+			typ := "string"
+			switch n := v.(type) {
+			case int:
+				typ = "integer"
+			case float64:
+				typ = "number"
+				if n == float64(int(n)) {
+					typ = "integer"
+				}
+			}
+			if !slices.Contains(types, any(typ)) && !(typ == "integer" && slices.Contains(types, any("number"))) {
+				return false
+			}
+		case "pattern":
+			if str, ok := v.(string); ok && !regexp.MustCompile(kw.(string)).MatchString(str) {
+				return false
+			}
+		case "minimum":
+			var n float64
+			switch x := v.(type) {
+			case int:
+				n = float64(x)
+			case float64:
+				n = x
+			default:
+				continue
+			}
+			if n < kw.(float64) {
+				return false
+			}
+		case "enum":
+			if !slices.Contains(kw.([]any), v) {
+				return false
+			}
+		default:
+			t.Fatalf("schemaTakes does not know the keyword %s", k)
+		}
+	}
+	return true
 }

@@ -106,8 +106,8 @@ func TestHelmChart(t *testing.T) {
 	}
 	example := filepath.Join(dir, "example")
 	h.must(t, "dependency", "update", "--skip-refresh", example)
-	for _, chart := range []string{filepath.Join(dir, "courier"), example} {
-		if out, err := h.run(t, "lint", "--strict", "--kube-version", kubeVersion, chart); err != nil {
+	for _, args := range [][]string{{filepath.Join(dir, "courier")}, {example}, {example, "-f", filepath.Join(example, "shipping-values.yaml")}} {
+		if out, err := h.run(t, append([]string{"lint", "--strict", "--kube-version", kubeVersion}, args...)...); err != nil {
 			t.Errorf("%v\n%s", err, out)
 		}
 	}

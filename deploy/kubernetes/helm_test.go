@@ -338,8 +338,10 @@ func TestHelmChartGuards(t *testing.T) {
 		"courier.env.COURIER_MAX_INFLIGHT=auto:16",
 		"courier.env.COURIER_MAX_INFLIGHT=AUTO: 8",
 		"courier.env.COURIER_MAX_INFLIGHT=12",
-		// A subscription that sets nothing of its own takes env's.
+		// A subscription that sets nothing of its own takes env's; so does
+		// one that sets a variable to "" (unset to courier).
 		"courier.subscriptions[0].name=orders",
+		"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=",
 		"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=P2,courier.subscriptions[1].env.COURIER_STREAM=PAYMENTS,courier.subscriptions[1].env.COURIER_MAX_INFLIGHT=auto:4",
 		// Dedup off in every subscription: one store per pod is no loss.
 		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_DEDUP_TTL=0,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=0s",

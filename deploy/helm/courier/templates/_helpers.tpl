@@ -185,7 +185,8 @@ nothing.
 {{- range $name := keys $v.env | sortAlpha -}}
 {{- $everyOne := true -}}
 {{- range $subs -}}
-{{- if not (hasKey (.env | default dict) $name) -}}{{- $everyOne = false -}}{{- end -}}
+{{- /* "" is unset to courier: the plain variable applies. */ -}}
+{{- if not (get (.env | default dict) $name | toString) -}}{{- $everyOne = false -}}{{- end -}}
 {{- end -}}
 {{- if $everyOne -}}
 {{- fail (printf "courier: env.%s is set but every subscription sets its own (subscriptions[].env.%s): it would never be used; remove it from env, or from the subscriptions that are to use it" $name $name) -}}

@@ -272,6 +272,8 @@ func TestHelmChart(t *testing.T) {
 		{"courier.keda.natsServerMonitoringEndpoint=http://nats:8222", "at '/keda/natsServerMonitoringEndpoint'"},
 		{"courier.keda.enabled=true,courier.keda.minReplicaCount=20", "keda.minReplicaCount 20 is above keda.maxReplicaCount 12"},
 		{"courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "set courier.env.COURIER_DEDUP_STORE: shared"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=", "env.COURIER_STREAM is required with keda.enabled"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b", "subscription b has no COURIER_STREAM, which keda.enabled needs"},
 		{"courier.keda.enabled=true,courier.keda.natsServerMonitoringEndpoint=", "keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required"},
 	} {
 		t.Run("refuses "+tc.set, func(t *testing.T) {

@@ -188,7 +188,7 @@ nothing.
 {{- /* "" is unset to courier: the plain variable applies. */ -}}
 {{- if not (get (.env | default dict) $name | toString) -}}{{- $everyOne = false -}}{{- end -}}
 {{- end -}}
-{{- if $everyOne -}}
+{{- if and $everyOne (get $v.env $name | toString) -}}
 {{- fail (printf "courier: env.%s is set but every subscription sets its own (subscriptions[].env.%s): it would never be used; remove it from env, or from the subscriptions that are to use it" $name $name) -}}
 {{- end -}}
 {{- end -}}

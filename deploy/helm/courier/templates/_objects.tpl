@@ -104,7 +104,8 @@ courier.scaledObject: KEDA's nats-jetstream scaler on the consumer courier
 consumes (COURIER_STREAM, COURIER_CONSUMER), one trigger per subscription.
 KEDA counts as lag the consumer's pending and ack pending messages, and ack
 pending includes what courier holds without working on it (backoffs, an app
-outage, its read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains the numbers.
+outage, its read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains
+the numbers.
 */}}
 {{- define "courier.scaledObject" -}}
 {{- include "courier.checkArgs" . -}}

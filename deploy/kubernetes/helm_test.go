@@ -106,8 +106,8 @@ func TestHelmChart(t *testing.T) {
 	}
 	example := filepath.Join(dir, "example")
 	h.must(t, "dependency", "update", "--skip-refresh", example)
-	for _, chart := range []string{filepath.Join(dir, "courier"), example} {
-		if out, err := h.run(t, "lint", "--strict", "--kube-version", kubeVersion, chart); err != nil {
+	for _, args := range [][]string{{filepath.Join(dir, "courier")}, {example}, {example, "-f", filepath.Join(example, "shipping-values.yaml")}} {
+		if out, err := h.run(t, append([]string{"lint", "--strict", "--kube-version", kubeVersion}, args...)...); err != nil {
 			t.Errorf("%v\n%s", err, out)
 		}
 	}
@@ -177,6 +177,41 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("two subscriptions", func(t *testing.T) {
+		// shipping-values.yaml: one app consuming ORDERS (order per key,
+		// routes) and PAYMENTS (batches, its own path), KEDA on both.
+		objs := render(t, "-f", filepath.Join(example, "shipping-values.yaml"),
+			"--set", "courier.keda.enabled=true")
+		got := checkManifests(t, withSecrets(objs, "orders-courier-nats"))
+		cfg, ok := got.configs["orders"]
+		if !ok {
+			t.Fatal("no Deployment orders with courier")
+		}
+		subs := cfg.Subscriptions()
+		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
+			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
+		}
+		o, p := subs[0].Config, subs[1].Config
+		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
+			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
+		}
+		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
+			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
+		}
+		for _, sub := range subs {
+			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
+				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
+			}
+		}
+		if src := subs[0].Source["COURIER_STREAM"]; src != "COURIER_STREAM" {
+			t.Errorf("orders' stream comes from %s, want the plain COURIER_STREAM of values.yaml", src)
+		}
+		so := find(t, objs, "ScaledObject", "orders-courier")
+		if n := len(asList(t, dig(so.doc, "spec", "triggers"), "triggers")); n != 2 {
+			t.Errorf("ScaledObject: %d triggers, want one per subscription", n)
+		}
+	})
+
 	// Each of these is refused by helm before anything is rendered, let
 	// alone applied: by values.schema.json, or by the templates for what a
 	// schema cannot say.
@@ -192,6 +227,23 @@ func TestHelmChart(t *testing.T) {
 		{"courier.env.COURIER_HTTP_TIMEOUT=10 seconds", "at '/env/COURIER_HTTP_TIMEOUT'"},
 		{"courier.env.COURIER_MAX_DELIVER=five", "at '/env/COURIER_MAX_DELIVER'"},
 		{"courier.env.COURIER_MAX_RATE=fast", "at '/env/COURIER_MAX_RATE'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:x", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=automatic", "at '/env/COURIER_MAX_INFLIGHT'"},
+		// Subscriptions: their names, their variables, and what the
+		// templates refuse beside them.
+		{"courier.subscriptions[0].name=or-ders", "at '/subscriptions/0/name'"},
+		{"courier.subscriptions[0].env.COURIER_STREAM=ORDERS", "at '/subscriptions/0': missing property 'name'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_ADMIN_ADDR=:1", "additional properties 'COURIER_ADMIN_ADDR' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_SUB_ORDERS_STREAM=X", "additional properties 'COURIER_SUB_ORDERS_STREAM' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_BATCH_MAX=many", "at '/subscriptions/0/env/COURIER_BATCH_MAX'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_MAX_INFLIGHT=auto:0", "at '/subscriptions/0/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=Orders", "courier: subscriptions orders and Orders are one name to courier"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUBSCRIPTIONS=orders", "env.COURIER_SUBSCRIPTIONS is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUB_ORDERS_BATCH_MAX=5", "env.COURIER_SUB_ORDERS_BATCH_MAX is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_STREAM=B", "env.COURIER_STREAM is set but every subscription sets its own"},
+		{"replicaCount=2,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0s,courier.subscriptions[0].name=a,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=1h", "replicaCount 2 with COURIER_DEDUP_STORE=badger"},
 		{"courier.env.OTEL_SDK_DISABLED=yes", "at '/env/OTEL_SDK_DISABLED'"},
 		// Derived by the chart, or a secret: refused saying what to set.
 		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "env.COURIER_SHUTDOWN_GRACE is refused. Not here: set shutdownGraceSeconds."},
@@ -220,6 +272,8 @@ func TestHelmChart(t *testing.T) {
 		{"courier.keda.natsServerMonitoringEndpoint=http://nats:8222", "at '/keda/natsServerMonitoringEndpoint'"},
 		{"courier.keda.enabled=true,courier.keda.minReplicaCount=20", "keda.minReplicaCount 20 is above keda.maxReplicaCount 12"},
 		{"courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "set courier.env.COURIER_DEDUP_STORE: shared"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=", "env.COURIER_STREAM is required with keda.enabled"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b", "subscription b has no COURIER_STREAM, which keda.enabled needs"},
 		{"courier.keda.enabled=true,courier.keda.natsServerMonitoringEndpoint=", "keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required"},
 	} {
 		t.Run("refuses "+tc.set, func(t *testing.T) {
@@ -282,6 +336,17 @@ func TestHelmChartGuards(t *testing.T) {
 		"courier.env.COURIER_ORDER_KEY=header:Order-Id",
 		"replicaCount=1,courier.env.COURIER_DEDUP_STORE=badger",
 		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0",
+		"courier.env.COURIER_MAX_INFLIGHT=auto",
+		"courier.env.COURIER_MAX_INFLIGHT=auto:16",
+		"courier.env.COURIER_MAX_INFLIGHT=AUTO: 8",
+		"courier.env.COURIER_MAX_INFLIGHT=12",
+		// A subscription that sets nothing of its own takes env's; so does
+		// one that sets a variable to "" (unset to courier).
+		"courier.subscriptions[0].name=orders",
+		"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=",
+		"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=P2,courier.subscriptions[1].env.COURIER_STREAM=PAYMENTS,courier.subscriptions[1].env.COURIER_MAX_INFLIGHT=auto:4",
+		// Dedup off in every subscription: one store per pod is no loss.
+		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_DEDUP_TTL=0,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=0s",
 	} {
 		t.Run("accepts "+set, func(t *testing.T) {
 			if out, err := render(t, set); err != nil {
@@ -559,12 +624,13 @@ func TestHelmChartFiles(t *testing.T) {
 
 // TestHelmSchemaVariables: values.schema.json names under env exactly
 // courier's variables, as config lists them for `courier config`
-// (config.Describe), beside GOMEMLIMIT and the names of several
-// subscriptions and routes (COURIER_SUBSCRIPTIONS, COURIER_ROUTES,
-// COURIER_SUB_<NAME>_<VAR>), which it accepts whether or not config
-// reads them yet: any other COURIER_ name is refused. It types each as
-// config.Config parses it, and every value of its lists is one courier
-// accepts.
+// (config.Describe), beside GOMEMLIMIT and the variables of subscriptions
+// (COURIER_SUB_<NAME>_<VAR>): any other COURIER_ name is refused. It types
+// each as config.Config parses it, and every value of its lists is one
+// courier accepts. COURIER_MAX_INFLIGHT takes what courier takes (a
+// number, auto, auto:N). Under subscriptions, a subscription's env names
+// exactly the variables config marks per subscription, each typed as env
+// types it, and a name is what COURIER_SUBSCRIPTIONS accepts.
 func TestHelmSchemaVariables(t *testing.T) {
 	var schema struct {
 		Properties struct {
@@ -573,7 +639,22 @@ func TestHelmSchemaVariables(t *testing.T) {
 				PatternProperties map[string]map[string]any `json:"patternProperties"`
 				Additional        *bool                     `json:"additionalProperties"`
 			} `json:"env"`
+			Subscriptions struct {
+				Type  string `json:"type"`
+				Items struct {
+					Properties struct {
+						Name map[string]any `json:"name"`
+						Env  struct {
+							Properties map[string]map[string]any `json:"properties"`
+							Additional *bool                     `json:"additionalProperties"`
+						} `json:"env"`
+					} `json:"properties"`
+					Additional *bool    `json:"additionalProperties"`
+					Required   []string `json:"required"`
+				} `json:"items"`
+			} `json:"subscriptions"`
 		} `json:"properties"`
+		Defs map[string]map[string]any `json:"$defs"`
 	}
 	if err := json.Unmarshal(readFile(t, libChart+"/values.schema.json"), &schema); err != nil {
 		t.Fatal(err)
@@ -588,7 +669,7 @@ func TestHelmSchemaVariables(t *testing.T) {
 	for _, v := range config.Describe(config.Config{}) {
 		known[v.Name] = true
 	}
-	beyond := []string{"GOMEMLIMIT", "COURIER_SUBSCRIPTIONS", "COURIER_ROUTES"}
+	beyond := []string{"GOMEMLIMIT"}
 	for name := range known {
 		if env[name] == nil {
 			t.Errorf("values.schema.json does not name env.%s, a variable of courier's (courier config lists it): the chart would refuse it", name)
@@ -597,11 +678,6 @@ func TestHelmSchemaVariables(t *testing.T) {
 	for name := range env {
 		if !known[name] && !slices.Contains(beyond, name) {
 			t.Errorf("values.schema.json names env.%s, which courier does not read", name)
-		}
-	}
-	for _, name := range beyond[1:] {
-		if env[name] == nil {
-			t.Errorf("values.schema.json does not name env.%s", name)
 		}
 	}
 	if a := schema.Properties.Env.Additional; a == nil || *a {
@@ -659,6 +735,69 @@ func TestHelmSchemaVariables(t *testing.T) {
 			}
 		}
 	}
+	// COURIER_MAX_INFLIGHT: what courier accepts, as a string or a YAML
+	// number. (The empty string, unset to courier, is refused: leave the
+	// variable out.)
+	refuses := func(name string, value any, environ ...string) bool {
+		_, err := config.Load(config.Environ(append(slices.Clone(base), append(environ, fmt.Sprintf("%s=%v", name, value))...)))
+		var cerr *config.Error
+		return errors.As(err, &cerr) && slices.ContainsFunc(cerr.Problems, func(p string) bool { return strings.Contains(p, name) })
+	}
+	for _, v := range []any{
+		"8", 8, "+3", " 12 ", "auto", "AUTO", "auto:1", "auto:64", " auto:8 ", "auto: 8", "Auto:016",
+		"0", 0, -1, "-1", "x", "1.5", 1.5, "auto:0", "auto:x", "auto:", "auto:-1", "auto:1.5", "auto8", "auto :8", "automatic", "8auto",
+	} {
+		want := !refuses("COURIER_MAX_INFLIGHT", v)
+		if got := schemaTakes(t, schema.Defs, env["COURIER_MAX_INFLIGHT"], v); got != want {
+			t.Errorf("values.schema.json takes env.COURIER_MAX_INFLIGHT %#v: %v; courier accepts it: %v", v, got, want)
+		}
+	}
+
+	// subscriptions: a list of names, each with its own variables of one
+	// message's path, by their plain names.
+	subs := schema.Properties.Subscriptions
+	if subs.Type != "array" || subs.Items.Additional == nil || *subs.Items.Additional || !slices.Contains(subs.Items.Required, "name") {
+		t.Errorf("values.schema.json: subscriptions is %q, its items' additionalProperties %v, required %v: want an array of objects with a name and nothing unknown", subs.Type, subs.Items.Additional, subs.Items.Required)
+	}
+	subEnv := subs.Items.Properties.Env
+	if a := subEnv.Additional; a == nil || *a {
+		t.Error("values.schema.json: a subscription's env takes names it does not list: a variable of the process would pass")
+	}
+	perSub := map[string]bool{}
+	for _, v := range config.Variables() {
+		if v.PerSubscription {
+			perSub[v.Name] = true
+		}
+	}
+	if len(perSub) == 0 {
+		t.Fatal("config marks no variable per subscription")
+	}
+	for name := range perSub {
+		if subEnv.Properties[name] == nil {
+			t.Errorf("values.schema.json: a subscription's env does not name %s, which config marks per subscription", name)
+		}
+	}
+	for name, p := range subEnv.Properties {
+		switch {
+		case !perSub[name]:
+			t.Errorf("values.schema.json: a subscription's env names %s, which config does not mark per subscription: courier would refuse COURIER_SUB_<NAME>_%s", name, strings.TrimPrefix(name, "COURIER_"))
+		case !reflect.DeepEqual(p, env[name]):
+			t.Errorf("values.schema.json: a subscription's %s is %v, env's %v: type them alike", name, p, env[name])
+		}
+	}
+	for _, name := range []string{"orders", "P2", "0", "Orders2", "or-ders", "orders_x", "orders payments", "ördern", "orders.x"} {
+		want := !refuses("COURIER_SUBSCRIPTIONS", name)
+		if got := schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name); got != want {
+			t.Errorf("values.schema.json takes the subscription name %q: %v; courier accepts COURIER_SUBSCRIPTIONS=%s: %v", name, got, name, want)
+		}
+	}
+	// Not one name to courier: none (unset), or two.
+	for _, name := range []string{"", "orders,payments"} {
+		if schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name) {
+			t.Errorf("values.schema.json takes the subscription name %q", name)
+		}
+	}
+
 	// Every typed variable of courier is typed in the schema.
 	for name, typ := range kinds {
 		if _, ok := defs[typ]; ok && env[name] != nil && env[name]["$ref"] != defs[typ] {
@@ -667,4 +806,72 @@ func TestHelmSchemaVariables(t *testing.T) {
 			}
 		}
 	}
+}
+
+// schemaTakes reports whether the schema s of values.schema.json (whose
+// $defs are defs) takes the value v, a string or a YAML number: it knows
+// the keywords the schema gives variables and names ($ref, type, pattern,
+// minimum, enum) and fails t on any other, so that a keyword it would
+// ignore cannot make it take a value helm refuses.
+func schemaTakes(t *testing.T, defs map[string]map[string]any, s map[string]any, v any) bool {
+	t.Helper()
+	if s == nil {
+		t.Fatal("no schema")
+	}
+	for k, kw := range s {
+		switch k {
+		case "description":
+		case "$ref":
+			ref, _ := kw.(string)
+			def, ok := strings.CutPrefix(ref, "#/$defs/")
+			if !ok || defs[def] == nil {
+				t.Fatalf("$ref %q: not one of $defs", ref)
+			}
+			if !schemaTakes(t, defs, defs[def], v) {
+				return false
+			}
+		case "type":
+			types, ok := kw.([]any)
+			if !ok {
+				types = []any{kw}
+			}
+			typ := "string"
+			switch n := v.(type) {
+			case int:
+				typ = "integer"
+			case float64:
+				typ = "number"
+				if n == float64(int(n)) {
+					typ = "integer"
+				}
+			}
+			if !slices.Contains(types, any(typ)) && !(typ == "integer" && slices.Contains(types, any("number"))) {
+				return false
+			}
+		case "pattern":
+			if str, ok := v.(string); ok && !regexp.MustCompile(kw.(string)).MatchString(str) {
+				return false
+			}
+		case "minimum":
+			var n float64
+			switch x := v.(type) {
+			case int:
+				n = float64(x)
+			case float64:
+				n = x
+			default:
+				continue
+			}
+			if n < kw.(float64) {
+				return false
+			}
+		case "enum":
+			if !slices.Contains(kw.([]any), v) {
+				return false
+			}
+		default:
+			t.Fatalf("schemaTakes does not know the keyword %s", k)
+		}
+	}
+	return true
 }

@@ -111,9 +111,22 @@ when keda.enabled, whichever of them is set.
 {{- fail (printf "courier: env.%s is refused. %s" $name (get $refused $name)) -}}
 {{- end -}}
 {{- end -}}
+{{- include "courier.checkSubscriptions" . -}}
 {{- $store := $v.env.COURIER_DEDUP_STORE | default "badger" | toString | lower | trim -}}
-{{- $ttl := $v.env.COURIER_DEDUP_TTL | default "24h" | toString -}}
-{{- if and (eq $store "badger") (not (regexMatch "^\\s*0+([a-zµμ]+)?\\s*$" $ttl)) -}}
+{{- /* Dedup is on unless every subscription's COURIER_DEDUP_TTL is 0. */ -}}
+{{- $plainTTL := $v.env.COURIER_DEDUP_TTL | default "24h" | toString -}}
+{{- $ttls := list $plainTTL -}}
+{{- with $v.subscriptions -}}
+{{- $ttls = list -}}
+{{- range . -}}
+{{- $ttls = append $ttls ((.env | default dict).COURIER_DEDUP_TTL | default $plainTTL | toString) -}}
+{{- end -}}
+{{- end -}}
+{{- $dedup := false -}}
+{{- range $ttls -}}
+{{- if not (regexMatch "^\\s*0+([a-zµμ]+)?\\s*$" .) -}}{{- $dedup = true -}}{{- end -}}
+{{- end -}}
+{{- if and (eq $store "badger") $dedup -}}
 {{- $many := list -}}
 {{- if gt (int (.Values.replicaCount | default 1)) 1 -}}
 {{- $many = append $many (printf "replicaCount %v" .Values.replicaCount) -}}
@@ -128,6 +141,56 @@ when keda.enabled, whichever of them is set.
 {{- end -}}
 {{- with $many -}}
 {{- fail (printf "courier: %s with COURIER_DEDUP_STORE=badger (the default): each pod would recognise only its own keys, and a duplicate reaching another pod would reach the app; set courier.env.COURIER_DEDUP_STORE: shared (a key-value bucket every pod shares), or run one replica" (join " and " .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* courier.subscriptionNames: COURIER_SUBSCRIPTIONS, from subscriptions[].name; takes courier's values. */}}
+{{- define "courier.subscriptionNames" -}}
+{{- $names := list -}}
+{{- range .subscriptions -}}{{- $names = append $names .name -}}{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/*
+courier.checkSubscriptions: what values.schema.json cannot say of
+subscriptions. Two names that differ only in case are one to courier (their
+variables are upper case). env.COURIER_SUBSCRIPTIONS and env.COURIER_SUB_*
+beside the list would say the same thing twice, and disagree. A plain
+variable of env that every subscription sets for itself is never used (nor
+checked by courier, which only warns of it): most likely left over from a
+courier of one subscription, so a deploy meant to change it would change
+nothing.
+*/}}
+{{- define "courier.checkSubscriptions" -}}
+{{- $v := .Subcharts.courier.Values -}}
+{{- with $v.subscriptions -}}
+{{- $subs := . -}}
+{{- range $name := keys $v.env | sortAlpha -}}
+{{- if eq $name "COURIER_SUBSCRIPTIONS" -}}
+{{- fail "courier: env.COURIER_SUBSCRIPTIONS is refused beside subscriptions: the chart sets it from subscriptions[].name" -}}
+{{- end -}}
+{{- if hasPrefix "COURIER_SUB_" $name -}}
+{{- fail (printf "courier: env.%s is refused beside subscriptions: set the variable in its subscription's env, by its plain name (subscriptions[].env.COURIER_<VAR>)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $subs -}}
+{{- $key := upper .name -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "courier: subscriptions %s and %s are one name to courier, whose variables are upper case (COURIER_SUB_%s_STREAM for both): name them apart" (get $seen $key) .name $key) -}}
+{{- end -}}
+{{- $_ := set $seen $key .name -}}
+{{- end -}}
+{{- range $name := keys $v.env | sortAlpha -}}
+{{- $everyOne := true -}}
+{{- range $subs -}}
+{{- /* "" is unset to courier: the plain variable applies. */ -}}
+{{- if not (get (.env | default dict) $name | toString) -}}{{- $everyOne = false -}}{{- end -}}
+{{- end -}}
+{{- if and $everyOne (get $v.env $name | toString) -}}
+{{- fail (printf "courier: env.%s is set but every subscription sets its own (subscriptions[].env.%s): it would never be used; remove it from env, or from the subscriptions that are to use it" $name $name) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

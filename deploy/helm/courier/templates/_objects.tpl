@@ -101,10 +101,11 @@ data:
 
 {{/*
 courier.scaledObject: KEDA's nats-jetstream scaler on the consumer courier
-consumes (COURIER_STREAM, COURIER_CONSUMER). KEDA counts as lag the
-consumer's pending and ack pending messages, and ack pending includes what
-courier holds without working on it (backoffs, an app outage, its
-read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains the numbers.
+consumes (COURIER_STREAM, COURIER_CONSUMER), one trigger per subscription.
+KEDA counts as lag the consumer's pending and ack pending messages, and ack
+pending includes what courier holds without working on it (backoffs, an app
+outage, its read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains
+the numbers.
 */}}
 {{- define "courier.scaledObject" -}}
 {{- include "courier.checkArgs" . -}}
@@ -131,15 +132,26 @@ spec:
       behavior:
         scaleDown:
           stabilizationWindowSeconds: {{ $k.scaleDownStabilizationSeconds }}
+  {{- /* One trigger per durable consumer: the HPA follows the busiest. */}}
   triggers:
+    {{- range $v.subscriptions | default (list (dict "name" "")) }}
+    {{- $e := .env | default dict }}
+    {{- $stream := $e.COURIER_STREAM | default $v.env.COURIER_STREAM }}
+    {{- if not $stream }}
+    {{- if .name }}
+    {{- fail (printf "courier: subscription %s has no COURIER_STREAM, which keda.enabled needs: set it in its env or in env" .name) }}
+    {{- end }}
+    {{- fail "courier: env.COURIER_STREAM is required with keda.enabled" }}
+    {{- end }}
     - type: nats-jetstream
       metadata:
         natsServerMonitoringEndpoint: {{ required "courier: keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required with keda.enabled" $k.natsServerMonitoringEndpoint | quote }}
         account: {{ $k.account | quote }}
-        stream: {{ required "courier: env.COURIER_STREAM is required with keda.enabled" $v.env.COURIER_STREAM | toString | quote }}
-        consumer: {{ $v.env.COURIER_CONSUMER | default "courier" | toString | quote }}
+        stream: {{ $stream | toString | quote }}
+        consumer: {{ $e.COURIER_CONSUMER | default $v.env.COURIER_CONSUMER | default "courier" | toString | quote }}
         lagThreshold: {{ include "courier.envValue" $k.lagThreshold }}
         activationLagThreshold: {{ include "courier.envValue" $k.activationLagThreshold }}
+    {{- end }}
 {{- end -}}
 
 {{/*

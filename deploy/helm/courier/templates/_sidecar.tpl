@@ -76,6 +76,19 @@ under annotations for a Prometheus that scrapes by annotation.
     - name: {{ $k }}
       value: {{ include "courier.envValue" $val }}
     {{- end }}
+    {{- with $v.subscriptions }}
+    # subscriptions: one durable consumer each, their own variables as
+    # COURIER_SUB_<NAME>_<VAR> (the name upper-cased, as courier reads it).
+    - name: COURIER_SUBSCRIPTIONS
+      value: {{ include "courier.subscriptionNames" $v | quote }}
+    {{- range . }}
+    {{- $prefix := printf "COURIER_SUB_%s_" (upper .name) }}
+    {{- range $k, $val := .env }}
+    - name: {{ $prefix }}{{ trimPrefix "COURIER_" $k }}
+      value: {{ include "courier.envValue" $val }}
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- with $v.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -21,6 +21,7 @@ type report struct {
 	latency   []latencyResult
 	replicas  []replicasResult
 	publishes []publishResult
+	adaptive  []*adaptiveResult
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -296,6 +297,7 @@ func (rep *report) print(w io.Writer) {
 
 	rep.printOrder(w, rows)
 	rep.printReplicas(w)
+	rep.printAdaptive(w)
 	rep.printPublish(w)
 
 	if len(rep.latency) > 0 {
@@ -337,6 +339,7 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 	n += rep.replicasAnomalies(w)
+	n += rep.adaptiveAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {
 			n++

@@ -442,7 +442,11 @@ func (rep *report) printAdaptive(w io.Writer) {
 			continue
 		}
 		for _, r := range auto {
-			fmt.Fprintf(w, "  auto, round %d: limit %s", r.round+1, r.traceSummary(24))
+			fmt.Fprintf(w, "  auto, round %d:", r.round+1)
+			if r.final != nil {
+				fmt.Fprintf(w, " at the end limit %.0f, min RTT %s;", r.final.limit, fmtDur(r.final.minRTT))
+			}
+			fmt.Fprintf(w, " limit %s", r.traceSummary(24))
 			if r.final != nil {
 				var cs []string
 				for _, c := range []string{"rise", "queueing", "overload", "timeout", "minrtt-probe"} {

@@ -226,6 +226,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.machine = append(rep.machine, "go env:   "+strings.Join(set, " ")+
 			" (for both processes; GOGC replaces courier's default of 50)")
 	}
+	rep.loadStart = loadAvg()
 
 	for _, phase := range []func(context.Context, *report, io.Writer) error{
 		b.idlePhase, b.drainPhase, b.replicasPhase, b.adaptivePhase, b.publishPhase, b.latencyPhase,
@@ -392,6 +393,21 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadAvg is the machine's load average over 1, 5 and 15 minutes, as
+// /proc/loadavg says it: on a machine shared with other work, what the
+// figures were measured beside.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // machine describes where the figures come from.

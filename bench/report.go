@@ -22,6 +22,7 @@ type report struct {
 	replicas  []replicasResult
 	publishes []publishResult
 	adaptive  []*adaptiveResult
+	loadStart string // the load average when measuring began
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -159,6 +160,9 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintln(w, "courier benchmark")
 	for _, l := range rep.machine {
 		fmt.Fprintln(w, l)
+	}
+	if rep.loadStart != "" {
+		fmt.Fprintf(w, "load:     %s at the start, %s at the end (1, 5, 15 min averages, /proc/loadavg)\n", rep.loadStart, loadAvg())
 	}
 	fmt.Fprintf(w, "setup:    nats-server %s embedded (file storage) and the instant app both run inside the bench\n", server.VERSION)
 	fmt.Fprintln(w, "          process, sharing the CPUs with the process under test; every measurement on a fresh stream")

@@ -50,6 +50,7 @@ type batchEntry struct {
 	ct   string       // its content type
 	span *attemptSpan // nil: tracing off
 	done chan batchResult
+	to   int // its target (routes.go): a batch holds one target's entries
 }
 
 // batchResult is an entry's part of its batch's answer: what post returns
@@ -77,6 +78,17 @@ func (e *entryError) Error() string {
 
 func (e *entryError) Unwrap() error { return e.app }
 
+// gathering is a batch gathering: its entries and their message bytes;
+// gen names it (the timer set for it sends only it); timer is nil until
+// its first entry.
+type gathering struct {
+	cur   []*batchEntry
+	size  int
+	most  int // entries it may hold: max, or less (caps)
+	gen   uint64
+	timer *time.Timer
+}
+
 // batcher gathers deliveries into batch requests. The workers add their
 // entries to the batch that is gathering, under mu, and the one whose entry
 // fills it hands it on; a timer sends one that is not full BatchWait after
@@ -93,16 +105,11 @@ type batcher struct {
 	wg    sync.WaitGroup
 	quit  chan struct{} // closed by stop: the watch on shutdown ends
 
-	// The batch gathering: its entries and their message bytes; gen names
-	// it (the timer set for it sends only it); timer is nil until its
-	// first entry. now: courier is stopping, every entry goes at once.
-	mu    sync.Mutex
-	cur   []*batchEntry
-	size  int
-	most  int // entries the batch gathering may hold: max, or less (caps)
-	gen   uint64
-	timer *time.Timer
-	now   bool
+	// The batches gathering, one per target (routes.go). now: courier is
+	// stopping, every entry goes at once.
+	mu        sync.Mutex
+	gathering []gathering
+	now       bool
 	// caps holds, by stream sequence, the most entries the batch of a
 	// message's next delivery may hold: half the batch it was in when
 	// that failed as a whole (split). Kept in memory only: after a
@@ -119,6 +126,7 @@ type batcher struct {
 func newBatcher(r *Runner) *batcher {
 	b := &batcher{
 		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
+		gathering: make([]gathering, len(r.targets)),
 		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
@@ -163,23 +171,25 @@ func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpa
 // first if it would hold more.
 func (b *batcher) add(e *batchEntry) {
 	n := len(e.d.m.Data())
+	e.to = b.r.targetOf(e.d.m.Subject())
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	g := &b.gathering[e.to]
 	most := b.capOf(e.d)
-	if len(b.cur) > 0 && (b.size+n > b.bytes || len(b.cur)+1 > min(b.most, most)) {
-		b.flushLocked()
+	if len(g.cur) > 0 && (g.size+n > b.bytes || len(g.cur)+1 > min(g.most, most)) {
+		b.flushLocked(e.to)
 	}
-	if b.cur == nil {
-		b.cur, b.most = make([]*batchEntry, 0, b.max), b.max
+	if g.cur == nil {
+		g.cur, g.most = make([]*batchEntry, 0, b.max), b.max
 	}
-	b.most = min(b.most, most)
-	b.cur, b.size = append(b.cur, e), b.size+n
+	g.most = min(g.most, most)
+	g.cur, g.size = append(g.cur, e), g.size+n
 	switch {
-	case len(b.cur) >= b.most || b.size >= b.bytes || b.now || b.wait <= 0:
-		b.flushLocked()
-	case len(b.cur) == 1:
-		gen := b.gen
-		b.timer = time.AfterFunc(b.wait, func() { b.flushGen(gen) })
+	case len(g.cur) >= g.most || g.size >= b.bytes || b.now || b.wait <= 0:
+		b.flushLocked(e.to)
+	case len(g.cur) == 1:
+		to, gen := e.to, g.gen
+		g.timer = time.AfterFunc(b.wait, func() { b.flushGen(to, gen) })
 	}
 }
 
@@ -217,28 +227,29 @@ func (b *batcher) split(entries []*batchEntry) {
 	}
 }
 
-// flushGen sends the batch gen once its BatchWait is over, unless it went
-// already.
-func (b *batcher) flushGen(gen uint64) {
+// flushGen sends target to's batch gen once its BatchWait is over, unless
+// it went already.
+func (b *batcher) flushGen(to int, gen uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gen == gen {
-		b.flushLocked()
+	if b.gathering[to].gen == gen {
+		b.flushLocked(to)
 	}
 }
 
-// flushLocked sends the batch gathering, if it has entries, and starts the
-// next. b.mu is held.
-func (b *batcher) flushLocked() {
-	if b.timer != nil {
-		b.timer.Stop() // if it fired already, flushGen finds gen moved on
-		b.timer = nil
+// flushLocked sends target to's batch gathering, if it has entries, and
+// starts the next. b.mu is held.
+func (b *batcher) flushLocked(to int) {
+	g := &b.gathering[to]
+	if g.timer != nil {
+		g.timer.Stop() // if it fired already, flushGen finds gen moved on
+		g.timer = nil
 	}
-	b.gen++
-	if len(b.cur) > 0 {
-		b.send(b.cur)
+	g.gen++
+	if len(g.cur) > 0 {
+		b.send(g.cur)
 	}
-	b.cur, b.size = nil, 0
+	g.cur, g.size = nil, 0
 }
 
 // start watches for shutdown until stop: once nothing new starts, what has
@@ -255,7 +266,9 @@ func (b *batcher) start() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		b.now = true
-		b.flushLocked()
+		for to := range b.gathering {
+			b.flushLocked(to)
+		}
 	}()
 }
 
@@ -319,9 +332,9 @@ func (b *batcher) encode(entries []*batchEntry, buf *sendBuf) (body []byte, ids 
 
 // keep keeps body in buf for the next request, if the endpoint is done
 // with it and it is not too large.
-func (b *batcher) keep(buf *sendBuf, body []byte) {
+func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 	buf.body = nil
-	if b.r.epErr == nil && b.r.app.BodyDone() && cap(body) <= maxKeptBody {
+	if to.err == nil && to.ep.BodyDone() && cap(body) <= maxKeptBody {
 		buf.body = body[:0]
 	}
 }
@@ -364,17 +377,18 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	r.m.inflight.Inc()
 	began := time.Now()
 	var a *apphttp.Answer
-	if r.epErr != nil {
-		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
+	to := r.targets[entries[0].to]
+	if to.err != nil {
+		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
 	} else {
 		if r.o.Stamp != nil {
 			r.o.Stamp(h, body)
 		}
-		a, err = r.app.Post(ctx, h, body, batchAnswerLimit)
+		a, err = to.ep.Post(ctx, h, body, batchAnswerLimit)
 	}
 	took := time.Since(began)
 	slot.Release(r.outcomeOf(err))
-	b.keep(buf, body)
+	b.keep(buf, to, body)
 	r.m.inflight.Dec()
 	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()

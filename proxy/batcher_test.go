@@ -300,12 +300,15 @@ func TestBatchWholeAnswers(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := setup(t)
+			var mu sync.Mutex // the entries split after the first go in batches at once
 			var firstAt, secondAt time.Time
 			a := newBatchApp(t, e, func(entries []batchEntry, n int) (int, http.Header, string) {
 				if n == 1 {
 					firstAt = time.Now()
 					return c.first()
 				}
+				mu.Lock()
+				defer mu.Unlock()
 				if secondAt.IsZero() {
 					secondAt = time.Now()
 				}
@@ -339,6 +342,8 @@ func TestBatchWholeAnswers(t *testing.T) {
 				}
 			}
 			a.mu.Unlock()
+			mu.Lock()
+			defer mu.Unlock()
 			if c.name == "503 with Retry-After" && secondAt.Sub(firstAt) < 900*time.Millisecond {
 				t.Errorf("retried after %s, want the app's Retry-After of 1s", secondAt.Sub(firstAt))
 			}

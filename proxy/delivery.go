@@ -364,7 +364,7 @@ var errNotSent = errors.New("request not sent")
 // timeout and by the grace period (t: the worker's lane's timer). The answer
 // to a 2xx is kept (up to the largest message the server accepts) only when
 // success records are published.
-func (r *Runner) post(t *requestTimer, h http.Header, body []byte, reason limit.Reason) (*apphttp.Answer, time.Duration, error) {
+func (r *Runner) post(t *requestTimer, to target, h http.Header, body []byte, reason limit.Reason) (*apphttp.Answer, time.Duration, error) {
 	if r.limiter != nil {
 		began := time.Now()
 		if err := r.limiter.Wait(r.ph.requests); err != nil {
@@ -392,14 +392,14 @@ func (r *Runner) post(t *requestTimer, h http.Header, body []byte, reason limit.
 		keep = r.o.MaxPayload
 	}
 	began := time.Now()
-	if r.epErr != nil {
+	if to.err != nil {
 		slot.Release(limit.Dropped)
-		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: r.epErr}
+		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
 	}
 	if r.o.Stamp != nil {
 		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	a, err := r.app.Post(ctx, h, body, keep)
+	a, err := to.ep.Post(ctx, h, body, keep)
 	slot.Release(r.outcomeOf(err))
 	return a, time.Since(began), err
 }
@@ -423,7 +423,7 @@ func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) 
 		res := r.batcher.submit(d, h, ct, span)
 		return res.answer, res.took, res.err
 	}
-	return r.post(d.timer, h, d.m.Data(), reasonOf(d))
+	return r.post(d.timer, r.targets[r.targetOf(d.m.Subject())], h, d.m.Data(), reasonOf(d))
 }
 
 // settleSuccess hands a 2xx'd delivery to the recorder, which records its

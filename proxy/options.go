@@ -40,6 +40,9 @@ type Options struct {
 	// InfoInterval is how often the consumer's settings are re-read from
 	// the server (ack wait, pull limits). Default 10s.
 	InfoInterval time.Duration
+	// Routes send the messages whose subject matches a route's pattern to
+	// its URL, the first that matches, and the rest to AppURL (routes.go).
+	Routes []Route
 	// MaxInflight bounds concurrent requests to the app. Default 8. With
 	// InflightAuto it is the ceiling of a limit found from the app's
 	// answers (inflight.go).

@@ -111,8 +111,7 @@ type Runner struct {
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
 	refStore   seer              // dd, when it can tell a key without claiming it; else nil
-	app        *apphttp.Endpoint // the app's URL, parsed once, and the client
-	epErr      error             // why it cannot be parsed: each request fails so
+	targets    []target          // AppURL's, then each route's (routes.go)
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder, which lets each batch
@@ -154,7 +153,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		linger:  recordLinger,
 		flights: newFlights(),
 	}
-	r.app, r.epErr = apphttp.NewEndpoint(o.Client, o.AppURL, o.ownClient)
+	r.targets = newTargets(o)
 	if qc, ok := dd.(quickChecker); ok {
 		r.quickCheck = qc.QuickCheck()
 	}

@@ -12,6 +12,7 @@ the pods by them). Each part can be included alone with the same dict.
 
 {{- define "courier.objects" -}}
 {{- include "courier.checkArgs" . -}}
+{{- include "courier.checkValues" .top -}}
 {{- $v := .top.Subcharts.courier.Values -}}
 {{- if $v.podMonitor.enabled }}
 ---
@@ -111,10 +112,6 @@ read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains the numbers.
 {{- $k := $v.keda -}}
 {{- if gt (int $k.minReplicaCount) (int $k.maxReplicaCount) -}}
 {{- fail (printf "courier: keda.minReplicaCount %v is above keda.maxReplicaCount %v" $k.minReplicaCount $k.maxReplicaCount) -}}
-{{- end -}}
-{{- $store := $v.env.COURIER_DEDUP_STORE | default "badger" | toString | lower | trim -}}
-{{- if and (gt (int $k.maxReplicaCount) 1) (eq $store "badger") (ne (toString ($v.env.COURIER_DEDUP_TTL | default "24h")) "0") -}}
-{{- fail (printf "courier: keda.maxReplicaCount %v with COURIER_DEDUP_STORE=badger: each pod would recognise only its own keys, and a duplicate reaching another pod would reach the app; set env.COURIER_DEDUP_STORE: shared" $k.maxReplicaCount) -}}
 {{- end -}}
 apiVersion: keda.sh/v1alpha1
 kind: ScaledObject

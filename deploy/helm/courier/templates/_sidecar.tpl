@@ -43,6 +43,7 @@ under annotations for a Prometheus that scrapes by annotation.
 {{/* courier.sidecar: courier's container, a list item for the pod spec's initContainers. */}}
 {{- define "courier.sidecar" -}}
 {{- include "courier.scope" . -}}
+{{- include "courier.checkValues" . -}}
 {{- $v := .Subcharts.courier.Values -}}
 {{- $mounts := (include "courier.secretFiles" . | fromJson).mounts -}}
 - name: courier

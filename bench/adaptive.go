@@ -245,7 +245,8 @@ func scrapeLimit(ctx context.Context, admin string) (limitReading, error) {
 }
 
 // parseLimit reads the in-flight limit's metrics from Prometheus' text
-// format.
+// format. The bench runs one unnamed subscription, whose metrics carry no
+// subscription label; a labelled line is read alike.
 func parseLimit(r io.Reader) (limitReading, error) {
 	rd := limitReading{limit: math.NaN(), changes: map[string]float64{}}
 	sc := bufio.NewScanner(r)
@@ -264,16 +265,18 @@ func parseLimit(r io.Reader) (limitReading, error) {
 		if err != nil {
 			continue
 		}
-		name := line[:i]
-		switch {
-		case name == "courier_inflight_limit":
+		name, labels, _ := strings.Cut(line[:i], "{")
+		switch name {
+		case "courier_inflight_limit":
 			rd.limit = v
 			seen++
-		case name == "courier_inflight_limit_min_rtt_seconds":
+		case "courier_inflight_limit_min_rtt_seconds":
 			rd.minRTT = time.Duration(v * float64(time.Second))
-		case strings.HasPrefix(name, `courier_inflight_limit_changes_total{cause="`):
-			cause := strings.TrimSuffix(strings.TrimPrefix(name, `courier_inflight_limit_changes_total{cause="`), `"}`)
-			rd.changes[cause] = v
+		case "courier_inflight_limit_changes_total":
+			if _, rest, ok := strings.Cut(labels, `cause="`); ok {
+				cause, _, _ := strings.Cut(rest, `"`)
+				rd.changes[cause] = v
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

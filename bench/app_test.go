@@ -192,6 +192,12 @@ courier_inflight_requests 8
 	if rd.limit != 9 || rd.minRTT != 10500*time.Microsecond || rd.changes["rise"] != 17 || rd.changes["queueing"] != 4 {
 		t.Errorf("read %+v", rd)
 	}
+	labelled := `courier_inflight_limit{subscription="orders"} 5
+courier_inflight_limit_changes_total{cause="rise",subscription="orders"} 3
+`
+	if rd, err := parseLimit(strings.NewReader(labelled)); err != nil || rd.limit != 5 || rd.changes["rise"] != 3 {
+		t.Errorf("labelled: read %+v, %v", rd, err)
+	}
 	if _, err := parseLimit(strings.NewReader("courier_inflight_requests 8\n")); err == nil {
 		t.Error("metrics without courier_inflight_limit read without error")
 	}

@@ -211,6 +211,7 @@ func (r *Runner) mayStart(d *delivery, span *attemptSpan) bool {
 	}
 	if d.okey != "" && d.ord != nil && d.ord.outdated(d.oepoch) {
 		r.release(d.m, "the durable's pin moved to another courier") // which sends it in its key's order
+		d.ord.gaveBack(d.okey, streamSeq(d.m, d.meta))
 		return false
 	}
 	return true

@@ -182,8 +182,9 @@ func TestSubscriptions(t *testing.T) {
 }
 
 // Both subscriptions draining in a courier killed with SIGKILL and
-// started again: nothing lost, and what reaches the app twice is at most
-// what each path had at the app when it died.
+// started again, each with an automatic in-flight limit: nothing lost, and
+// what reaches the app twice is at most what each path had at the app
+// when it died.
 func TestSubscriptionsThroughAKill(t *testing.T) {
 	h := newHarness(t)
 	paymentsStream(t, h)
@@ -214,8 +215,9 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 		h.publish(fmt.Sprintf("payments.%d", i), "{}", nil)
 	}
 	dir := t.TempDir()
+	// The in-flight limit automatic, at most 4, as each path finds it.
 	env := subsEnv(h, app.URL+"/orders", app.URL+"/payments", "COURIER_DEDUP_DIR="+dir, "COURIER_ACK_WAIT=2s",
-		"COURIER_MAX_INFLIGHT=4")
+		"COURIER_MAX_INFLIGHT=auto:4")
 	first := startChild(t, env)
 	waitFor(t, 20*time.Second, "both draining", func() bool {
 		mu.Lock()

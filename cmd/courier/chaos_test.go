@@ -80,26 +80,23 @@ func chaosSettings(t *testing.T) chaosPlan {
 // With partitions (COURIER_ORDER_PARTITIONS, the key a subject token) and
 // batches.
 func TestChaosOrderPartitions(t *testing.T) {
-	p := chaosSettings(t)
-	for r := range p.runs {
-		p := p
-		p.seed += uint64(r)
-		t.Run(fmt.Sprint("seed=", p.seed), func(t *testing.T) {
-			runChaos(t, p, true, "COURIER_ORDER_KEY=subject:3", "COURIER_ORDER_PARTITIONS=6")
-		})
-	}
+	runChaosSeeds(t, true, "COURIER_ORDER_KEY=subject:3", "COURIER_ORDER_PARTITIONS=6")
 }
 
 // One courier at a time active on the durable (a header key: no
 // partitions), with batches.
 func TestChaosOrderSingleActive(t *testing.T) {
+	runChaosSeeds(t, false, "COURIER_ORDER_KEY=header:Order")
+}
+
+// runChaosSeeds runs runChaos once per run COURIERTEST_CHAOS asks for,
+// each with the next seed.
+func runChaosSeeds(t *testing.T, parts bool, extra ...string) {
 	p := chaosSettings(t)
 	for r := range p.runs {
 		p := p
 		p.seed += uint64(r)
-		t.Run(fmt.Sprint("seed=", p.seed), func(t *testing.T) {
-			runChaos(t, p, false, "COURIER_ORDER_KEY=header:Order")
-		})
+		t.Run(fmt.Sprint("seed=", p.seed), func(t *testing.T) { runChaos(t, p, parts, extra...) })
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/courierhq/courier/internal/editdist"
 	"slices"
 	"strings"
 
@@ -107,7 +108,7 @@ func closest(name string, names []string, n int) []string {
 		case strings.Contains(ls, lower) || strings.Contains(lower, ls):
 			return -1
 		}
-		return editDistance(lower, ls)
+		return editdist.Distance(lower, ls)
 	}
 	out := slices.Clone(names)
 	slices.SortFunc(out, func(a, b string) int {
@@ -117,25 +118,4 @@ func closest(name string, names []string, n int) []string {
 		out = append(out[:n], fmt.Sprintf("… %d more", len(names)-n))
 	}
 	return out
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

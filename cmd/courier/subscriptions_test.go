@@ -188,27 +188,7 @@ func TestSubscriptions(t *testing.T) {
 func TestSubscriptionsThroughAKill(t *testing.T) {
 	h := newHarness(t)
 	paymentsStream(t, h)
-	var mu sync.Mutex
-	seen := map[string]int{} // subject → requests (entries)
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Millisecond)
-		mu.Lock()
-		defer mu.Unlock()
-		if r.Header.Get("Courier-Batch") == "" {
-			seen[r.Header.Get("Courier-Subject")]++
-			return
-		}
-		var b struct {
-			Entries []struct {
-				Subject string `json:"subject"`
-			} `json:"entries"`
-		}
-		_ = json.NewDecoder(r.Body).Decode(&b)
-		for _, e := range b.Entries {
-			seen[e.Subject]++
-		}
-	}))
-	t.Cleanup(app.Close)
+	mu, seen, app := countingApp(t)
 	const n = 300
 	for i := range n {
 		h.publish(fmt.Sprintf("orders.%d.paid", i), "{}", map[string]string{"Order": "o" + strconv.Itoa(i%10)})
@@ -272,27 +252,7 @@ func (h *harness) consumerSettled(stream, name string) bool {
 func TestSubscriptionsOnACluster(t *testing.T) {
 	k := newCluster(t)
 	natsTry(t, k, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}, Replicas: 3})
-	var mu sync.Mutex
-	seen := map[string]int{}
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Millisecond)
-		mu.Lock()
-		defer mu.Unlock()
-		if r.Header.Get("Courier-Batch") == "" {
-			seen[r.Header.Get("Courier-Subject")]++
-			return
-		}
-		var b struct {
-			Entries []struct {
-				Subject string `json:"subject"`
-			} `json:"entries"`
-		}
-		_ = json.NewDecoder(r.Body).Decode(&b)
-		for _, e := range b.Entries {
-			seen[e.Subject]++
-		}
-	}))
-	t.Cleanup(app.Close)
+	mu, seen, app := countingApp(t)
 	const n = 200
 	for i := range n {
 		k.publishRetry(fmt.Sprintf("orders.%d.paid", i), "{}", map[string]string{"Order": "o" + strconv.Itoa(i%10), "Nats-Msg-Id": "o" + strconv.Itoa(i)})
@@ -351,4 +311,31 @@ func natsTry(t *testing.T, k *cluster, sc jetstream.StreamConfig) {
 		_, err := k.js.CreateStream(ctx, sc)
 		return err
 	})
+}
+
+// countingApp is an app that takes 2ms a request and counts, under mu,
+// the requests of each subject (a batch's entries one by one).
+func countingApp(t *testing.T) (mu *sync.Mutex, seen map[string]int, app *httptest.Server) {
+	t.Helper()
+	mu, seen = &sync.Mutex{}, map[string]int{}
+	app = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get("Courier-Batch") == "" {
+			seen[r.Header.Get("Courier-Subject")]++
+			return
+		}
+		var b struct {
+			Entries []struct {
+				Subject string `json:"subject"`
+			} `json:"entries"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		for _, e := range b.Entries {
+			seen[e.Subject]++
+		}
+	}))
+	t.Cleanup(app.Close)
+	return mu, seen, app
 }

@@ -20,6 +20,7 @@ type report struct {
 	drains    []drainResult
 	latency   []latencyResult
 	replicas  []replicasResult
+	subs      []subsResult
 	publishes []publishResult
 	adaptive  []*adaptiveResult
 	loadStart string // the load average when measuring began
@@ -298,9 +299,17 @@ func (rep *report) print(w io.Writer) {
 				benchBatch, focusInflight, spread(ratios(bt, base, drainResult.rate), "%.2f"))
 		}
 	}
+	if bj, ok := find(rows, dedupBatchJSON, focusInflight); ok {
+		if base, ok := find(rows, baseline, focusInflight); ok {
+			fmt.Fprintf(w, "batches of %d, the app decoding each with encoding/json / the per-message forwarder at %d in flight: msgs/s %s×, CPU per message %s×, %s× with the server's and app's\n",
+				benchBatch, focusInflight, spread(ratios(bj, base, drainResult.rate), "%.2f"), spread(ratios(bj, base, cpuPerMsg), "%.2f"),
+				spread(ratios(bj, base, allPerMsg), "%.2f"))
+		}
+	}
 
 	rep.printOrder(w, rows)
 	rep.printReplicas(w)
+	rep.printSubscriptions(w)
 	rep.printAdaptive(w)
 	rep.printPublish(w)
 
@@ -343,6 +352,7 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 	n += rep.replicasAnomalies(w)
+	n += rep.subscriptionsAnomalies(w)
 	n += rep.adaptiveAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {

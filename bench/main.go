@@ -6,8 +6,9 @@
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
 // with dedup off and on (at 16 in flight also with the shared store, to the
-// app's Unix socket, logging a line per message at debug, and with order
-// per key on 1,000 keys or one, see order.go). Courier runs with every setting at
+// app's Unix socket, logging a line per message at debug, in batches of 32
+// to the app as it is and to one decoding each batch with encoding/json,
+// and with order per key on 1,000 keys or one, see order.go). Courier runs with every setting at
 // its default but those naming what the benchmark sets up (NATS, stream,
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared

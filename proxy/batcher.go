@@ -127,7 +127,7 @@ func newBatcher(r *Runner) *batcher {
 	b := &batcher{
 		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
 		gathering: make([]gathering, len(r.targets)),
-		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
+		slots:     make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",

@@ -110,8 +110,8 @@ type Runner struct {
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
 	refs       *referenceSet
-	refStore   seer              // dd, when it can tell a key without claiming it; else nil
-	targets    []target          // AppURL's, then each route's (routes.go)
+	refStore   seer     // dd, when it can tell a key without claiming it; else nil
+	targets    []target // AppURL's, then each route's (routes.go)
 
 	workers sync.WaitGroup
 	// recs hands delivered messages to the recorder, which lets each batch

@@ -365,7 +365,7 @@ func TestBatchRefusedAlone(t *testing.T) {
 	})
 	publishKeys(t, e, "a", "bad", "b", "c")
 	e.runWith(t, nil, batchOptions())
-	poll.Until(t, 20*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 20*time.Second, "every message sent and settled", func() bool { return len(a.sent()) == 4 && e.settled(t) })
 	reasons := deadLetterReasons(t, e)
 	if len(reasons) != 1 || reasons["bad"] != dlq.ReasonRejected {
 		t.Errorf("dead letters %v, want only bad's, rejected", reasons)
@@ -404,7 +404,7 @@ func TestBatchPoisonEntryExhaustsOnlyItself(t *testing.T) {
 	o := batchOptions()
 	o.MaxDeliver, o.MaxInflight, o.BreakerFailures = 4, 2, 0
 	e.runWith(t, nil, o)
-	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 30*time.Second, "every message sent and settled", func() bool { return len(a.sent()) == len(keys) && e.settled(t) })
 	reasons := deadLetterReasons(t, e)
 	sent := a.sent()
 	for _, k := range keys {
@@ -468,7 +468,7 @@ func TestBatchNextWaitsForRecords(t *testing.T) {
 	o := batchOptions()
 	o.MaxInflight, o.BatchMax, o.BatchWait = 1, 4, 10*time.Millisecond
 	e.runWith(t, store, o)
-	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 30*time.Second, "every message sent and settled", func() bool { return len(a.sent()) == len(keys) && e.settled(t) })
 	a.mu.Lock()
 	n := len(a.batches)
 	a.mu.Unlock()

@@ -126,8 +126,8 @@ type batcher struct {
 func newBatcher(r *Runner) *batcher {
 	b := &batcher{
 		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
-		gathering: make([]gathering, len(r.targets)),
-		slots: make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
+		gathering: make([]gathering, len(r.sender.targets)),
+		slots:     make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -171,7 +171,7 @@ func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpa
 // first if it would hold more.
 func (b *batcher) add(e *batchEntry) {
 	n := len(e.d.m.Data())
-	e.to = b.r.targetOf(e.d.m.Subject())
+	e.to = b.r.sender.targetOf(e.d.m.Subject())
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g := &b.gathering[e.to]
@@ -347,49 +347,31 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			b.r.answer(e, res)
 		}
 	}
-	if r.ph.requests.Err() != nil {
+	var (
+		body []byte
+		ids  []string
+		span *attemptSpan
+	)
+	a, took, err := r.sender.post(r.ph.requests, request{
+		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
+		prepare: func() (http.Header, []byte) {
+			// In stream order, as a reader of the batch expects; the
+			// workers hand their entries in whatever order they got to
+			// them.
+			slices.SortFunc(entries, func(x, y *batchEntry) int {
+				return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
+			})
+			body, ids = b.encode(entries, buf)
+			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
+			span = r.startBatchSpan(entries, h)
+			return h, body
+		},
+	})
+	if errors.Is(err, errNotSent) {
 		answerAll(batchResult{err: errNotSent}) // the grace period is over
 		return
 	}
-	if r.limiter != nil {
-		began := time.Now()
-		if err := r.limiter.Wait(r.ph.requests); err != nil {
-			answerAll(batchResult{err: errNotSent})
-			return
-		}
-		r.m.rateWait.Add(time.Since(began).Seconds())
-	}
-	slot, err := r.inflight.Acquire(r.ph.requests, limit.Batch)
-	if err != nil {
-		answerAll(batchResult{err: errNotSent})
-		return
-	}
-	// In stream order, as a reader of the batch expects; the workers hand
-	// their entries in whatever order they got to them.
-	slices.SortFunc(entries, func(x, y *batchEntry) int {
-		return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
-	})
-	body, ids := b.encode(entries, buf)
-	h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
-	span := r.startBatchSpan(entries, h)
-	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
-	defer cancel()
-	r.m.inflight.Inc()
-	began := time.Now()
-	var a *apphttp.Answer
-	to := r.targets[entries[0].to]
-	if to.err != nil {
-		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
-	} else {
-		if r.o.Stamp != nil {
-			r.o.Stamp(h, body)
-		}
-		a, err = to.ep.Post(ctx, h, body, batchAnswerLimit)
-	}
-	took := time.Since(began)
-	slot.Release(r.outcomeOf(err))
-	b.keep(buf, to, body)
-	r.m.inflight.Dec()
+	b.keep(buf, r.sender.targets[entries[0].to], body)
 	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
 	b.entries.Observe(float64(len(entries)))

@@ -83,9 +83,9 @@ func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
 func (r *Runner) checkKey(d *delivery) bool {
-	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own, func() { r.yieldProbe(d) })
+	fl, dup, err := r.settle.flights.claim(d.wait, d.skey, &d.own, func() { r.yieldProbe(d) })
 	if err != nil {
-		r.giveBack(d, "shutting down while a delivery of the same key ran")
+		r.settle.giveBack(d, afterLastPull, "shutting down while a delivery of the same key ran")
 		return false
 	}
 	d.fl = fl
@@ -98,16 +98,15 @@ func (r *Runner) checkKey(d *delivery) bool {
 			v, err = r.checkAgain(d)
 		}
 		if err != nil {
-			r.flights.finish(d.skey, fl, false)
-			r.giveBack(d, "shutting down while the dedup store could not answer, or another replica held the key")
+			r.settle.flights.finish(d.skey, fl, false)
+			r.settle.giveBack(d, afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
 			return false
 		}
 		dup = v == verdict.Processed
 		d.claimed = v == verdict.New
 	}
 	if dup {
-		r.flights.finish(d.skey, fl, true)
-		r.ackDuplicate(d)
+		r.settle.duplicate(d)
 		return false
 	}
 	return true

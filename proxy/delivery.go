@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/courierhq/courier/proxy/limit"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -24,7 +24,7 @@ type delivery struct {
 	key     string   // the resolved dedup key, as the app sees it
 	skey    string   // the key as the dedup store holds it
 	okey    string   // the ordering key (order.go); "" when not ordered
-	ord     *orderer // the lines okey is in (of its partition, partition.go)
+	ord     keyLines // the lines okey is in (of its partition, partition.go)
 	oepoch  uint64   // ord's epoch when it was admitted
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
@@ -58,6 +58,55 @@ type delivery struct {
 	records *batchRecords
 }
 
+// keyLines are the lines of order per key a delivery is in (order.go's
+// orderer), told how it ended and asked whether its admission still holds.
+// Safe for concurrent use.
+type keyLines interface {
+	// settled lets key go on after the message at seq was settled for
+	// good, and returns how many of its messages waited behind it.
+	settled(key string, seq uint64) int
+	// retrying notes the message at seq is NAK'd for a retry in delay; it
+	// returns what must be given back meanwhile (its partition handed on).
+	retrying(key string, seq uint64, delay time.Duration) []queued
+	// waitingBehind is how many of key's messages wait behind its head.
+	waitingBehind(key string) int
+	// outdated reports that the lines were handed on since epoch.
+	outdated(epoch uint64) bool
+}
+
+// keyer makes deliveries of messages: it resolves a message's key as the
+// app sees it (ResolveKey) and as the dedup store holds it (storeKey).
+type keyer struct {
+	header  string // Options.IdempotencyHeader
+	stream  string
+	created time.Time
+	log     *slog.Logger
+}
+
+// delivery is a delivery of m, whose metadata m.Metadata returned as meta
+// (nil: none; the delivery is then only given back), run by the worker of
+// ln, waiting at most until wait ends.
+func (k keyer) delivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
+	if meta == nil {
+		return &delivery{m: m, wait: wait, log: msgLog{l: k.log, subject: m.Subject()}}
+	}
+	key := ResolveKey(m.Headers(), k.header, meta.Stream, k.created, meta.Sequence.Stream)
+	return &delivery{
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
+		batchDone: ln.batchDone,
+		log:       msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
+	}
+}
+
+// message is a delivery of m that no worker runs, to be given back.
+func (k keyer) message(m jetstream.Msg) *delivery {
+	meta, err := m.Metadata()
+	if err != nil {
+		meta = nil
+	}
+	return k.delivery(m, meta, lane{}, nil)
+}
+
 // last reports whether this is the message's last allowed delivery.
 func (d *delivery) last(maxDeliver int) bool { return d.attempt >= maxDeliver }
 
@@ -78,11 +127,14 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 	m := q.m
 	if err != nil {
 		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
-		r.release(m, "no metadata")
+		r.settle.giveBack(r.settle.make.delivery(m, nil, ln, wait), nakNow, "no metadata")
 		return
 	}
-	d := r.newDelivery(m, meta, ln, wait)
-	d.probe, d.arrived, d.okey, d.ord, d.oepoch = probe, q.at, q.okey, q.ord, q.epoch
+	d := r.settle.make.delivery(m, meta, ln, wait)
+	d.probe, d.arrived, d.okey, d.oepoch = probe, q.at, q.okey, q.epoch
+	if q.ord != nil { // a nil *orderer is not a nil keyLines
+		d.ord = q.ord
+	}
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once. A
@@ -96,11 +148,11 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 			how = endedDetached
 		}
 	}()
-	if r.referenced(d) {
+	if r.settle.referenced(d) {
 		return
 	}
 	if f, expired := r.expired(d); expired {
-		r.deadLetter(d, f)
+		r.settle.deadLetter(d, f)
 		return
 	}
 	if r.dd != nil && !r.checkKey(d) {
@@ -116,15 +168,6 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 func (r *Runner) probeDone(d *delivery) {
 	if d.probe && !d.answered {
 		r.breaker.handOn()
-	}
-}
-
-func (r *Runner) newDelivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
-	key := ResolveKey(m.Headers(), r.o.IdempotencyHeader, meta.Stream, r.o.StreamCreated, meta.Sequence.Stream)
-	return &delivery{
-		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
-		batchDone: ln.batchDone,
-		log:       msgLog{l: r.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
 
@@ -177,7 +220,7 @@ func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *a
 	defer func() {
 		span.end(lastErr)
 		if !delivered {
-			r.unclaim(d)
+			r.settle.unclaim(d)
 		}
 	}()
 	for first != nil || r.mayStart(d, span) {
@@ -210,7 +253,7 @@ func (r *Runner) mayStart(d *delivery, span *attemptSpan) bool {
 		}
 	}
 	if d.okey != "" && d.ord != nil && d.ord.outdated(d.oepoch) {
-		r.release(d.m, "the durable's pin moved to another courier") // which sends it in its key's order
+		r.settle.giveBack(d, nakNow, "the durable's pin moved to another courier") // which sends it in its key's order
 		return false
 	}
 	return true
@@ -278,17 +321,13 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 		r.succeeded(d, span, answer, took)
 	case outRetry:
 		span.setOutcome("retried")
-		delay, fromApp := r.retryDelay(err, d.attempt)
-		r.orderRetrying(d, delay)
-		r.nak(d.m, delay)
-		d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
-			"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
+		r.settle.retry(d, err)
 	case outExhausted:
 		span.setOutcome("dead_lettered")
-		r.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
+		r.settle.deadLetter(d, failure{reason: dlq.ReasonExhausted, err: err})
 	case outRejected:
 		span.setOutcome("dead_lettered")
-		r.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
+		r.settle.deadLetter(d, failure{reason: dlq.ReasonRejected, err: err})
 	case outUnavailable:
 		return r.heldForApp(d, span, err)
 	case outProbeHeld:
@@ -302,25 +341,20 @@ func (r *Runner) settleAnswer(d *delivery, span *attemptSpan, out outcome, err e
 		// On its last allowed delivery a NAK would let JetStream give up
 		// on it unseen, so giveBack dead-letters it.
 		span.setOutcome("released")
-		r.giveBack(d, "shutdown grace period over while waiting for the rate limit")
+		r.settle.giveBack(d, afterLastPull, "shutdown grace period over while waiting for the rate limit")
 	case outAbandoned:
 		r.abandoned(d, span, err)
 	}
 	return false
 }
 
-// succeeded settles a 2xx: the success record (if configured) is stored
-// before the key and the ack; if it cannot be yet, the message is held
-// while it is retried.
+// succeeded settles a 2xx (settler.succeeded), its answer's headers
+// carrying the attempt span's context for the success record.
 func (r *Runner) succeeded(d *delivery, span *attemptSpan, answer *apphttp.Answer, took time.Duration) {
-	if r.o.Success == nil {
-		r.settleSuccess(d, took)
-		return
-	}
-	if answer != nil {
+	if r.o.Success != nil && answer != nil {
 		answer.Header = r.inject(span, answer.Header)
 	}
-	r.publishSuccess(d, answer, func() { r.settleSuccess(d, took) })
+	r.settle.succeeded(d, answer, took)
 }
 
 // heldForApp holds d after its request found the app unreachable (the
@@ -329,7 +363,7 @@ func (r *Runner) succeeded(d *delivery, span *attemptSpan, answer *apphttp.Answe
 func (r *Runner) heldForApp(d *delivery, span *attemptSpan, err error) bool {
 	if r.ph.fetched.Err() != nil {
 		span.setOutcome("released")
-		r.giveBack(d, "shutting down during an app outage")
+		r.settle.giveBack(d, afterLastPull, "shutting down during an app outage")
 		return false
 	}
 	r.gate.hold(causeApp, err.Error())
@@ -348,60 +382,12 @@ func (r *Runner) heldForApp(d *delivery, span *attemptSpan, err error) bool {
 func (r *Runner) abandoned(d *delivery, span *attemptSpan, err error) {
 	if d.last(r.o.MaxDeliver) {
 		span.setOutcome("dead_lettered")
-		r.deadLetter(d, failure{reason: dlq.ReasonExhausted,
+		r.settle.deadLetter(d, failure{reason: dlq.ReasonExhausted,
 			err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
 		return
 	}
 	span.setOutcome("released")
-	r.release(d.m, "shutdown grace period over")
-}
-
-// errNotSent: the request was not sent (the grace period ended while it
-// waited for the rate limit).
-var errNotSent = errors.New("request not sent")
-
-// post sends one request, within the rate limit, bounded by the per-request
-// timeout and by the grace period (t: the worker's lane's timer). The answer
-// to a 2xx is kept (up to the largest message the server accepts) only when
-// success records are published.
-func (r *Runner) post(t *requestTimer, to target, h http.Header, body []byte, reason limit.Reason) (*apphttp.Answer, time.Duration, error) {
-	if r.limiter != nil {
-		began := time.Now()
-		if err := r.limiter.Wait(r.ph.requests); err != nil {
-			return nil, 0, errNotSent
-		}
-		r.m.rateWait.Add(time.Since(began).Seconds())
-	}
-	// A slot of the one bound on requests at the app: the workers are
-	// MaxInflight, but a delivery detached from its worker (detach) sends
-	// beside them, and an automatic limit may be lower.
-	slot, err := r.inflight.Acquire(r.ph.requests, reason)
-	if err != nil {
-		return nil, 0, errNotSent
-	}
-	if t == nil {
-		t = newRequestTimer(r.ph.requests, r.o.HTTPTimeout)
-		defer t.close()
-	}
-	ctx := t.start()
-	defer t.stop()
-	r.m.inflight.Inc()
-	defer r.m.inflight.Dec()
-	var keep int64
-	if r.o.Success != nil {
-		keep = r.o.MaxPayload
-	}
-	began := time.Now()
-	if to.err != nil {
-		slot.Release(limit.Dropped)
-		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
-	}
-	if r.o.Stamp != nil {
-		r.o.Stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
-	}
-	a, err := to.ep.Post(ctx, h, body, keep)
-	slot.Release(r.outcomeOf(err))
-	return a, time.Since(began), err
+	r.settle.giveBack(d, nakNow, "shutdown grace period over")
 }
 
 // requestHeaders returns the headers d is sent with (BuildHeaders), or with
@@ -415,7 +401,7 @@ func (r *Runner) requestHeaders(d *delivery) (http.Header, string, []apphttp.Dro
 	return h, "", dropped
 }
 
-// send sends d with headers h: on its own (post), or in a batch (batcher)
+// send sends d with headers h: on its own (sender.post), or in a batch (batcher)
 // when batches are on, with content type ct; span is d's attempt span (nil:
 // tracing off).
 func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
@@ -423,13 +409,13 @@ func (r *Runner) send(d *delivery, h http.Header, ct string, span *attemptSpan) 
 		res := r.batcher.submit(d, h, ct, span)
 		return res.answer, res.took, res.err
 	}
-	return r.post(d.timer, r.targets[r.targetOf(d.m.Subject())], h, d.m.Data(), reasonOf(d))
-}
-
-// settleSuccess hands a 2xx'd delivery to the recorder, which records its
-// key (dedup on) and acks it with the others of its batch.
-func (r *Runner) settleSuccess(d *delivery, took time.Duration) {
-	r.recs <- recJob{d: d, took: took}
+	var keep int64
+	if r.o.Success != nil {
+		keep = r.o.MaxPayload // the answer makes the success record
+	}
+	return r.sender.post(r.ph.requests, request{
+		to: r.sender.targetOf(d.m.Subject()), reason: reasonOf(d), keep: keep, h: h, body: d.m.Data(), timer: d.timer,
+	})
 }
 
 // batchRecords counts the entries of one batch answered 2xx whose keys are
@@ -446,26 +432,6 @@ func (b *batchRecords) done() {
 	}
 }
 
-// unclaim ends the delivery's flight and its claim in the store after an
-// outcome other than a 2xx, so that the next delivery of the key goes ahead.
-func (r *Runner) unclaim(d *delivery) {
-	if d.fl == nil {
-		return
-	}
-	r.flights.finish(d.skey, d.fl, false)
-	d.fl = nil
-	if !d.claimed {
-		return
-	}
-	d.claimed = false
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 5*time.Second)
-	defer cancel()
-	if err := r.dd.Release(ctx, d.skey); err != nil {
-		// The claim lapses by itself after about the ack wait.
-		d.log.Warn("cannot release the key's claim; it lapses by itself", "error", err)
-	}
-}
-
 // holdAgain holds d (in progress, spending nothing) as a worker holds a
 // message it took while the gate is closed: until the gate opens, or, while
 // the breaker alone holds, until d is its probe. It reports whether to send
@@ -477,7 +443,7 @@ func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
 	r.countHeld(func() { probe = r.waitToSend(r.ph.fetched, d.attempt == 1) })
 	if r.ph.fetched.Err() != nil {
 		span.setOutcome("released")
-		r.giveBack(d, "shutting down while "+while)
+		r.settle.giveBack(d, afterLastPull, "shutting down while "+while)
 		return false
 	}
 	// A new go-ahead: no answer has reached the breaker for it yet.
@@ -488,6 +454,6 @@ func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) bool {
 	}
 	f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while %s", r.o.MaxAge, while)
 	span.setOutcome("dead_lettered")
-	r.deadLetter(d, f)
+	r.settle.deadLetter(d, f)
 	return false
 }

@@ -110,7 +110,7 @@ type fetcher struct {
 	// before run.
 	part *session
 	wrap func(jetstream.Msg) jetstream.Msg
-	// release gives a message back at once (Runner.release). Set once,
+	// release gives a message back at once (settler.nakNow). Set once,
 	// before run, with order.
 	release func(m jetstream.Msg, why string)
 

@@ -67,7 +67,7 @@ func (r *Runner) answer(e *batchEntry, res batchResult) {
 		r.settleAnswer(d, span, out, res.err, res.answer, res.took)
 		span.end(res.err)
 		if out != outDelivered {
-			r.unclaim(d)
+			r.settle.unclaim(d)
 		}
 		r.handedOffSettled(d)
 		return

@@ -145,7 +145,7 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	s := &session{i: i, ps: ps, fetched: make(chan struct{})}
 	log := r.log.With("partition", i)
 	f := newFetcher(ps.o.Consumers[i], r.track, r.gate, log, r.o, true)
-	f.group, f.part, f.noProbe, f.release = r.o.PriorityGroup, s, r.noProbe, r.release
+	f.group, f.part, f.noProbe, f.release = r.o.PriorityGroup, s, r.noProbe, r.settle.nakNow
 	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
@@ -204,12 +204,11 @@ func (ps *partitions) handOn(s *session, loops context.Context) {
 	s.stopFetch()
 	<-s.fetched
 	for _, q := range s.order.handOn() {
-		meta, err := q.m.Metadata()
-		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier")
+		r.settle.giveBack(r.settle.make.message(q.m), unpulled, "its partition is handed to another courier")
 	}
 	s.f.log.Debug("handing the partition on once what it holds is settled", "held", s.held.Load())
 	s.f.holdPin(loops, func() bool { return s.held.Load() == 0 }, func(m jetstream.Msg) {
-		r.release(m, "its partition is handed to another courier")
+		r.settle.giveBack(r.settle.make.message(m), nakNow, "its partition is handed to another courier")
 	})
 	if loops.Err() != nil {
 		return
@@ -300,8 +299,7 @@ func (ps *partitions) drainAndFinish(ctx context.Context) {
 	}
 	slices.SortFunc(left, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	for _, q := range left {
-		meta, err := q.m.Metadata()
-		ps.r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
+		ps.r.settle.giveBack(ps.r.settle.make.message(q.m), afterLastPull, "shutting down while it waited behind its key")
 	}
 	for _, s := range all {
 		ps.finishSession(ctx, s)

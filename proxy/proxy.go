@@ -30,7 +30,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/courierhq/courier/proxy/limit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -38,7 +37,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
@@ -86,11 +84,12 @@ type SuccessPublisher interface {
 // Runner consumes a durable consumer and delivers each message to the app.
 // Create it with New and call Run once.
 type Runner struct {
-	o   Options
-	dl  DeadLetterer
-	dd  Deduper // nil: dedup off
-	log *slog.Logger
-	m   *metrics
+	o      Options
+	dd     Deduper // nil: dedup off
+	log    *slog.Logger
+	m      *metrics
+	settle *settler
+	sender *sender
 
 	fetch      *fetcher    // nil with partitions
 	parts      *partitions // nil without (partition.go)
@@ -98,44 +97,23 @@ type Runner struct {
 	took       func(queued) // told of each message a worker takes off queue; nil: none
 	rel        *releases    // nil: no order per key
 	track      *tracker
-	flights    *flights
 	gate       *gate
 	prober     *prober
 	breaker    *breaker
-	limiter    *rate.Limiter  // nil: no rate limit
-	batcher    *batcher       // nil: each message alone
-	places     chan struct{}  // with batches: a message held or an entry handed off (handoff.go)
-	inflight   *limit.Limiter // one slot per request at the app (inflight.go)
-	order      *orderer       // nil: no order per key
+	batcher    *batcher      // nil: each message alone
+	places     chan struct{} // with batches: a message held or an entry handed off (handoff.go)
+	order      *orderer      // nil: no order per key
 	ph         *phases
 	quickCheck bool // dd is a quickChecker
-	refs       *referenceSet
-	refStore   seer              // dd, when it can tell a key without claiming it; else nil
-	targets    []target          // AppURL's, then each route's (routes.go)
 
 	workers sync.WaitGroup
-	// recs hands delivered messages to the recorder, which lets each batch
-	// gather for linger (recordLinger).
-	recs      chan recJob
-	linger    time.Duration
-	recorders sync.WaitGroup
-	parked    atomic.Int64 // workers holding a message while the gate is closed
-	probers   atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
+	parked  atomic.Int64 // workers holding a message while the gate is closed
+	probers atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
 	// freshProbers: those of them holding a message on its first
 	// delivery, the probes that tell a healthy app (breaker.go).
 	freshProbers atomic.Int64
-	wasUp        atomic.Bool  // the app has been available at least once
-	storeDown    atomic.Bool  // the dedup store failed its last check
-	released     atomic.Int64 // messages given back (NAK'd without delay)
-
-	// Dead letters and success records the streams would not store yet,
-	// retried in the background (inBackground) while their messages are
-	// held in progress.
-	background     sync.WaitGroup
-	pendingDL      atomic.Int64
-	dlqErr         atomic.Pointer[error] // the last failure to store one
-	pendingSuccess atomic.Int64
-	successErr     atomic.Pointer[error]
+	wasUp        atomic.Bool // the app has been available at least once
+	storeDown    atomic.Bool // the dedup store failed its last check
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -146,20 +124,13 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		return nil, err
 	}
 	r := &Runner{
-		o: o, dl: dl, dd: dd,
-		log:     o.Logger.With("component", "proxy"),
-		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
-		recs:    make(chan recJob, maxRecordBatch),
-		linger:  recordLinger,
-		flights: newFlights(),
+		o: o, dd: dd,
+		log: o.Logger.With("component", "proxy"),
+		m:   newMetrics(o.Registerer, o.DeadLetterCounter),
 	}
-	r.targets = newTargets(o)
+	r.sender = newSender(o, r.m)
 	if qc, ok := dd.(quickChecker); ok {
 		r.quickCheck = qc.QuickCheck()
-	}
-	r.refs = newReferenceSet()
-	if sr, ok := dd.(seer); ok {
-		r.refStore = sr
 	}
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
@@ -174,6 +145,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	}
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
 	r.gate = newGate(o.Now, r.gateChanged)
+	r.settle = newSettler(o, r.log, r.m, r.track, dd, dl, r.gate)
 	if o.AppHealthURL != "" {
 		// Gated start-up: the app is not known to be healthy yet.
 		r.gate.hold(causeApp, "waiting for the app's health URL to answer 2xx")
@@ -181,8 +153,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		r.wasUp.Store(true)
 	}
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
-	r.inflight = newInflight(o)
-	r.registerInflightMetrics(o.Registerer)
+	registerInflightMetrics(o.Registerer, r.sender.inflight)
 	if o.BatchMax > 1 {
 		r.batcher = newBatcher(r)
 		r.places = make(chan struct{}, o.MaxInflight*o.BatchMax)
@@ -202,16 +173,12 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 			r.rel = newReleases()
 			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
 			r.order.untrack = r.track.remove
-			r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.release
+			r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.settle.nakNow
 			if o.OrderMarks != nil {
 				r.order.marks = newMarker(o.OrderMarks, r.log)
 			}
 			r.registerOrderMetrics(o.Registerer)
 		}
-	}
-	if o.MaxRate > 0 {
-		// Burst 1: the cap holds over any window, not just on average.
-		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
 	}
 	// The probe's client dials as the app's default client does (a unix://
 	// health URL to its socket) and redirects as the app's client does.
@@ -301,26 +268,24 @@ func (r *Runner) Ready() error {
 	} else if !r.fetch.bound.Load() {
 		return errors.New("consumer not bound")
 	}
-	if n := r.pendingDL.Load(); n > 0 {
-		why := "unknown error"
-		if e := r.dlqErr.Load(); e != nil {
-			why = (*e).Error()
-		}
-		return fmt.Errorf("%d dead letters cannot be stored (messages held, tried again): %s", n, why)
-	}
-	if n := r.pendingSuccess.Load(); n > 0 {
-		why := "unknown error"
-		if e := r.successErr.Load(); e != nil {
-			why = (*e).Error()
-		}
-		return fmt.Errorf("%d success records cannot be stored (messages held, tried again): %s", n, why)
-	}
-	return nil
+	return r.settle.ready()
 }
 
 // Released is how many messages were given back without delay (at shutdown,
 // or a message without metadata) since Run began.
-func (r *Runner) Released() int64 { return r.released.Load() }
+func (r *Runner) Released() int64 { return r.settle.released.Load() }
+
+// ReferenceStored reports whether the message at seq of the runner's stream
+// is the original of a reference dead letter this runner (or, through the
+// dedup store, an earlier run of courier or, with the shared store, any
+// replica) stored and left in its stream: it must not be delivered or
+// dead-lettered again. With dedup off only this process's marks are known.
+// An error means the dedup store could not answer. Safe for concurrent use,
+// also after Run has returned, as long as the dedup store is open: the
+// max-deliveries catch asks it (giveup.Options.ReferenceStored).
+func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) {
+	return r.settle.refs.stored(ctx, seq)
+}
 
 // Alive reports nil while the runner's loops respond.
 func (r *Runner) Alive() error {
@@ -340,6 +305,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	ph, release := newPhases(ctx)
 	defer release()
 	r.ph = ph
+	r.settle.start(ph)
 
 	// The tracker, the prober and the summary outlive the stop signal: held
 	// and in-flight messages stay in progress until they are settled, and
@@ -369,8 +335,6 @@ func (r *Runner) Run(ctx context.Context) error {
 	for range workers {
 		go r.worker()
 	}
-	r.recorders.Add(1)
-	go r.recorder()
 
 	var fatal error
 	if r.parts != nil {
@@ -417,15 +381,12 @@ func (r *Runner) shutdown(loops context.Context) {
 	// Dead letters and success records still being retried give their
 	// messages back (fetched has ended); the recorder finishes what it was
 	// given; then the loops stop, the summary last.
-	r.background.Wait() // may still hand a delivery to the recorder
-	close(r.recs)
-	r.recorders.Wait()
+	r.settle.stop()
 	// Messages still waiting behind their keys go back in stream order, so
 	// that JetStream redelivers them in it.
 	if r.order != nil {
 		for _, q := range r.order.drain() {
-			meta, err := q.m.Metadata()
-			r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
+			r.settle.giveBack(r.settle.make.message(q.m), afterLastPull, "shutting down while it waited behind its key")
 		}
 	}
 	// Each partition, holding nothing now, is given up for the next

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -58,7 +57,10 @@ func (r *Runner) take(q queued, ln lane) ended {
 	if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
 		return r.deliver(q, meta, merr, ln, ln.requests, false)
 	}
-	r.giveBackMsg(q.m, meta, merr, "shutting down")
+	if merr != nil {
+		meta = nil
+	}
+	r.settle.giveBack(r.settle.make.delivery(q.m, meta, lane{}, nil), afterLastPull, "shutting down")
 	return endedHere
 }
 
@@ -88,29 +90,6 @@ func (r *Runner) next() (queued, bool) {
 			}
 			return q, true
 		}
-	}
-}
-
-// orderSettled lets d's key go on after d was settled for good (acked, a
-// duplicate, dead-lettered), and returns how many of its key's messages
-// waited behind it.
-func (r *Runner) orderSettled(d *delivery) int {
-	if d.ord == nil || d.okey == "" {
-		return 0
-	}
-	return d.ord.settled(d.okey, streamSeq(d.m, d.meta))
-}
-
-// orderRetrying notes that d was NAK'd for a retry in delay: its key waits
-// for its redelivery (or, while its partition is handed on, its key's later
-// messages are given back, in stream order).
-func (r *Runner) orderRetrying(d *delivery, delay time.Duration) {
-	if d.ord == nil || d.okey == "" {
-		return
-	}
-	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta), delay) {
-		meta, err := q.m.Metadata()
-		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier, and an earlier message of its key is retried")
 	}
 }
 

@@ -2,10 +2,8 @@ package proxy
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
-	"github.com/courierhq/courier/proxy/limit"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,12 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/batch"
+	"github.com/courierhq/courier/proxy/limit"
 )
 
 // Batches (Options.BatchMax > 1), as README's "Batches" describes them.
@@ -95,10 +91,15 @@ type gathering struct {
 // its first entry. Run starts it and, once every worker has returned,
 // stops it and waits for the batches in flight (stop).
 type batcher struct {
-	r     *Runner
-	max   int
-	bytes int
-	wait  time.Duration
+	r      *Runner
+	s      *sender
+	traced bool // an entry's headers carry its span's traceparent
+	max    int
+	bytes  int
+	wait   time.Duration
+	// places bound what the workers and the batches hold: a message a
+	// worker holds or an entry handed off (handoff.go).
+	places chan struct{}
 	// slots holds one sendBuf per batch request that may be in flight
 	// (MaxInflight): a request takes one, and its buffers with it.
 	slots chan *sendBuf
@@ -123,11 +124,12 @@ type batcher struct {
 	entries  prometheus.Histogram
 }
 
-func newBatcher(r *Runner) *batcher {
+func newBatcher(r *Runner, s *sender) *batcher {
 	b := &batcher{
-		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
-		gathering: make([]gathering, len(r.sender.targets)),
+		r: r, s: s, traced: r.o.Tracer != nil, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
+		gathering: make([]gathering, len(s.targets)),
 		slots:     make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
+		places: make(chan struct{}, r.o.MaxInflight*r.o.BatchMax),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -148,8 +150,19 @@ func newBatcher(r *Runner) *batcher {
 	return b
 }
 
-// submit hands d, with its application headers h and content type ct
+// headers are entryHeaders'.
+func (b *batcher) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
+	return entryHeaders(d.m, b.traced)
+}
+
+// send hands d, with its application headers h and content type ct
 // (entryHeaders), to the next batch and returns its part of the answer.
+func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+	res := b.submit(d, h, ct, span)
+	return res.answer, res.took, res.err
+}
+
+// submit is send's batchResult.
 func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
 	if b.r.ph.requests.Err() != nil {
 		return batchResult{err: errNotSent}
@@ -171,7 +184,7 @@ func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpa
 // first if it would hold more.
 func (b *batcher) add(e *batchEntry) {
 	n := len(e.d.m.Data())
-	e.to = b.r.sender.targetOf(e.d.m.Subject())
+	e.to = b.s.targetOf(e.d.m.Subject())
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g := &b.gathering[e.to]
@@ -247,7 +260,7 @@ func (b *batcher) flushLocked(to int) {
 	}
 	g.gen++
 	if len(g.cur) > 0 {
-		b.send(g.cur)
+		b.sendBatch(g.cur)
 	}
 	g.cur, g.size = nil, 0
 }
@@ -279,8 +292,8 @@ func (b *batcher) stop() {
 	b.wg.Wait()
 }
 
-// send sends entries as one batch once a slot is free.
-func (b *batcher) send(entries []*batchEntry) {
+// sendBatch sends entries as one batch once a slot is free.
+func (b *batcher) sendBatch(entries []*batchEntry) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -352,7 +365,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		ids  []string
 		span *attemptSpan
 	)
-	a, took, err := r.sender.post(r.ph.requests, request{
+	a, took, err := b.s.post(r.ph.requests, request{
 		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
 		prepare: func() (http.Header, []byte) {
 			// In stream order, as a reader of the batch expects; the
@@ -363,7 +376,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			})
 			body, ids = b.encode(entries, buf)
 			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
-			span = r.startBatchSpan(entries, h)
+			span = r.trace.startBatch(entries, h)
 			return h, body
 		},
 	})
@@ -371,7 +384,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		answerAll(batchResult{err: errNotSent}) // the grace period is over
 		return
 	}
-	b.keep(buf, r.sender.targets[entries[0].to], body)
+	b.keep(buf, b.s.targets[entries[0].to], body)
 	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
 	b.entries.Observe(float64(len(entries)))
@@ -522,7 +535,7 @@ func entryHeaders(m jetstream.Msg, traced bool) (http.Header, string, []apphttp.
 
 // classify is Classify, with an entry the app's answer to its batch
 // refused: retried as a transient failure, or dropped as a permanent one.
-func (r *Runner) classify(err error) apphttp.Class {
+func classify(err error, retryable func(status int) bool) apphttp.Class {
 	if err == nil {
 		return apphttp.Success // before errors.As, whose target escapes
 	}
@@ -536,35 +549,5 @@ func (r *Runner) classify(err error) apphttp.Class {
 	if se := (*splitError)(nil); errors.As(err, &se) {
 		return apphttp.Transient
 	}
-	return apphttp.Classify(err, r.o.Retryable)
-}
-
-// startBatchSpan starts the span of a batch request when tracing is on: a
-// client span linked to each entry's attempt span, each of them linked to
-// it in turn, whose context the request carries (traceparent on h). It
-// returns nil when tracing is off.
-func (r *Runner) startBatchSpan(entries []*batchEntry, h http.Header) *attemptSpan {
-	if r.o.Tracer == nil {
-		return nil
-	}
-	links := make([]trace.Link, 0, len(entries))
-	for _, e := range entries {
-		if e.span != nil {
-			links = append(links, trace.LinkFromContext(e.span.ctx))
-		}
-	}
-	ctx, span := r.o.Tracer.Start(context.Background(), "send "+r.o.Stream+" batch",
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "nats"),
-			attribute.Int("messaging.batch.message_count", len(entries)),
-			attribute.String("courier.stream", r.o.Stream),
-		))
-	for _, e := range entries {
-		if e.span != nil {
-			e.span.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
-		}
-	}
-	r.propagator().Inject(ctx, propagation.HeaderCarrier(h))
-	return &attemptSpan{span: span, ctx: ctx}
+	return apphttp.Classify(err, retryable)
 }

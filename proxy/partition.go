@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A durable split into partitions by its ordering key
@@ -145,11 +144,11 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	s := &session{i: i, ps: ps, fetched: make(chan struct{})}
 	log := r.log.With("partition", i)
 	f := newFetcher(ps.o.Consumers[i], r.track, r.gate, log, r.o, true)
-	f.group, f.part, f.noProbe, f.release = r.o.PriorityGroup, s, r.noProbe, r.settle.nakNow
+	f.group, f.part, f.noProbe, f.giveBack = r.o.PriorityGroup, s, r.hold.noProbe, r.settle.nakNow
 	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
-	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.rel, r.orderFull)
+	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.src.rel, orderFull(r.log))
 	s.order.untrack = r.track.remove
 	s.order.markWait = orderBarrier(r.o.AckWait)
 	if ps.o.Marks != nil {
@@ -289,7 +288,7 @@ func (ps *partitions) all() []*session {
 
 // drainAndFinish gives back, at Run's shutdown, what every session's lines
 // still hold, in the work stream's order, then finishes each session.
-func (ps *partitions) drainAndFinish(ctx context.Context) {
+func (ps *partitions) drainAndFinish(ctx context.Context, giveBack func(jetstream.Msg)) {
 	ps.mu.Lock()
 	all := ps.all()
 	ps.mu.Unlock()
@@ -299,7 +298,7 @@ func (ps *partitions) drainAndFinish(ctx context.Context) {
 	}
 	slices.SortFunc(left, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	for _, q := range left {
-		ps.r.settle.giveBack(ps.r.settle.make.message(q.m), afterLastPull, "shutting down while it waited behind its key")
+		giveBack(q.m)
 	}
 	for _, s := range all {
 		ps.finishSession(ctx, s)
@@ -344,10 +343,10 @@ func (ps *partitions) orderers() []*orderer {
 // id the server gave it (its consumer's priority group state names it):
 // `courier status` matches them. Nil without partitions.
 func (r *Runner) Pins() map[int]string {
-	if r.parts == nil {
+	if r.src.parts == nil {
 		return nil
 	}
-	ps := r.parts
+	ps := r.src.parts
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	out := map[int]string{}
@@ -357,16 +356,4 @@ func (r *Runner) Pins() map[int]string {
 		}
 	}
 	return out
-}
-
-// registerPartitionMetrics registers courier_order_partitions_held.
-func (r *Runner) registerPartitionMetrics(reg prometheus.Registerer) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "courier_order_partitions_held",
-		Help: "Partitions of the durable this courier pulls from or is handing on (COURIER_ORDER_PARTITIONS).",
-	}, func() float64 {
-		r.parts.mu.Lock()
-		defer r.parts.mu.Unlock()
-		return float64(len(r.parts.sessions))
-	}))
 }

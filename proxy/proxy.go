@@ -1,38 +1,13 @@
-// Package proxy owns one message's life in courier: its dedup key, the dedup
-// check, the HTTP request to the app, the classification of the answer, and
-// the ack / NAK-with-delay / dead-letter decision; plus the fetch loop and the
-// bounded worker pool around it, which hold what they have while the app (or
-// the dedup store) is unavailable. It knows nothing of Badger, of the shared
-// bucket or of how dead letters are stored: it declares Deduper,
-// DeadLetterer and OrderMarks and is given implementations. What it writes
-// through them is its own, though: besides idempotency keys, references.go
-// records the marks of reference dead letters in the Deduper, under keys no
-// idempotency key can be.
-//
-// A message travels through the files in this order: fetch.go (pulled,
-// tracked, queued; pin.go: a priority group's pin), order.go (with order per
-// key, held behind an earlier message of its key; ordermarks.go: that order
-// across restarts and takeovers), worker.go (taken by a worker, held while
-// the gate is closed), delivery.go (key, max age, dedup check, the request;
-// batcher.go: with batches, several in one request; handoff.go: settled by
-// their batch), request.go (the headers; the HTTP exchange and what its
-// answer means are apphttp's),
-// results.go (the success record), recorder.go (the key of a 2xx recorded),
-// settle.go (ack, NAK with a delay, dead letter, give back), references.go
-// (the originals of reference dead letters, not sent again). gate.go and
-// breaker.go decide whether courier may send (breaker.go's tickets: which
-// held message goes as the probe); tracker.go keeps held messages in
-// progress; phases.go names the steps of shutdown; trace.go makes each
-// attempt a span.
+// The Runner: it wires one subscription's path (New) and runs it (Run),
+// shutting down in the order phases.go names.
+
 package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,35 +60,23 @@ type SuccessPublisher interface {
 // Create it with New and call Run once.
 type Runner struct {
 	o      Options
-	dd     Deduper // nil: dedup off
 	log    *slog.Logger
 	m      *metrics
 	settle *settler
-	sender *sender
+	way    way // alone, or the batcher
+	trace  *tracing
 
-	fetch      *fetcher    // nil with partitions
-	parts      *partitions // nil without (partition.go)
-	queue      <-chan queued
-	took       func(queued) // told of each message a worker takes off queue; nil: none
-	rel        *releases    // nil: no order per key
-	track      *tracker
-	gate       *gate
-	prober     *prober
-	breaker    *breaker
-	batcher    *batcher      // nil: each message alone
-	places     chan struct{} // with batches: a message held or an entry handed off (handoff.go)
-	order      *orderer      // nil: no order per key
-	ph         *phases
-	quickCheck bool // dd is a quickChecker
+	src     *source
+	track   *tracker
+	gate    *gate
+	prober  *prober
+	breaker *breaker
+	batcher *batcher // nil: each message alone
+	ph      *phases
 
 	workers sync.WaitGroup
-	parked  atomic.Int64 // workers holding a message while the gate is closed
-	probers atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
-	// freshProbers: those of them holding a message on its first
-	// delivery, the probes that tell a healthy app (breaker.go).
-	freshProbers atomic.Int64
-	wasUp        atomic.Bool // the app has been available at least once
-	storeDown    atomic.Bool // the dedup store failed its last check
+	hold    *holder
+	check   *checker // nil: dedup off
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -124,14 +87,12 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		return nil, err
 	}
 	r := &Runner{
-		o: o, dd: dd,
+		o:   o,
 		log: o.Logger.With("component", "proxy"),
 		m:   newMetrics(o.Registerer, o.DeadLetterCounter),
 	}
-	r.sender = newSender(o, r.m)
-	if qc, ok := dd.(quickChecker); ok {
-		r.quickCheck = qc.QuickCheck()
-	}
+	send := newSender(o, r.m)
+	r.trace = newTracing(o)
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",
@@ -144,40 +105,53 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		}, func() float64 { return r.gate.heldSeconds(c) }))
 	}
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
-	r.gate = newGate(o.Now, r.gateChanged)
+	gl := &gateLog{m: r.m, log: r.log}
+	r.gate = newGate(o.Now, gl.changed)
 	r.settle = newSettler(o, r.log, r.m, r.track, dd, dl, r.gate)
 	if o.AppHealthURL != "" {
 		// Gated start-up: the app is not known to be healthy yet.
 		r.gate.hold(causeApp, "waiting for the app's health URL to answer 2xx")
 	} else {
-		r.wasUp.Store(true)
+		gl.wasUp.Store(true)
 	}
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
-	registerInflightMetrics(o.Registerer, r.sender.inflight)
-	if o.BatchMax > 1 {
-		r.batcher = newBatcher(r)
-		r.places = make(chan struct{}, o.MaxInflight*o.BatchMax)
+	r.hold = &holder{gate: r.gate, breaker: r.breaker}
+	if dd != nil {
+		r.check = newChecker(dd, r.gate, r.m, r.hold, r.settle, r.breaker)
 	}
+	registerInflightMetrics(o.Registerer, send.inflight)
+	if o.BatchMax > 1 {
+		r.batcher = newBatcher(r, send)
+		r.way = r.batcher
+	} else {
+		var keep int64
+		if o.Success != nil {
+			keep = o.MaxPayload // the answer makes the success record
+		}
+		r.way = alone{s: send, keep: keep}
+	}
+	src := &source{}
+	r.src = src
 	switch {
 	case o.Partitions != nil:
-		r.rel = newReleases()
-		r.parts = newPartitions(r, *o.Partitions)
-		r.queue = r.parts.merged
-		r.registerOrderMetrics(o.Registerer)
-		r.registerPartitionMetrics(o.Registerer)
+		src.rel = newLetGo()
+		src.parts = newPartitions(r, *o.Partitions)
+		src.queue = src.parts.merged
+		src.registerOrderMetrics(o.Registerer)
+		src.registerPartitionMetrics(o.Registerer)
 	default:
-		r.fetch = newFetcher(cons, r.track, r.gate, r.log, o, false)
-		r.fetch.noProbe = r.noProbe
-		r.queue, r.took = r.fetch.queue, r.fetch.take
+		src.fetch = newFetcher(cons, r.track, r.gate, r.log, o, false)
+		src.fetch.noProbe = r.hold.noProbe
+		src.queue, src.took = src.fetch.queue, src.fetch.take
 		if o.OrderKey != nil {
-			r.rel = newReleases()
-			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
-			r.order.untrack = r.track.remove
-			r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.settle.nakNow
+			src.rel = newLetGo()
+			src.order = newOrderer(o.OrderKey, o.Now, src.rel, orderFull(r.log))
+			src.order.untrack = r.track.remove
+			src.fetch.order, src.fetch.group, src.fetch.giveBack = src.order, o.PriorityGroup, r.settle.nakNow
 			if o.OrderMarks != nil {
-				r.order.marks = newMarker(o.OrderMarks, r.log)
+				src.order.marks = newMarker(o.OrderMarks, r.log)
 			}
-			r.registerOrderMetrics(o.Registerer)
+			src.registerOrderMetrics(o.Registerer)
 		}
 	}
 	// The probe's client dials as the app's default client does (a unix://
@@ -187,65 +161,6 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
 	r.prober.stamp = o.Stamp
 	return r, nil
-}
-
-// noProbe reports that the breaker alone holds deliveries and no fresh
-// message is held: the fetcher then pulls one, as retries make poor probes
-// (breaker.go, detach).
-func (r *Runner) noProbe() bool { return r.gate.onlyHeld(causeBreaker) && r.freshProbers.Load() == 0 }
-
-// orderFull logs when the messages waiting behind their keys reach their
-// bound, and when they are back under it.
-func (r *Runner) orderFull(full bool) {
-	if full {
-		r.log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
-	} else {
-		r.log.Info("messages waiting behind their keys back under the bound: fetching again")
-	}
-}
-
-// queued is how many messages wait in the fetch queues.
-func (r *Runner) queued() int {
-	if r.parts != nil {
-		return r.parts.queued()
-	}
-	return len(r.fetch.queue)
-}
-
-// orderers are the lines of order per key: the durable's, or each
-// partition's.
-func (r *Runner) orderers() []*orderer {
-	switch {
-	case r.parts != nil:
-		return r.parts.orderers()
-	case r.order != nil:
-		return []*orderer{r.order}
-	}
-	return nil
-}
-
-// gateChanged logs and counts each change of a cause that holds deliveries:
-// one line when it starts, one when it ends.
-func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Duration) {
-	r.m.held.WithLabelValues(c.Label()).Set(b2f(held))
-	if c == causeApp {
-		r.m.appUp.Set(b2f(!held))
-	}
-	took := heldFor.Round(time.Millisecond).String()
-	switch {
-	case c == causeApp && held && !r.wasUp.Load():
-		// Gated start-up: waiting, not an outage.
-	case c == causeApp && held:
-		r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
-	case c == causeApp && !r.wasUp.Swap(true):
-		r.log.Info("app healthy: fetching", "waited", took)
-	case c == causeApp:
-		r.log.Info("app available again", "down_for", took)
-	case held:
-		r.log.Warn(c.stopLine(), "reason", reason)
-	default:
-		r.log.Info(c.resumeLine(), "held_for", took)
-	}
 }
 
 func b2f(b bool) float64 {
@@ -261,12 +176,8 @@ func (r *Runner) Ready() error {
 	if c, reason, held := r.gate.firstHeld(); held {
 		return fmt.Errorf("%s: %s", c.readyLine(), reason)
 	}
-	if r.parts != nil {
-		if err := r.parts.ready(); err != nil {
-			return err
-		}
-	} else if !r.fetch.bound.Load() {
-		return errors.New("consumer not bound")
+	if err := r.src.ready(); err != nil {
+		return err
 	}
 	return r.settle.ready()
 }
@@ -300,7 +211,7 @@ func (r *Runner) Alive() error {
 // fetchWait), give back what was fetched but not started, let in-flight
 // requests finish within the grace period (and ack them), give back the
 // rest. It returns nil after a clean shutdown, or an error the runner cannot
-// recover from (the consumer was deleted).
+// recover from (the consumer was deleted: ErrConsumerGone).
 func (r *Runner) Run(ctx context.Context) error {
 	ph, release := newPhases(ctx)
 	defer release()
@@ -316,14 +227,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
 	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
-	if r.fetch != nil {
-		loopsDone.Add(1)
-		go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
-	}
 	defer r.breaker.stop()
-	if r.order != nil {
-		r.startOrder(ctx, loops, &loopsDone)
-	}
+	r.src.start(ctx, loops, &loopsDone, r.log, r.o)
 
 	workers := r.o.MaxInflight
 	if r.batcher != nil {
@@ -336,21 +241,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		go r.worker()
 	}
 
-	var fatal error
-	if r.parts != nil {
-		fatal = r.parts.run(ctx, loops)
-	} else {
-		fatal = r.fetch.run(ctx)
-	}
+	fatal := r.src.run(ctx, loops)
 	if fatal != nil {
 		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
 	}
 	r.shutdown(loops)
 	stopLoops()
 	loopsDone.Wait()
-	if r.parts != nil {
-		r.parts.wg.Wait()
-	}
+	r.src.wait()
 	return fatal
 }
 
@@ -383,15 +281,9 @@ func (r *Runner) shutdown(loops context.Context) {
 	// given; then the loops stop, the summary last.
 	r.settle.stop()
 	// Messages still waiting behind their keys go back in stream order, so
-	// that JetStream redelivers them in it.
-	if r.order != nil {
-		for _, q := range r.order.drain() {
-			r.settle.giveBack(r.settle.make.message(q.m), afterLastPull, "shutting down while it waited behind its key")
-		}
-	}
-	// Each partition, holding nothing now, is given up for the next
-	// courier to take at once (partition.go).
-	if r.parts != nil {
-		r.parts.drainAndFinish(loops)
-	}
+	// that JetStream redelivers them in it; each partition, holding nothing
+	// now, is given up for the next courier to take at once (partition.go).
+	r.src.drain(loops, func(m jetstream.Msg) {
+		r.settle.giveBack(r.settle.make.message(m), afterLastPull, "shutting down while it waited behind its key")
+	})
 }

@@ -69,6 +69,49 @@ type settler struct {
 	successErr     atomic.Pointer[error]
 }
 
+// ending is how a delivery ends, as the decision (decide.go) says it
+// and end does it.
+type ending struct {
+	kind   endKind
+	mode   giveBackMode    // endGiveBack
+	why    string          // endGiveBack
+	f      failure         // endDeadLetter
+	err    error           // endRetry: the attempt's
+	answer *apphttp.Answer // endSucceeded
+	took   time.Duration   // endSucceeded
+}
+
+// endKind names the ways a delivery ends.
+type endKind int
+
+const (
+	endNone       endKind = iota // not ended: sent (again)
+	endSucceeded                 // a 2xx: succeeded
+	endRetry                     // retry
+	endDeadLetter                // deadLetter
+	endGiveBack                  // giveBack
+)
+
+func giveBackEnding(mode giveBackMode, why string) ending {
+	return ending{kind: endGiveBack, mode: mode, why: why}
+}
+
+func deadLetterEnding(f failure) ending { return ending{kind: endDeadLetter, f: f} }
+
+// end ends d as e says.
+func (s *settler) end(d *delivery, e ending) {
+	switch e.kind {
+	case endSucceeded:
+		s.succeeded(d, e.answer, e.took)
+	case endRetry:
+		s.retry(d, e.err)
+	case endDeadLetter:
+		s.deadLetter(d, e.f)
+	case endGiveBack:
+		s.giveBack(d, e.mode, e.why)
+	}
+}
+
 // causeHolder tells whether a cause holds deliveries (gate.go). Safe for
 // concurrent use.
 type causeHolder interface {

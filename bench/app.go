@@ -6,10 +6,12 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -49,6 +51,7 @@ type tally struct {
 	strays   atomic.Int64  // requests that belong to no message of this tally
 	first    atomic.Int64  // Unix ns of the first distinct message
 	last     atomic.Int64  // Unix ns of the n-th distinct message
+	half     atomic.Int64  // Unix ns of the (n/2)-th distinct message
 	started  chan struct{} // closed with the first distinct message
 	done     chan struct{}
 }
@@ -82,7 +85,10 @@ func (t *tally) receive(body []byte, now time.Time) {
 		close(t.started)
 	}
 	// Exactly one request brings the count to n: that one closes done.
-	if t.distinct.Add(1) == int64(t.n) {
+	switch t.distinct.Add(1) {
+	case int64(t.n / 2):
+		t.half.Store(now.UnixNano())
+	case int64(t.n):
 		t.last.Store(now.UnixNano())
 		close(t.done)
 	}
@@ -138,13 +144,21 @@ func (t *tally) latencies(from int) []time.Duration {
 }
 
 // app is the instant local HTTP app every variant POSTs to: it reads the
-// body, records it in the current tally and answers 200 at once.
+// body, records it in the current tally and answers 200 at once. The
+// replicas and adaptive scenarios make it answer later, or serve a few
+// requests at a time (withWorkers).
 type app struct {
 	srv     *http.Server
 	ln      net.Listener
 	sock    string // the Unix socket it also listens on
 	current atomic.Pointer[tally]
 	delay   atomic.Int64 // how long each answer takes, ns; 0: at once
+	// workers, when set, holds a token per request being served: the
+	// others wait for one inside the app, first come first served (a
+	// channel's blocked senders queue in order), as in a server with a
+	// pool of workers.
+	workers atomic.Pointer[chan struct{}]
+	inside  atomic.Pointer[occupancy] // nil: not recorded
 	served  chan error
 }
 
@@ -181,7 +195,27 @@ func (a *app) measure(t *tally) { a.current.Store(t) }
 // a database or a remote call behind it).
 func (a *app) answerAfter(d time.Duration) { a.delay.Store(int64(d)) }
 
+// withWorkers makes the app serve at most n requests at once from now on,
+// each taking the answerAfter delay, the rest waiting inside it; 0: every
+// request at once. Requests already waiting keep the pool they found.
+func (a *app) withWorkers(n int) {
+	if n <= 0 {
+		a.workers.Store(nil)
+		return
+	}
+	pool := make(chan struct{}, n)
+	a.workers.Store(&pool)
+}
+
+// recordInside makes o record the requests inside the app from now on; nil
+// stops recording.
+func (a *app) recordInside(o *occupancy) { a.inside.Store(o) }
+
 func (a *app) handle(w http.ResponseWriter, r *http.Request) {
+	if o := a.inside.Load(); o != nil {
+		o.enter(time.Now())
+		defer func() { o.exit(time.Now()) }()
+	}
 	now := time.Now()
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -198,10 +232,113 @@ func (a *app) handle(w http.ResponseWriter, r *http.Request) {
 			t.receive(body, now)
 		}
 	}
+	if pool := a.workers.Load(); pool != nil {
+		select {
+		case *pool <- struct{}{}:
+		case <-r.Context().Done(): // the caller gave up waiting
+			return
+		}
+		defer func() { <-*pool }()
+	}
 	if d := a.delay.Load(); d > 0 {
 		time.Sleep(time.Duration(d))
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// occupancy records how many requests are inside the app over time, being
+// served or waiting for a worker: the queue a limit in front of the app
+// lets build up. It counts from the first request in until stop, and
+// weighs each count by how long it lasted. Safe for concurrent use.
+type occupancy struct {
+	mu      sync.Mutex
+	inside  int
+	since   time.Time       // the last change; zero before the first request
+	at      []time.Duration // at[k]: how long k requests were inside
+	stopped bool
+}
+
+// enter records a request coming in at now.
+func (o *occupancy) enter(now time.Time) { o.change(now, +1) }
+
+// exit records a request answered at now.
+func (o *occupancy) exit(now time.Time) { o.change(now, -1) }
+
+func (o *occupancy) change(now time.Time, by int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stopped {
+		return
+	}
+	if !o.since.IsZero() {
+		o.account(now)
+	}
+	if o.since.IsZero() && by > 0 {
+		o.since = now
+	}
+	o.inside = max(o.inside+by, 0) // an exit of a request that came in before recording began
+}
+
+// account adds the time since the last change to the current count. A now
+// before since (two requests timed in one order and recorded in the
+// other) adds nothing.
+func (o *occupancy) account(now time.Time) {
+	for len(o.at) <= o.inside {
+		o.at = append(o.at, 0)
+	}
+	if d := now.Sub(o.since); d > 0 {
+		o.at[o.inside] += d
+		o.since = now
+	}
+}
+
+// stop ends recording at now; later requests are not counted.
+func (o *occupancy) stop(now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.stopped && !o.since.IsZero() {
+		o.account(now)
+	}
+	o.stopped = true
+}
+
+// mean is the time-weighted mean of the requests inside; NaN if nothing
+// was recorded.
+func (o *occupancy) mean() float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var total, weighted float64
+	for k, d := range o.at {
+		total += d.Seconds()
+		weighted += float64(k) * d.Seconds()
+	}
+	if total == 0 {
+		return math.NaN()
+	}
+	return weighted / total
+}
+
+// quantile is the q-quantile of the requests inside over time: the fewest k
+// such that at most k were inside for at least the q fraction of the time
+// recorded; NaN if nothing was recorded.
+func (o *occupancy) quantile(q float64) float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var total time.Duration
+	for _, d := range o.at {
+		total += d
+	}
+	if total == 0 {
+		return math.NaN()
+	}
+	var sum time.Duration
+	for k, d := range o.at {
+		sum += d
+		if sum.Seconds() >= q*total.Seconds() {
+			return float64(k)
+		}
+	}
+	return float64(len(o.at) - 1)
 }
 
 // close stops the app and waits for its server goroutine.

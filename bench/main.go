@@ -13,13 +13,20 @@
 // a variant is about. Last, replicas: one and three couriers with the shared
 // store on one durable, draining to an app that takes 20 ms a request, and
 // the same with 1,000 keys kept in order by partitions ("replicas ordered";
-// see replicas.go). Then publishing: courier's HTTP publish API at 16 callers
-// against nats.go's synchronous js.Publish at 16 and a minimal HTTP
+// see replicas.go). Then the adaptive in-flight limit ("adaptive: ...", see
+// adaptive.go): courier with COURIER_MAX_INFLIGHT=auto against fixed numbers
+// (8, today's default, and 16 or 64), each draining a backlog to an app of
+// 8 workers taking 10 ms a request (the rest wait inside it), to an instant
+// app, and to an app taking 20 ms a request with any number at once: the
+// drain rate, the requests inside the app (mean and 90th percentile over
+// time), and the limit and unloaded answer time auto ends at, from
+// courier's /metrics. Then publishing: courier's HTTP publish API at 16
+// callers against nats.go's synchronous js.Publish at 16 and a minimal HTTP
 // forwarder (./bench/pubforwarder) at 16 (see publish.go).
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-publish-n 20000]
+//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-adaptive-n 4000] [-publish-n 20000]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -77,6 +84,9 @@ type options struct {
 	replicasN int
 	// publishN messages per phase of the publish scenario; 0 skips it.
 	publishN int
+	// adaptiveN messages per drain of the adaptive scenario (the instant
+	// app's drains take more, adaptive.go); 0 skips it.
+	adaptiveN int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -92,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.repeat, "repeat", 3, "drains per variant and in-flight limit (the median is shown)")
 	fs.IntVar(&o.replicasN, "replicas-n", 3000, "messages per drain of the replicas scenario (0 skips it)")
 	fs.IntVar(&o.publishN, "publish-n", 20000, "messages per phase of the publish scenario (0 skips it; -only publish runs it alone)")
+	fs.IntVar(&o.adaptiveN, "adaptive-n", 4000, "messages per drain of the adaptive scenario, 5× to the instant app and 2× to the 20 ms one (0 skips it; -only adaptive runs it alone)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
 	fs.StringVar(&only, "only", "", `measure only the variants whose name matches this regexp (e.g. "baseline|dedup on$")`)
@@ -115,8 +126,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
 		return o, errors.New("-n, -latency-n and -repeat must be positive")
-	case o.replicasN < 0 || o.publishN < 0:
-		return o, errors.New("-replicas-n and -publish-n must not be negative")
+	case o.replicasN < 0 || o.publishN < 0 || o.adaptiveN < 0:
+		return o, errors.New("-replicas-n, -publish-n and -adaptive-n must not be negative")
 	case o.size < bodyFixed:
 		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
 	case o.rate <= 0:
@@ -215,9 +226,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.machine = append(rep.machine, "go env:   "+strings.Join(set, " ")+
 			" (for both processes; GOGC replaces courier's default of 50)")
 	}
+	rep.loadStart = loadAvg()
 
 	for _, phase := range []func(context.Context, *report, io.Writer) error{
-		b.idlePhase, b.drainPhase, b.replicasPhase, b.publishPhase, b.latencyPhase,
+		b.idlePhase, b.drainPhase, b.replicasPhase, b.adaptivePhase, b.publishPhase, b.latencyPhase,
 	} {
 		if err := phase(ctx, rep, stderr); err != nil {
 			return err
@@ -381,6 +393,21 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadAvg is the machine's load average over 1, 5 and 15 minutes, as
+// /proc/loadavg says it: on a machine shared with other work, what the
+// figures were measured beside.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // machine describes where the figures come from.

@@ -367,26 +367,31 @@ func publishAll(ctx context.Context, from, n int, send func(context.Context, int
 // publishAPIAddr waits for courier's "publish API listening" line in its
 // log and returns the address it names.
 func publishAPIAddr(ctx context.Context, logPath string, c *child) (string, error) {
+	return logAddr(ctx, logPath, c, "publish API listening", "addr")
+}
+
+// logAddr polls c's log of JSON lines at logPath for the first line whose
+// message is msg and returns its field key: an address courier bound.
+func logAddr(ctx context.Context, logPath string, c *child, msg, key string) (string, error) {
 	for {
 		if f, err := os.Open(logPath); err == nil {
 			sc := bufio.NewScanner(f)
 			for sc.Scan() {
-				var rec struct {
-					Msg  string `json:"msg"`
-					Addr string `json:"addr"`
-				}
-				if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "publish API listening" && rec.Addr != "" {
-					f.Close()
-					return rec.Addr, nil
+				var rec map[string]any
+				if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
+					if addr, _ := rec[key].(string); addr != "" {
+						f.Close()
+						return addr, nil
+					}
 				}
 			}
 			f.Close()
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("courier's publish API did not start: %w", ctx.Err())
+			return "", fmt.Errorf("no %q line with %s in courier's log: %w", msg, key, ctx.Err())
 		case <-c.Exited():
-			return "", fmt.Errorf("courier exited before its publish API started: %v", c.err)
+			return "", fmt.Errorf("courier exited before logging %q: %v", msg, c.err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

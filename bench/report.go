@@ -21,6 +21,8 @@ type report struct {
 	latency   []latencyResult
 	replicas  []replicasResult
 	publishes []publishResult
+	adaptive  []*adaptiveResult
+	loadStart string // the load average when measuring began
 }
 
 // drainRow is every drain of one variant at one in-flight limit.
@@ -159,6 +161,9 @@ func (rep *report) print(w io.Writer) {
 	for _, l := range rep.machine {
 		fmt.Fprintln(w, l)
 	}
+	if rep.loadStart != "" {
+		fmt.Fprintf(w, "load:     %s at the start, %s at the end (1, 5, 15 min averages, /proc/loadavg)\n", rep.loadStart, loadAvg())
+	}
 	fmt.Fprintf(w, "setup:    nats-server %s embedded (file storage) and the instant app both run inside the bench\n", server.VERSION)
 	fmt.Fprintln(w, "          process, sharing the CPUs with the process under test; every measurement on a fresh stream")
 	fmt.Fprintln(w, "courier:  every setting at its default (logs at info, dedup on with the embedded store) but those")
@@ -296,6 +301,7 @@ func (rep *report) print(w io.Writer) {
 
 	rep.printOrder(w, rows)
 	rep.printReplicas(w)
+	rep.printAdaptive(w)
 	rep.printPublish(w)
 
 	if len(rep.latency) > 0 {
@@ -337,6 +343,7 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 	n += rep.replicasAnomalies(w)
+	n += rep.adaptiveAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {
 			n++

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/courierhq/courier/internal/editdist"
 	"slices"
 	"strings"
 )
@@ -243,7 +244,7 @@ func ClosestVar(name string) string {
 		if !ok {
 			continue
 		}
-		d := editDistance(got, known)
+		d := editdist.Distance(got, known)
 		if d > max(2, len(known)/3) {
 			continue
 		}
@@ -252,26 +253,4 @@ func ClosestVar(name string) string {
 		}
 	}
 	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes
-// (variable names are ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

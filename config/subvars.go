@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/courierhq/courier/internal/editdist"
 	"maps"
 	"slices"
 	"strings"
@@ -112,7 +113,7 @@ func subVarProblem(rest string, names []string) string {
 func closestName(got string, names []string) string {
 	best, bestDist := "", -1
 	for _, n := range names {
-		d := editDistance(got, strings.ToUpper(n))
+		d := editdist.Distance(got, strings.ToUpper(n))
 		if d > max(2, len(n)/3) {
 			continue
 		}
@@ -129,7 +130,7 @@ func closestVarName(suffix string) (string, bool) {
 	best, bestDist, perSub := "", -1, false
 	for _, s := range specs() {
 		known := strings.TrimPrefix(s.name, "COURIER_")
-		d := editDistance(suffix, known)
+		d := editdist.Distance(suffix, known)
 		if d > max(2, len(known)/3) {
 			continue
 		}

@@ -42,9 +42,10 @@ var errClaimLost = errors.New("the key no longer holds this claim")
 // Release that ends the claim, so that no renewal follows the release
 // (which would leave the claim live until it lapses).
 type heldClaim struct {
-	key   string      // the idempotency key, for the log
-	id    string      // its ClaimHolderHeader value
-	ended atomic.Bool // recorded or released: renew no more
+	scope *SharedScope // whose ClaimTTL it lives
+	key   string       // the idempotency key, for the log
+	id    string       // its ClaimHolderHeader value
+	ended atomic.Bool  // recorded or released: renew no more
 
 	mu      sync.Mutex
 	rev     uint64    // the key's revision this claim was last written at
@@ -73,12 +74,12 @@ func (s *Shared) claimID() string {
 }
 
 // claimHeader is the header of claim id expecting the key's last revision
-// to be expect (0: absent), living ClaimTTL: what jetstream's
+// to be expect (0: absent), living the scope's ClaimTTL: what jetstream's
 // WithExpectLastSequencePerSubject and WithMsgTTL options write, and the
 // holder's name.
-func (s *Shared) claimHeader(expect uint64, id string) nats.Header {
+func (v *SharedScope) claimHeader(expect uint64, id string) nats.Header {
 	h := nats.Header{
-		jetstream.MsgTTLHeader: s.claimTTLValue,
+		jetstream.MsgTTLHeader: v.claimTTLValue,
 		ClaimHolderHeader:      {id},
 	}
 	if expect == 0 {
@@ -93,12 +94,12 @@ func (s *Shared) claimHeader(expect uint64, id string) nats.Header {
 // shared read-only by every claim's header.
 var expectAbsent = []string{"0"}
 
-// hold remembers claim id on bk, made at revision rev.
-func (s *Shared) hold(key, bk, id string, rev uint64) {
+// hold remembers claim id of scope v on bk, made at revision rev.
+func (s *Shared) hold(v *SharedScope, key, bk, id string, rev uint64) {
 	now := time.Now()
 	s.claimsMu.Lock()
 	defer s.claimsMu.Unlock()
-	s.claims[bk] = &heldClaim{key: key, id: id, rev: rev, at: now}
+	s.claims[bk] = &heldClaim{scope: v, key: key, id: id, rev: rev, at: now}
 	if len(s.claims) < s.claimsNext {
 		return
 	}
@@ -110,7 +111,7 @@ func (s *Shared) hold(key, bk, id string, rev uint64) {
 		}
 		at := c.at
 		c.mu.Unlock()
-		if now.Sub(at) > s.claimTTL {
+		if now.Sub(at) > c.scope.claimTTL {
 			delete(s.claims, k)
 		}
 	}
@@ -153,12 +154,13 @@ func (s *Shared) end(bks ...string) {
 // still holds it: when the key's last revision is another, it is read, and
 // the claim deleted at the newer revision if it is still this one (a
 // renewal stored whose answer never came).
-func (s *Shared) release(ctx context.Context, bk, id string, rev uint64) error {
+func (v *SharedScope) release(ctx context.Context, bk, id string, rev uint64) error {
+	s := v.s
 	for range claimTries {
 		m := nats.NewMsg(bk)
 		m.Header.Set(kvOperation, "DEL")
 		_, err := s.js.PublishMsg(ctx, m,
-			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(s.claimTTL))
+			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(v.claimTTL))
 		switch {
 		case err == nil, errors.Is(err, jetstream.ErrNoStreamResponse):
 			return nil // released; or the bucket is gone
@@ -189,13 +191,15 @@ func (s *Shared) ownClaim(ctx context.Context, bk, id string) (uint64, error) {
 	return r.rev, nil
 }
 
-// renewClaims renews, until Close, every claim held for half ClaimTTL, so
-// that a claim lapses when its holder is gone, not while its delivery is
-// held longer than ClaimTTL. A renewal that fails is tried again at the
-// next tick (a quarter of ClaimTTL), as long as the claim lives.
+// renewClaims renews, until Close, every claim held for half its scope's
+// ClaimTTL, so that a claim lapses when its holder is gone, not while its
+// delivery is held longer than ClaimTTL. A renewal that fails is tried
+// again at the next tick (a quarter of the shortest ClaimTTL), as long as
+// the claim lives.
 func (s *Shared) renewClaims() {
 	defer s.renewing.Done()
-	t := time.NewTicker(max(s.claimTTL/4, 10*time.Millisecond))
+	every := s.renewEvery()
+	t := time.NewTicker(every)
 	defer t.Stop()
 	var due []*heldClaim
 	var keys []string
@@ -203,6 +207,12 @@ func (s *Shared) renewClaims() {
 		select {
 		case <-s.renewCtx.Done():
 			return
+		case <-s.retick:
+			if d := s.renewEvery(); d != every {
+				every = d
+				t.Reset(d)
+			}
+			continue
 		case <-t.C:
 		}
 		now := time.Now()
@@ -210,7 +220,7 @@ func (s *Shared) renewClaims() {
 		s.claimsMu.Lock()
 		for bk, c := range s.claims {
 			c.mu.Lock()
-			if !c.lost && now.Sub(c.at) >= s.claimTTL/2 {
+			if !c.lost && now.Sub(c.at) >= c.scope.claimTTL/2 {
 				due, keys = append(due, c), append(keys, bk)
 			}
 			c.mu.Unlock()
@@ -226,6 +236,31 @@ func (s *Shared) renewClaims() {
 	}
 }
 
+// renewEvery is the renewal loop's tick: a quarter of the shortest
+// ClaimTTL of the scopes, so that a claim is renewed between half and
+// three quarters of its life.
+func (s *Shared) renewEvery() time.Duration {
+	return max(time.Duration(s.renewTick.Load()), 10*time.Millisecond)
+}
+
+// renewAtLeastEvery shortens the renewal loop's tick to d if it is longer,
+// and wakes the loop to take it.
+func (s *Shared) renewAtLeastEvery(d time.Duration) {
+	for {
+		cur := s.renewTick.Load()
+		if int64(d) >= cur {
+			return
+		}
+		if s.renewTick.CompareAndSwap(cur, int64(d)) {
+			select {
+			case s.retick <- struct{}{}:
+			default: // a wake-up is pending; it reads the newest tick
+			}
+			return
+		}
+	}
+}
+
 // renew writes claim c on bk again to live another ClaimTTL, and logs the
 // first renewal of c that fails (a warning: if none succeeds within
 // ClaimTTL, another delivery of the key may go ahead), the one that
@@ -236,7 +271,7 @@ func (s *Shared) renew(bk string, c *heldClaim) {
 	if c.ended.Load() || c.lost {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.renewCtx, min(s.timeout, s.claimTTL/2))
+	ctx, cancel := context.WithTimeout(s.renewCtx, min(s.timeout, c.scope.claimTTL/2))
 	defer cancel()
 	err := s.rewrite(ctx, bk, c)
 	switch {
@@ -254,13 +289,13 @@ func (s *Shared) renew(bk string, c *heldClaim) {
 		}
 		s.log.Warn("claim lost: it lapsed while this courier could not renew it (cut off for longer than the claim TTL), "+
 			"so another delivery of the key may reach the app", "key", c.key, "error", s.bucketError(opRenew, err),
-			"claim_ttl", s.claimTTL.String())
+			"claim_ttl", c.scope.claimTTL.String())
 	default:
 		err = s.bucketError(opRenew, err)
 		if !c.failing {
 			c.failing = true
 			s.log.Warn("cannot renew a claim; trying again every quarter claim TTL until it lapses",
-				"key", c.key, "error", err, "claim_ttl", s.claimTTL.String())
+				"key", c.key, "error", err, "claim_ttl", c.scope.claimTTL.String())
 		}
 	}
 }
@@ -272,7 +307,7 @@ func (s *Shared) renew(bk string, c *heldClaim) {
 // errClaimLost.
 func (s *Shared) rewrite(ctx context.Context, bk string, c *heldClaim) error {
 	for range claimTries {
-		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: s.claimHeader(c.rev, c.id), Data: claimValue})
+		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: c.scope.claimHeader(c.rev, c.id), Data: claimValue})
 		if err == nil {
 			c.rev, c.at = ack.Sequence, time.Now()
 			return nil

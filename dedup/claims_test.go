@@ -50,7 +50,7 @@ func lateRenewalAck(t *testing.T, addr string, jsB jetstream.JetStream, o Shared
 	a := openShared(t, p.connect(), o)
 
 	mustCheck(t, a, "late", New)
-	bk, err := a.bucketKey("late")
+	bk, err := a.own.bucketKey("late")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestSharedReleaseAfterLateRenewalAck(t *testing.T) {
 	a := openShared(t, p.connect(), o)
 
 	mustCheck(t, a, "release", New)
-	bk, err := a.bucketKey("release")
+	bk, err := a.own.bucketKey("release")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestSharedClaimsAcrossVersions(t *testing.T) {
 	ctx := context.Background()
 	a := openShared(t, js, SharedOptions{ClaimTTL: 2 * time.Second})
 
-	bk, err := a.bucketKey("old")
+	bk, err := a.own.bucketKey("old")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestSharedClaimsAcrossVersions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bk, _ = a.bucketKey("new")
+	bk, _ = a.own.bucketKey("new")
 	m, err := st.GetLastMsgForSubject(ctx, bk)
 	if err != nil {
 		t.Fatal(err)

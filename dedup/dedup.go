@@ -12,6 +12,10 @@
 // same methods, with a Store as its local cache, so that several couriers of
 // one durable share their keys and claim a key before calling the app.
 //
+// Keys are scoped (typically per stream and consumer). A store serves the
+// scope it was opened with, and Scoped gives any other scope of the same
+// store, so that a process serving several consumers opens one.
+//
 // The package knows nothing of HTTP; its callers declare the small interface
 // they need (Check, Record, Release) and Store and Shared satisfy it.
 package dedup
@@ -108,9 +112,11 @@ type Options struct {
 	// second: Badger keeps expiry times in whole seconds, so a key is
 	// forgotten between TTL-1s and TTL after it was recorded.
 	TTL time.Duration
-	// Scope prefixes every key (typically the consumer name), so that two
-	// consumers sharing a store never take each other's keys for their own.
-	// It must not contain a NUL byte. Empty means one unscoped key space.
+	// Scope prefixes every key the Store's own methods take (typically
+	// stream/consumer), so that two consumers sharing a store never take
+	// each other's keys for their own. It must not contain a NUL byte.
+	// Empty means one unscoped key space. Scoped gives the keys of other
+	// scopes in the same store.
 	Scope string
 	// Logger receives the store's logs and Badger's, narrowed with
 	// component=dedup. Nil discards them.
@@ -148,6 +154,11 @@ type Options struct {
 // that opened it must call Close, which flushes pending records and stops the
 // goroutines the store started.
 //
+// Its methods take keys in the scope it was opened with (Options.Scope);
+// Scoped gives the keys of any other scope in the same store, so that one
+// process serving several consumers opens its directory once (Badger locks
+// it).
+//
 // Durability: Badger runs with SyncWrites off. A committed key is in the
 // memory-mapped write-ahead log of Badger's memtable, that is in the OS page
 // cache, so it survives the process being killed (kill -9, OOM kill, panic)
@@ -156,11 +167,13 @@ type Options struct {
 //
 // All methods are safe for concurrent use.
 type Store struct {
-	db    *badger.DB
-	dir   string
-	log   *slog.Logger
-	ttl   time.Duration
-	scope []byte // keyPrefix + Scope + NUL
+	db  *badger.DB
+	dir string
+	log *slog.Logger
+
+	// own is the scope the store was opened with, which its own methods
+	// serve.
+	own *StoreScope
 
 	// mu guards closed: Record holds it for reading while it starts a
 	// commit, so once Close has held it for writing no commit starts.
@@ -172,7 +185,8 @@ type Store struct {
 	// key is as good as an earlier one.
 	ts atomic.Uint64
 
-	// filter spares most checks of new keys a read of Badger.
+	// filter spares most checks of new keys a read of Badger. It holds
+	// stored keys whole (scope included), so one serves every scope.
 	filter *filter
 
 	// writeKeys commits keys to live ttl (write; tests hold it to hold a
@@ -193,7 +207,42 @@ type Store struct {
 // Seen reports whether key was recorded as processed and has not expired.
 // It reads committed keys only: a key whose Record has not returned yet is
 // not seen. It returns ErrClosed after Close.
-func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
+func (s *Store) Seen(ctx context.Context, key string) (bool, error) { return s.own.Seen(ctx, key) }
+
+// Check reports whether key was recorded as processed: Processed if so, New
+// if not. A Store has no claims, so it never answers Claimed and New holds
+// nothing (Release is a no-op). For a key not recorded it returns an error
+// wrapping ErrDiskLow while free space is below the floor, so that no work
+// starts whose key could not be recorded; a recorded key is still answered.
+// Otherwise its errors are Seen's.
+func (s *Store) Check(ctx context.Context, key string) (Verdict, error) { return s.own.Check(ctx, key) }
+
+// Release does nothing: a Store holds no claims. It is there so that a Store
+// and a Shared store serve the same callers.
+func (s *Store) Release(context.Context, string) error { return nil }
+
+// Record durably records keys as processed, to be remembered for
+// Options.TTL. The keys are written together, in one Badger transaction (in
+// several if they exceed Badger's transaction size), so a caller that gathers
+// the keys of concurrent deliveries pays for one commit; concurrent Records
+// are written together by Badger's own write batching. It returns once every
+// key is committed (see Store for what survives what). It validates every key
+// before writing any: an empty or too long key fails the call with
+// ErrEmptyKey or ErrKeyTooLong and nothing is recorded; so does low disk
+// space, with an error wrapping ErrDiskLow. If ctx ends first it returns
+// ctx's error, and the keys may or may not be recorded. It returns ErrClosed
+// after Close.
+func (s *Store) Record(ctx context.Context, keys ...string) error { return s.own.Record(ctx, keys...) }
+
+// QuickCheck reports true: Check answers from memory and the local disk,
+// looking at its context only on entry, so a timeout of the caller's own
+// would end nothing; the delivery loop gives it none (a context, a timer and
+// a channel less per message).
+func (s *Store) QuickCheck() bool { return true }
+
+// Seen is Store.Seen for a key of this scope.
+func (v *StoreScope) Seen(ctx context.Context, key string) (bool, error) {
+	s := v.s
 	defer since(s.m.duration.check, time.Now())
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -201,7 +250,7 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	// Most keys checked are new and answered by the filter alone: built on
 	// the stack for it, the key is copied to the heap only to read Badger.
 	var buf [128]byte
-	k, err := s.appendStoreKey(buf[:0], key)
+	k, err := v.appendStoreKey(buf[:0], key)
 	if err != nil {
 		return false, err
 	}
@@ -229,29 +278,23 @@ func (s *Store) Seen(ctx context.Context, key string) (bool, error) {
 	}
 }
 
-// Check reports whether key was recorded as processed: Processed if so, New
-// if not. A Store has no claims, so it never answers Claimed and New holds
-// nothing (Release is a no-op). For a key not recorded it returns an error
-// wrapping ErrDiskLow while free space is below the floor, so that no work
-// starts whose key could not be recorded; a recorded key is still answered.
-// Otherwise its errors are Seen's.
-func (s *Store) Check(ctx context.Context, key string) (Verdict, error) {
-	seen, err := s.Seen(ctx, key)
+// Check is Store.Check for a key of this scope.
+func (v *StoreScope) Check(ctx context.Context, key string) (Verdict, error) {
+	seen, err := v.Seen(ctx, key)
 	switch {
 	case err != nil:
 		return New, err
 	case seen:
 		return Processed, nil
 	}
-	if err := s.disk.ok(); err != nil {
+	if err := v.s.disk.ok(); err != nil {
 		return New, err
 	}
 	return New, nil
 }
 
-// Release does nothing: a Store holds no claims. It is there so that a Store
-// and a Shared store serve the same callers.
-func (s *Store) Release(context.Context, string) error { return nil }
+// Release does nothing: a Store holds no claims.
+func (v *StoreScope) Release(context.Context, string) error { return nil }
 
 // Healthy returns nil while the store can take writes; an error wrapping
 // ErrDiskLow while free space is below the floor (or cannot be measured,
@@ -267,40 +310,32 @@ func (s *Store) Healthy() error {
 	return s.disk.ok()
 }
 
-// Record durably records keys as processed, to be remembered for
-// Options.TTL. The keys are written together, in one Badger transaction (in
-// several if they exceed Badger's transaction size), so a caller that gathers
-// the keys of concurrent deliveries pays for one commit; concurrent Records
-// are written together by Badger's own write batching. It returns once every
-// key is committed (see Store for what survives what). It validates every key
-// before writing any: an empty or too long key fails the call with
-// ErrEmptyKey or ErrKeyTooLong and nothing is recorded; so does low disk
-// space, with an error wrapping ErrDiskLow. If ctx ends first it returns
-// ctx's error, and the keys may or may not be recorded. It returns ErrClosed
-// after Close.
-func (s *Store) Record(ctx context.Context, keys ...string) error {
-	return s.record(ctx, s.ttl, keys)
+// Record is Store.Record for keys of this scope, remembered for the
+// scope's TTL.
+func (v *StoreScope) Record(ctx context.Context, keys ...string) error {
+	return v.record(ctx, v.ttl, keys)
 }
 
 // record is Record with the time the keys are to live (a Shared store caches
 // a key for what is left of its life in the bucket).
-func (s *Store) record(ctx context.Context, ttl time.Duration, keys []string) error {
+func (v *StoreScope) record(ctx context.Context, ttl time.Duration, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	s := v.s
 	defer since(s.m.duration.record, time.Now())
 	// The stored keys share one array, sized for all so that it never
 	// moves: one allocation for the batch rather than one per key.
 	size := 0
 	for _, key := range keys {
-		size += len(s.scope) + len(key)
+		size += len(v.prefix) + len(key)
 	}
 	buf := make([]byte, 0, size)
 	sks := make([][]byte, len(keys))
 	for i, key := range keys {
 		start := len(buf)
 		var err error
-		if buf, err = s.appendStoreKey(buf, key); err != nil {
+		if buf, err = v.appendStoreKey(buf, key); err != nil {
 			return err
 		}
 		sks[i] = buf[start:len(buf):len(buf)]
@@ -390,24 +425,18 @@ func (s *Store) Close() error {
 }
 
 // appendStoreKey appends to dst the Badger key for an idempotency key in
-// this store's scope: keyPrefix, Scope, NUL, key. Scope holds no NUL, so the
+// this scope: keyPrefix, scope, NUL, key. A scope holds no NUL, so the
 // first NUL ends it and no two (scope, key) pairs share a stored key.
-func (s *Store) appendStoreKey(dst []byte, key string) ([]byte, error) {
+func (v *StoreScope) appendStoreKey(dst []byte, key string) ([]byte, error) {
 	if key == "" {
 		return nil, ErrEmptyKey
 	}
-	if len(s.scope)+len(key) > maxKeySize {
+	if len(v.prefix)+len(key) > maxKeySize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrKeyTooLong, len(key))
 	}
-	dst = append(dst, s.scope...)
+	dst = append(dst, v.prefix...)
 	return append(dst, key...), nil
 }
-
-// QuickCheck reports true: Check answers from memory and the local disk,
-// looking at its context only on entry, so a timeout of the caller's own
-// would end nothing; the delivery loop gives it none (a context, a timer and
-// a channel less per message).
-func (s *Store) QuickCheck() bool { return true }
 
 // commit writes keys in one transaction, or in as few as Badger's
 // transaction size allows, and counts them.

@@ -113,8 +113,8 @@ func TestBadKeys(t *testing.T) {
 		})
 	}
 	// The longest key the scope leaves room for is accepted.
-	mustRecord(t, s, strings.Repeat("x", maxKeySize-len(s.scope)))
-	mustSeen(t, s, strings.Repeat("x", maxKeySize-len(s.scope)), true)
+	mustRecord(t, s, strings.Repeat("x", maxKeySize-len(s.own.prefix)))
+	mustSeen(t, s, strings.Repeat("x", maxKeySize-len(s.own.prefix)), true)
 }
 
 func TestScopesIsolate(t *testing.T) {

@@ -24,9 +24,12 @@ const (
 // is certainly not stored, so a check of a new key (most checks) needs no
 // read of Badger, which measured as half the cost of dedup per message.
 //
-// It holds the keys found in the store when it was opened (loaded in the
-// background: until then it is not asked) and every key recorded since,
-// added before the key is committed, so a key Badger holds is always in it.
+// It holds the keys found in the store when it was opened, of every scope
+// (loaded in the background: until then it is not asked), and every key
+// recorded since, added before the key is committed, so a key Badger holds
+// is always in it. Keys are added whole, scope included, so one filter
+// answers for every scope of the store (Store.Scoped) and a key of one
+// scope says nothing of another's; the scopes share its capacity.
 // It never forgets a key; an expired one only costs a read. Once more than
 // filterCapacity keys have been added it is bypassed until the store is
 // opened again and the filter rebuilt from the keys then held.
@@ -82,8 +85,8 @@ func (f *filter) absent(key []byte) bool {
 // errStopped ends loadFilter's scan when the store closes.
 var errStopped = errors.New("store closing")
 
-// loadFilter adds every key of the store's scope held when it was opened,
-// then lets Seen trust the filter. Keys recorded meanwhile are added by
+// loadFilter adds every key held when the store was opened, of every scope
+// (any may be asked, through Scoped), then lets Seen trust the filter. Keys recorded meanwhile are added by
 // Record. If the scan fails the filter is never trusted: checks read
 // Badger, as they would without it.
 func (s *Store) loadFilter() {
@@ -101,13 +104,14 @@ func (s *Store) loadFilter() {
 	s.log.Debug("key filter loaded", "keys", n, "took", time.Since(began).Round(time.Millisecond).String())
 }
 
-// scanKeys calls fn with every unexpired stored key of the scope, until Close.
+// scanKeys calls fn with every unexpired stored idempotency key, of every
+// scope, until Close.
 func (s *Store) scanKeys(fn func(k []byte)) (n int, err error) {
 	txn := s.db.NewTransactionAt(math.MaxUint64, false)
 	defer txn.Discard()
 	opt := badger.DefaultIteratorOptions
 	opt.PrefetchValues = false
-	opt.Prefix = s.scope
+	opt.Prefix = []byte{keyPrefix}
 	it := txn.NewIterator(opt)
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {

@@ -247,7 +247,9 @@ func (b *logBuffer) String() string {
 
 // checkFor asks s about key every 100ms for d, failing the test on the
 // first answer that is not want.
-func checkFor(t *testing.T, s *Shared, key string, want Verdict, d time.Duration, why string) {
+func checkFor(t *testing.T, s interface {
+	Check(context.Context, string) (Verdict, error)
+}, key string, want Verdict, d time.Duration, why string) {
 	t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -102,16 +102,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("dedup store %s: register metrics: %w", dir, err)
 	}
 
-	scope := make([]byte, 0, len(opts.Scope)+2)
-	scope = append(scope, keyPrefix)
-	scope = append(scope, opts.Scope...)
-	scope = append(scope, 0)
 	s := &Store{
 		db:     db,
 		dir:    dir,
 		log:    log,
-		ttl:    opts.TTL,
-		scope:  scope,
 		stop:   make(chan struct{}),
 		m:      m,
 		filter: newFilter(),
@@ -119,6 +113,7 @@ func Open(dir string, opts Options) (*Store, error) {
 
 		closeTimeout: opts.CloseTimeout,
 	}
+	s.own = newStoreScope(s, opts.Scope, opts.TTL)
 	s.writeKeys = s.write
 	// Versions continue above what is stored, whichever mode wrote it.
 	s.ts.Store(db.MaxVersion())
@@ -139,8 +134,8 @@ func (o Options) validate() error {
 	if o.TTL < time.Second {
 		errs = append(errs, fmt.Errorf("dedup: TTL %v: must be at least 1s (Badger keeps expiry in whole seconds)", o.TTL))
 	}
-	if strings.IndexByte(o.Scope, 0) >= 0 {
-		errs = append(errs, fmt.Errorf("dedup: scope %q: must not contain a NUL byte", o.Scope))
+	if err := checkScope(o.Scope); err != nil {
+		errs = append(errs, err)
 	}
 	if o.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("dedup: GC interval %v: must not be negative", o.GCInterval))

@@ -55,6 +55,11 @@ const claimTries = 5
 // callers' publishes share the connection (pipelined), and Record sends a
 // batch's publishes together before awaiting any.
 //
+// Its methods take keys in the scope it was opened with
+// (SharedOptions.Scope); Scoped gives the keys of any other scope in the
+// same bucket and local Store, so that one process serving several
+// consumers shares one of each.
+//
 // All methods are safe for concurrent use. Close it, which closes the local
 // Store.
 type Shared struct {
@@ -63,21 +68,18 @@ type Shared struct {
 	log      *slog.Logger
 	bucket   string
 	stream   string // KV_<bucket>
-	subject  string // $KV.<bucket>.<scope>.
 	replicas int
-	ttl      time.Duration
-	claimTTL time.Duration
+	ttl      time.Duration // the bucket's, the longest a scope may have
+	claimTTL time.Duration // own's, and the bucket's marker TTL
 	timeout  time.Duration
 	m        *sharedMetrics
 
+	// own is the scope the store was opened with, which its own methods
+	// serve.
+	own *SharedScope
+
 	// msgGet is the API subject readLast asks the stream leader.
 	msgGet string
-
-	// The header of a processed record and the TTL value of a claim's,
-	// built once and shared by every publish: read-only, as jetstream
-	// leaves a message's headers alone when it is given no options.
-	processedHdr  nats.Header
-	claimTTLValue []string
 
 	// holder names this store in its claims, numbered by claimsMade
 	// (claims.go).
@@ -92,10 +94,14 @@ type Shared struct {
 	claimsNext int // size at which the map is swept next
 
 	// The renewal loop, and what Close calls to stop it (a renewal under
-	// way included).
+	// way included). renewTick is how often it looks for claims due (a
+	// quarter of the shortest ClaimTTL of the scopes), retick wakes it
+	// when a scope shortens it.
 	renewCtx  context.Context
 	stopRenew context.CancelFunc
 	renewing  sync.WaitGroup
+	renewTick atomic.Int64 // nanoseconds
+	retick    chan struct{}
 
 	recreateMu sync.Mutex
 
@@ -110,7 +116,8 @@ type Shared struct {
 // needs nats-server 2.11+) and checking an existing one can serve (errors
 // wrapping ErrBucket say what to change). local is this courier's Store, the
 // cache; Shared takes it over and closes it in Close. On error the caller
-// still owns local.
+// still owns local. Keys are cached in local under SharedOptions.Scope
+// (local.Scoped), whatever the scope local was opened with.
 func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o SharedOptions) (*Shared, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -131,24 +138,26 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 		log:      log.With("component", "dedup"),
 		bucket:   o.Bucket,
 		stream:   "KV_" + o.Bucket,
-		subject:  "$KV." + o.Bucket + "." + base64.RawURLEncoding.EncodeToString([]byte(o.Scope)) + ".",
 		replicas: max(o.Replicas, 1),
 		ttl:      o.TTL,
 		claimTTL: cmp0(o.ClaimTTL, DefaultClaimTTL),
 		timeout:  cmp0(o.Timeout, DefaultSharedTimeout),
 		holder:   newHolder(),
 		claims:   map[string]*heldClaim{},
+		retick:   make(chan struct{}, 1),
 	}
 	s.claimsNext = 1024
+	s.renewTick.Store(int64(s.claimTTL / 4))
+	var err error
+	if s.own, err = s.newScope(o.Scope, SharedScopeOptions{TTL: s.ttl, ClaimTTL: s.claimTTL}); err != nil {
+		return nil, err
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.openBucket(ctx); err != nil {
 		return nil, err
 	}
 	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
-	s.claimTTLValue = []string{s.claimTTL.String()}
-	s.processedHdr = nats.Header{jetstream.MsgTTLHeader: {s.ttl.String()}}
-	var err error
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
 	}
@@ -171,15 +180,15 @@ func (s *Shared) bound(ctx context.Context) (context.Context, context.CancelFunc
 // bucketKey is key's subject in the bucket: the scope's token, then the key
 // in base64url (bucket keys allow only [-/_=.A-Za-z0-9]), or "h." and its
 // SHA-256 for a long one (a third token, so never mistaken for a key).
-func (s *Shared) bucketKey(key string) (string, error) {
+func (v *SharedScope) bucketKey(key string) (string, error) {
 	if key == "" {
 		return "", ErrEmptyKey
 	}
 	if len(key) > maxEncodedKey {
 		sum := sha256.Sum256([]byte(key))
-		return s.subject + "h." + base64.RawURLEncoding.EncodeToString(sum[:]), nil
+		return v.subject + "h." + base64.RawURLEncoding.EncodeToString(sum[:]), nil
 	}
-	return s.subject + base64.RawURLEncoding.EncodeToString([]byte(key)), nil
+	return v.subject + base64.RawURLEncoding.EncodeToString([]byte(key)), nil
 }
 
 // use runs f unless the store is closed.
@@ -201,13 +210,19 @@ func (s *Shared) use(f func() error) error {
 // answer within the context or the store's timeout): the caller must not
 // send the message unchecked. Errors of the local Store (ErrDiskLow) are
 // returned as they are.
-func (s *Shared) Check(ctx context.Context, key string) (v Verdict, err error) {
-	bk, err := s.bucketKey(key)
+func (s *Shared) Check(ctx context.Context, key string) (Verdict, error) {
+	return s.own.Check(ctx, key)
+}
+
+// Check is Shared.Check for a key of this scope.
+func (v *SharedScope) Check(ctx context.Context, key string) (verdict Verdict, err error) {
+	s := v.s
+	bk, err := v.bucketKey(key)
 	if err != nil {
 		return New, err
 	}
 	err = s.use(func() error {
-		if v, err = s.local.Check(ctx, key); err != nil || v == Processed {
+		if verdict, err = v.local.Check(ctx, key); err != nil || verdict == Processed {
 			if err == nil {
 				s.m.checks.WithLabelValues("local").Inc()
 			}
@@ -215,29 +230,30 @@ func (s *Shared) Check(ctx context.Context, key string) (v Verdict, err error) {
 		}
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
-		v, err = s.claim(ctx, key, bk)
+		verdict, err = v.claim(ctx, key, bk)
 		return err
 	})
 	if err != nil {
 		s.m.checks.WithLabelValues("error").Inc()
 		return New, err
 	}
-	s.m.checks.WithLabelValues(v.String()).Inc()
-	return v, nil
+	s.m.checks.WithLabelValues(verdict.String()).Inc()
+	return verdict, nil
 }
 
 // claim creates bk holding a claim, expecting it absent (revision 0) or
 // holding a delete marker, as a key-value Create does, and reads what it
 // holds when it exists.
-func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
+func (v *SharedScope) claim(ctx context.Context, key, bk string) (Verdict, error) {
+	s := v.s
 	var expect uint64
 	recreated := false
 	id := s.claimID()
 	for range claimTries {
-		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: s.claimHeader(expect, id), Data: claimValue})
+		ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: bk, Header: v.claimHeader(expect, id), Data: claimValue})
 		switch {
 		case err == nil:
-			s.hold(key, bk, id, ack.Sequence)
+			s.hold(v, key, bk, id, ack.Sequence)
 			return New, nil
 		case (errors.Is(err, jetstream.ErrNoStreamResponse) || isTTLDisabled(err)) && !recreated:
 			if !s.recreate(ctx) {
@@ -268,7 +284,7 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 		case r.claim():
 			return Claimed, nil
 		default:
-			s.cache(ctx, key, r.time)
+			v.cache(ctx, key, r.time)
 			return Processed, nil
 		}
 	}
@@ -277,13 +293,13 @@ func (s *Shared) claim(ctx context.Context, key, bk string) (Verdict, error) {
 
 // cache records locally a key the bucket holds as processed, for what is
 // left of its life there. A failure only costs a round trip next time.
-func (s *Shared) cache(ctx context.Context, key string, recorded time.Time) {
-	left := s.ttl - time.Since(recorded)
+func (v *SharedScope) cache(ctx context.Context, key string, recorded time.Time) {
+	left := v.ttl - time.Since(recorded)
 	if left < time.Second {
 		return
 	}
-	if err := s.local.record(ctx, left, []string{key}); err != nil {
-		s.log.Debug("cannot cache a key processed elsewhere", "error", err)
+	if err := v.local.record(ctx, left, []string{key}); err != nil {
+		v.s.log.Debug("cannot cache a key processed elsewhere", "error", err)
 	}
 }
 
@@ -294,13 +310,18 @@ func (s *Shared) cache(ctx context.Context, key string, recorded time.Time) {
 // lapses after ClaimTTL). A processed record replaces whatever the key held
 // (this caller's claim, a claim that took over a lapsed one, an earlier
 // record). Every key is validated before any is written.
-func (s *Shared) Record(ctx context.Context, keys ...string) error {
+func (s *Shared) Record(ctx context.Context, keys ...string) error { return s.own.Record(ctx, keys...) }
+
+// Record is Shared.Record for keys of this scope, remembered for the
+// scope's TTL.
+func (v *SharedScope) Record(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	s := v.s
 	bks := make([]string, len(keys))
 	for i, key := range keys {
-		bk, err := s.bucketKey(key)
+		bk, err := v.bucketKey(key)
 		if err != nil {
 			return err
 		}
@@ -314,9 +335,9 @@ func (s *Shared) Record(ctx context.Context, keys ...string) error {
 		s.end(bks...)
 		// The bucket's writes go out first; the local commit runs while
 		// they travel.
-		futures, sendErr := s.sendProcessed(bks)
-		localErr := s.local.Record(ctx, keys...)
-		err := s.awaitProcessed(ctx, bks, futures, sendErr, true)
+		futures, sendErr := v.sendProcessed(bks)
+		localErr := v.local.Record(ctx, keys...)
+		err := v.awaitProcessed(ctx, bks, futures, sendErr, true)
 		return errors.Join(err, localErr)
 	})
 }
@@ -324,10 +345,10 @@ func (s *Shared) Record(ctx context.Context, keys ...string) error {
 // sendProcessed publishes a processed record for each key without waiting
 // for any acknowledgement. It stops at the first publish that cannot be
 // sent.
-func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
+func (v *SharedScope) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(bks))
 	for _, bk := range bks {
-		f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: bk, Header: s.processedHdr})
+		f, err := v.s.js.PublishMsgAsync(&nats.Msg{Subject: bk, Header: v.processedHdr})
 		if err != nil {
 			return futures, err
 		}
@@ -341,7 +362,8 @@ func (s *Shared) sendProcessed(bks []string) ([]jetstream.PubAckFuture, error) {
 // turns out deleted or made again without them, it is created again or
 // has them turned on, and those keys are written into it (once, if
 // mayRecreate).
-func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
+func (v *SharedScope) awaitProcessed(ctx context.Context, bks []string, futures []jetstream.PubAckFuture, sendErr error, mayRecreate bool) error {
+	s := v.s
 	if sendErr != nil {
 		return s.bucketError(opRecord, sendErr)
 	}
@@ -363,8 +385,8 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 		return nil
 	}
 	if mayRecreate && len(failed) == len(errs) && s.recreate(ctx) {
-		futures, sendErr := s.sendProcessed(failed)
-		return s.awaitProcessed(ctx, failed, futures, sendErr, false)
+		futures, sendErr := v.sendProcessed(failed)
+		return v.awaitProcessed(ctx, failed, futures, sendErr, false)
 	}
 	return s.bucketError(opRecord, fmt.Errorf("%d of %d keys not recorded: %w", len(errs), len(bks), errs[0]))
 }
@@ -374,8 +396,12 @@ func (s *Shared) awaitProcessed(ctx context.Context, bks []string, futures []jet
 // deleted if it is still this store's (not lapsed and taken over, not
 // recorded). Without a claim it does nothing. An error leaves the claim to
 // lapse after ClaimTTL.
-func (s *Shared) Release(ctx context.Context, key string) error {
-	bk, err := s.bucketKey(key)
+func (s *Shared) Release(ctx context.Context, key string) error { return s.own.Release(ctx, key) }
+
+// Release is Shared.Release for a key of this scope.
+func (v *SharedScope) Release(ctx context.Context, key string) error {
+	s := v.s
+	bk, err := v.bucketKey(key)
 	if err != nil {
 		return err
 	}
@@ -386,7 +412,7 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 	return s.use(func() error {
 		ctx, cancel := s.bound(ctx)
 		defer cancel()
-		return s.release(ctx, bk, id, rev)
+		return v.release(ctx, bk, id, rev)
 	})
 }
 
@@ -395,14 +421,18 @@ func (s *Shared) Release(ctx context.Context, key string) error {
 // reference dead letters, and callers of the Seen/Record interface of
 // before). Check is what makes concurrent deliveries on different couriers
 // call the app once.
-func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
-	bk, err := s.bucketKey(key)
+func (s *Shared) Seen(ctx context.Context, key string) (bool, error) { return s.own.Seen(ctx, key) }
+
+// Seen is Shared.Seen for a key of this scope.
+func (v *SharedScope) Seen(ctx context.Context, key string) (bool, error) {
+	s := v.s
+	bk, err := v.bucketKey(key)
 	if err != nil {
 		return false, err
 	}
 	var seen bool
 	err = s.use(func() error {
-		if seen, err = s.local.Seen(ctx, key); err != nil || seen {
+		if seen, err = v.local.Seen(ctx, key); err != nil || seen {
 			return err
 		}
 		ctx, cancel := s.bound(ctx)
@@ -415,7 +445,7 @@ func (s *Shared) Seen(ctx context.Context, key string) (bool, error) {
 			return s.bucketError(opRead, err)
 		}
 		if seen = !r.deleted() && !r.claim(); seen {
-			s.cache(ctx, key, r.time)
+			v.cache(ctx, key, r.time)
 		}
 		return nil
 	})

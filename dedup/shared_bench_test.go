@@ -148,7 +148,7 @@ func (g getCreate) Record(ctx context.Context, keys ...string) error {
 type createOnly struct{ s *Shared }
 
 func (c createOnly) Check(ctx context.Context, key string) (Verdict, error) {
-	bk, err := c.s.bucketKey(key)
+	bk, err := c.s.own.bucketKey(key)
 	if err != nil {
 		return New, err
 	}

@@ -22,13 +22,20 @@ import (
 // when the test ends.
 func openShared(t testing.TB, js jetstream.JetStream, o SharedOptions) *Shared {
 	t.Helper()
+	return openSharedIn(t, js, t.TempDir(), o)
+}
+
+// openSharedIn opens a shared store on js with its local cache in dir,
+// closed when the test ends.
+func openSharedIn(t testing.TB, js jetstream.JetStream, dir string, o SharedOptions) *Shared {
+	t.Helper()
 	if o.TTL == 0 {
 		o.TTL = hour
 	}
 	if o.Scope == "" {
 		o.Scope = "S/c"
 	}
-	local, err := Open(t.TempDir(), Options{TTL: o.TTL, Scope: o.Scope})
+	local, err := Open(dir, Options{TTL: o.TTL, Scope: o.Scope})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +363,7 @@ func TestSharedBucketChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := openShared(t, js, SharedOptions{Bucket: "OLD"})
-	bk, _ := a.bucketKey("from-kv")
+	bk, _ := a.own.bucketKey("from-kv")
 	if _, err := old.Create(ctx, bk[len("$KV.OLD."):], nil); err != nil {
 		t.Fatal(err)
 	}

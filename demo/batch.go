@@ -25,13 +25,26 @@ const invoicesStream = "INVOICES"
 
 // invoiceApp is the sample app's batch endpoint.
 type invoiceApp struct {
-	say     func(string, ...any)
-	mu      sync.Mutex
-	retried bool
-	stored  int
+	say func(string, ...any)
+	// published is closed once the app has said it published the
+	// invoices: courier may deliver them before the publish's answer has
+	// reached the app, and the story tells the publish first.
+	published chan struct{}
+	mu        sync.Mutex
+	retried   bool
+	stored    int
+}
+
+func newInvoiceApp(say func(string, ...any)) *invoiceApp {
+	return &invoiceApp{say: say, published: make(chan struct{})}
 }
 
 func (a *invoiceApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-a.published:
+	case <-r.Context().Done():
+		return
+	}
 	var batch struct {
 		Entries []struct {
 			EntryID        string          `json:"entryId"`
@@ -89,7 +102,8 @@ func runBatches(ctx context.Context, sidecar Sidecar, js jetstream.JetStream, na
 	}
 	environ := []string{
 		"NATS_URL=" + natsURL, "COURIER_STREAM=" + invoicesStream, "COURIER_CONSUMER=invoices",
-		"COURIER_APP_URL=" + appURL, "COURIER_BATCH_MAX=4", "COURIER_BATCH_WAIT=200ms",
+		// One batch request at a time: the story is told in one order.
+		"COURIER_APP_URL=" + appURL, "COURIER_BATCH_MAX=4", "COURIER_BATCH_WAIT=200ms", "COURIER_MAX_INFLIGHT=1",
 		"COURIER_BACKOFF_INITIAL=200ms", "COURIER_BACKOFF_MAX=500ms",
 		"COURIER_DEDUP_DIR=" + dir + "/dedup-invoices", "COURIER_ADMIN_ADDR=127.0.0.1:0",
 		"COURIER_PUBLISH_ADDR=" + publishAddr, "COURIER_PUBLISH_SUBJECTS=invoices.>",
@@ -204,5 +218,6 @@ func publishInvoices(ctx context.Context, app *invoiceApp, base string, timeout 
 	}
 	app.say("app published 4 invoices through courier in one request (POST /v1/publish-batch/invoices.issued) → 200, stored at %s in %s; a courier with COURIER_BATCH_MAX=4 sends them together",
 		strings.Join(seqs, ", "), invoicesStream)
+	close(app.published)
 	return nil
 }

@@ -2,7 +2,10 @@
 // installed: an embedded JetStream server, a small sample app that fails some
 // requests on purpose, and a handful of messages that show a success, a
 // retry honouring Retry-After, a retry with backoff, a duplicate, a dead
-// letter, a success record and a request/reply round trip.
+// letter, a success record, a request/reply round trip and a batch. It tells
+// its story on one writer, in the same order every run; courier's own log
+// goes where the caller's Sidecar writes it (`courier demo`: a file it
+// names).
 package demo
 
 import (
@@ -35,6 +38,11 @@ type Options struct {
 	// rest is not. The demo reads no environment of its own (config alone
 	// does).
 	Environ []string
+	// LogFile names where the sidecar writes its own log (the Sidecar
+	// decides), for the narration to say; "" says nothing. The story is
+	// told on Out alone: courier's log lines interleaved with it would
+	// break it.
+	LogFile string
 }
 
 // Run starts the embedded server and the sample app, publishes the demo
@@ -58,6 +66,9 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	say("embedded JetStream server at %s", ns.ClientURL())
+	if o.LogFile != "" {
+		say("courier's own log: %s (follow it with tail -f beside this story)", o.LogFile)
+	}
 
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
@@ -75,7 +86,7 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	}
 
 	app := newSampleApp(say)
-	invoices := &invoiceApp{say: say}
+	invoices := newInvoiceApp(say)
 	base, closeApps, err := serveApps(app, invoices)
 	if err != nil {
 		return err
@@ -108,7 +119,11 @@ func Run(ctx context.Context, sidecar Sidecar, o Options) error {
 	if result == nil && ctx.Err() == nil {
 		result = runBatches(ctx, sidecar, js, ns.ClientURL(), dir, base+"/invoices", invoices, o.Timeout)
 	}
-	say("stopped")
+	if o.LogFile != "" {
+		say("stopped; courier's own log, with a line per retry and dead letter and a summary at shutdown, is in %s", o.LogFile)
+	} else {
+		say("stopped")
+	}
 	return result
 }
 
@@ -181,8 +196,12 @@ func sidecarEnviron(natsURL, appURL, quoteURL, dir string, userEnviron []string)
 		"COURIER_APP_URL=" + appURL,
 		"COURIER_MAX_DELIVER=3",
 		"COURIER_ACK_WAIT=5s",
-		"COURIER_BACKOFF_INITIAL=500ms",
-		"COURIER_BACKOFF_MAX=2s",
+		// One request at a time, and retries with backoff done before
+		// the 429's Retry-After (1s) is: the story is told in the same
+		// order every run.
+		"COURIER_MAX_INFLIGHT=1",
+		"COURIER_BACKOFF_INITIAL=100ms",
+		"COURIER_BACKOFF_MAX=300ms",
 		"COURIER_DEDUP_DIR=" + dir + "/dedup",
 		"COURIER_ADMIN_ADDR=127.0.0.1:0",
 		"COURIER_SHUTDOWN_GRACE=2s",
@@ -344,7 +363,7 @@ func (a *sampleApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Unlock()
 	attempt := r.Header.Get("Courier-Attempt")
 	answer := func(status int, note string) {
-		a.say("app got %s (attempt %s) → %d %s", key, attempt, status, note)
+		a.say("%s", strings.TrimSpace(fmt.Sprintf("app got %s (attempt %s) → %d %s", key, attempt, status, note)))
 		w.WriteHeader(status)
 		if status == 200 {
 			_, _ = fmt.Fprintf(w, `{"accepted":%q}`, key)

@@ -164,3 +164,13 @@ func describeSources(cfg jetstream.StreamConfig) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// Partitioning reads, from a work stream's configuration (StreamConfig),
+// how many partitions it was made for and the subject token of the key
+// (COURIER_ORDER_PARTITIONS and COURIER_ORDER_KEY=subject:N); ok is false
+// for a stream that does not say.
+func Partitioning(cfg jetstream.StreamConfig) (partitions, keyToken int, ok bool) {
+	p, err1 := strconv.Atoi(cfg.Metadata[metaPartitions])
+	k, err2 := strconv.Atoi(cfg.Metadata[metaKeyToken])
+	return p, k, err1 == nil && err2 == nil
+}

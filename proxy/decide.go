@@ -195,7 +195,7 @@ func (r *Runner) mayStart(d *delivery, span *attemptSpan) ending {
 		}
 	}
 	if d.okey != "" && d.ord != nil && d.ord.outdated(d.oepoch) {
-		return giveBackEnding(nakNow, "the durable's pin moved to another courier") // which sends it in its key's order
+		return giveBackEnding(pinMoved, "the durable's pin moved to another courier") // which sends it in its key's order
 	}
 	return ending{}
 }

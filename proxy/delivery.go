@@ -72,6 +72,9 @@ type keyLines interface {
 	waitingBehind(key string) int
 	// outdated reports that the lines were handed on since epoch.
 	outdated(epoch uint64) bool
+	// gaveBack is told that seq, key's head admitted before the lines
+	// were handed on (outdated), was given back.
+	gaveBack(key string, seq uint64)
 }
 
 // keyer makes deliveries of messages: it resolves a message's key as the

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -184,5 +185,79 @@ func TestFixedLimitIsExact(t *testing.T) {
 	}
 	if got := counter(t, e.reg, "courier_inflight_limit", ""); got != 6 {
 		t.Errorf("courier_inflight_limit %v, want 6", got)
+	}
+}
+
+// With an automatic limit, a storm of 503s opens the breaker, which holds
+// everything and probes, and an app that is not there at all holds
+// everything too: neither teaches the limit a wrong lesson (no answer is
+// not a slow answer), nothing is dead-lettered, and once the app is back
+// the backlog drains with the limit free to rise again.
+func TestAutoLimitThroughBreakerAndOutage(t *testing.T) {
+	e := setup(t)
+	var storming atomic.Bool
+	storming.Store(true)
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		if storming.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}))
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	e.publish(t, 300, []byte("x"))
+	o := autoOptions()
+	o.BreakerFailures, o.BreakerProbe = 5, 100*time.Millisecond
+	r, _ := e.runWith(t, nil, o)
+	waitBreakerOpen(t, r)
+	before := counter(t, e.reg, "courier_inflight_limit", "")
+	poll.Until(t, 10*time.Second, "probes during the storm", func() bool { return calls.Load() > 8 })
+	if got := counter(t, e.reg, "courier_inflight_limit", ""); got < 1 {
+		t.Fatalf("limit %v during the breaker's probes, want at least 1", got)
+	}
+	storming.Store(false)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if n := e.deadLetters(t); n > 0 {
+		t.Errorf("%d dead letters", n)
+	}
+	t.Logf("limit %v when the breaker opened, %v after the backlog; overload changes %v",
+		before, counter(t, e.reg, "courier_inflight_limit", ""), counter(t, e.reg, "courier_inflight_limit_changes_total", "overload"))
+}
+
+// An app that cannot be reached holds every message without spending an
+// attempt, and teaches the automatic limit nothing: once it is back the
+// backlog drains and nothing is dead-lettered.
+func TestAutoLimitAppUnreachable(t *testing.T) {
+	e := setup(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	addr := srv.Listener.Addr().String()
+	srv.Close() // nobody listens there yet
+	e.url = "http://" + addr
+	e.publish(t, 100, []byte("x"))
+	e.runWith(t, nil, autoOptions())
+	time.Sleep(500 * time.Millisecond) // real time passes while the app is away
+	if got := counter(t, e.reg, "courier_inflight_limit_changes_total", "timeout") +
+		counter(t, e.reg, "courier_inflight_limit_changes_total", "overload") +
+		counter(t, e.reg, "courier_inflight_limit_changes_total", "queueing"); got != 0 {
+		t.Errorf("the limit was lowered %v times by an app that was not there", got)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	back := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	})}}
+	back.Start()
+	t.Cleanup(back.Close)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	if n := e.deadLetters(t); n > 0 {
+		t.Errorf("%d dead letters", n)
 	}
 }

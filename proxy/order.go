@@ -97,6 +97,10 @@ type keyLine struct {
 	// stale, for a head known from a mark only: when to stop awaiting it
 	// (it may have been settled before the mark could be removed).
 	stale time.Time
+	// retained: kept when the pin moved away (unpinned), for the pin may
+	// come back before the head is settled by the courier that has it now;
+	// let go by the consumer's ack floor, or once stale.
+	retained bool
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
@@ -275,7 +279,11 @@ func (o *orderer) settled(k string, seq uint64) int {
 	n := len(l.waiting)
 	if n == 0 {
 		delete(o.lines, k)
-		if l.marked {
+		switch {
+		case l.retained:
+			// What waited behind it was given back: the mark moves on.
+			o.headSettledAfterDrain(k, seq)
+		case l.marked:
 			o.marks.set(k, ordermark.Mark{})
 		}
 		o.mu.Unlock()
@@ -328,6 +336,10 @@ func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack 
 	if o.marks != nil {
 		l.marked = true
 		o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
+	}
+	if l.retained {
+		delete(o.givenBack, k)
+		o.awaitRetained(l, o.now().Add(delay))
 	}
 	if o.handingOn {
 		giveBack = o.forget(k, l)
@@ -424,11 +436,62 @@ func (o *orderer) drain() []queued {
 // moved away from this courier, and returns, in stream order, the messages
 // waiting behind their keys, to be given back. A message admitted before,
 // queued or with a worker, is given back by its worker (outdated).
+//
+// What this courier knows stays: each key's head, which was not settled,
+// is kept as the key's awaited head (retained). If the pin comes back
+// before the courier that has it now settles the head, the key's later
+// messages, which may come back first, wait for it (the consumer's ack
+// floor, read when the pin comes back, lets go of those settled
+// meanwhile; the others once stale).
 func (o *orderer) unpinned() []queued {
 	o.mu.Lock()
 	o.epoch++
+	heads := make(map[string]keyLine, len(o.lines))
+	for k, l := range o.lines {
+		heads[k] = keyLine{head: l.head, inFlight: l.inFlight, marked: l.marked}
+	}
 	o.mu.Unlock()
-	return o.drain()
+	out := o.drain()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, h := range heads {
+		l := &keyLine{head: h.head, inFlight: h.inFlight, marked: h.marked, retained: true}
+		o.lines[k] = l
+		if !l.inFlight {
+			o.awaitRetained(l, o.now())
+		}
+	}
+	// A head released to the workers and not yet taken was given back
+	// with the rest: it is awaited as a retried one.
+	for _, q := range out {
+		if l := o.lines[q.okey]; l != nil && l.inFlight && l.head == q.seq {
+			l.inFlight = false
+			o.awaitRetained(l, o.now())
+		}
+	}
+	return out
+}
+
+// awaitRetained awaits the retained line l's head, not with a worker (due:
+// when it is due back), until markWait after it is due. Called with mu
+// held.
+func (o *orderer) awaitRetained(l *keyLine, due time.Time) {
+	if l.stale.IsZero() {
+		o.stale++
+	}
+	l.stale = later(o.now(), due).Add(o.markWait)
+}
+
+// gaveBack is told that seq, key k's head, admitted before the pin moved
+// away (outdated), was given back by its worker: its retained line awaits
+// it as a retried head.
+func (o *orderer) gaveBack(k string, seq uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l := o.lines[k]; l != nil && l.retained && l.inFlight && l.head == seq {
+		l.inFlight = false
+		o.awaitRetained(l, o.now())
+	}
 }
 
 // outdated reports whether a message admitted in epoch was admitted before

@@ -87,7 +87,7 @@ func (o *orderer) reload(ctx context.Context) map[string]ordermark.Mark {
 	o.mu.Lock()
 	gone := map[string]uint64{}
 	for k, l := range o.lines {
-		if m, ok := marks[k]; !l.stale.IsZero() && !l.inFlight && (!ok || m.Seq != l.head) {
+		if m, ok := marks[k]; !l.retained && !l.stale.IsZero() && !l.inFlight && (!ok || m.Seq != l.head) {
 			// The mark is the other courier's to change or remove.
 			if len(l.waiting) > 0 {
 				gone[k], l.marked = l.head, false
@@ -406,9 +406,25 @@ func liftLoop(ctx context.Context, o *orderer) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if o.marks != nil && o.barrierDue() {
+				// Marks a courier before this one wrote late (its bucket
+				// without quorum for a while) are read before keyed
+				// messages go: each key's awaited head with them.
+				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				o.reload(rctx)
+				cancel()
+			}
 			o.lift()
 		}
 	}
+}
+
+// barrierDue reports whether a timed barrier is up and its time is over:
+// the next lift lets it down.
+func (o *orderer) barrierDue() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.holding && !o.barrierUntil.IsZero() && o.now().After(o.barrierUntil)
 }
 
 // takeover raises the barrier again when the pin of the consumer's

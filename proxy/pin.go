@@ -52,6 +52,9 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
 		return
 	}
+	// Heads kept from before the pin last moved away that the courier
+	// that had it settled meanwhile go on (orderer.unpinned).
+	f.order.ackFloor(info.AckFloor.Stream)
 	own := f.track.held() - 1 // m is tracked already, and out
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
 	if out > asked {

@@ -253,6 +253,10 @@ const (
 	unpulled
 	// nakNow NAKs the message at once, whatever delivery it is on.
 	nakNow
+	// pinMoved is nakNow for a key's head admitted before the durable's
+	// pin moved away (orderer.outdated): its lines then await it as a
+	// retried head (orderer.gaveBack), should the pin come back.
+	pinMoved
 )
 
 // giveBack gives d back without delay, so that another delivery (another
@@ -262,7 +266,7 @@ func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
 	if mode == afterLastPull {
 		<-s.ph.fetched.Done()
 	}
-	if mode != nakNow && d.last(s.o.MaxDeliver) && s.deadLetterUnsent(d, why) {
+	if (mode == afterLastPull || mode == unpulled) && d.last(s.o.MaxDeliver) && s.deadLetterUnsent(d, why) {
 		return
 	}
 	s.track.remove(d.m)
@@ -272,6 +276,9 @@ func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
 	s.m.released.Inc()
 	s.released.Add(1)
 	s.log.Debug("message released", "subject", d.m.Subject(), "why", why)
+	if mode == pinMoved {
+		d.ord.gaveBack(d.okey, streamSeq(d.m, d.meta))
+	}
 }
 
 // deadLetterUnsent tries once to dead-letter d, on its last allowed

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/ordermark"
+	"github.com/courierhq/courier/partition"
 )
 
 const cleanupUsage = `Usage:
@@ -107,7 +109,16 @@ func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opt
 	if err != nil {
 		return err
 	}
+	// A stream that is gone may have left what courier made for it; a
+	// stream that never was is most likely misspelt.
+	missing := missingStream(ctx, js, cfg.Stream)
+	if missing != nil && !slices.ContainsFunc(items, func(it item) bool { return it.keep == "" }) {
+		return missing
+	}
 	fmt.Fprintf(stdout, "courier cleanup: consumer %q of stream %q\n", cfg.Consumer, cfg.Stream)
+	if missing != nil {
+		fmt.Fprintf(stdout, "note: %v\n", missing)
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	n := 0
 	for _, it := range items {
@@ -158,7 +169,7 @@ func cleanupPlan(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	// The durable, then the partitions it is split into
 	// (COURIER_ORDER_PARTITIONS), then the rest.
 	plans := []func(context.Context, jetstream.JetStream, config.Config, bool) ([]item, error){
-		one(planConsumer), planPartitions, one(planAdvisories), one(planDeadLetters), one(planOrderMarks),
+		one(planConsumer), planPartitions, one(planAdvisories), one(planDeadLetters), one(planOrderMarks), one(planPinHolders),
 	}
 	for _, find := range plans {
 		found, err := find(ctx, js, cfg, force)
@@ -228,6 +239,11 @@ func planAdvisoriesOf(ctx context.Context, js jetstream.JetStream, stream, consu
 		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
 	}
 	info := s.CachedInfo()
+	if !slices.Contains(info.Config.Subjects, giveup.AdvisorySubject(stream, consumer)) {
+		// Stream names are upper-cased: this is another stream's
+		// (COURIER_STREAM=orders beside ORDERS).
+		return nil, nil
+	}
 	it := &item{what: fmt.Sprintf("stream %q (max-deliveries advisories, %d waiting)", name, info.State.Msgs)}
 	switch {
 	case !strings.HasPrefix(info.Config.Description, advisoryDescription):
@@ -312,6 +328,32 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		it.keep = "the consumer is kept, and a courier that starts on it reads these marks"
 	}
 	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
+	}
+	return it, nil
+}
+
+// planPinHolders finds the membership bucket of a durable with order per
+// key and no partitions (pinwatch.go); a partitioned durable's is found by
+// planPartitions.
+func planPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	if work, _, err := partitionsOf(ctx, js, cfg); err != nil || work != nil {
+		return nil, err
+	}
+	name := partition.MembersBucket(cfg.Stream, cfg.Consumer)
+	if _, err := js.KeyValue(ctx, name); errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	it := &item{what: fmt.Sprintf("key-value bucket %q (the couriers holding the durable's pin)", name)}
+	consumer, err := planConsumer(ctx, js, cfg, force)
+	switch {
+	case err != nil:
+		return nil, err
+	case consumer != nil && consumer.keep != "":
+		it.keep = "the consumer is kept, and the couriers on it name themselves here"
+	default:
 		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
 	}
 	return it, nil

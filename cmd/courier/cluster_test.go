@@ -12,10 +12,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +32,7 @@ const childMarker = "COURIERTEST_RUN_SIDECAR=1"
 
 func TestMain(m *testing.M) {
 	if os.Getenv("COURIERTEST_RUN_SIDECAR") == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		ctx, stop := notifyStop(context.Background())
 		err := run(ctx, nil, os.Environ(), os.Stdout, os.Stderr)
 		stop()
 		os.Exit(exitCode(err, os.Stderr))

@@ -48,7 +48,7 @@ func TestVersionCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.String()
-	if !strings.HasPrefix(got, "courier "+version+" (commit ") || !strings.Contains(got, runtime.Version()) {
+	if !strings.HasPrefix(got, "courier "+readBuild().version+" (") || !strings.Contains(got, runtime.Version()) || strings.Contains(got, "unknown") {
 		t.Errorf("version = %q", got)
 	}
 }
@@ -122,6 +122,7 @@ func TestStopSignalLogged(t *testing.T) {
 	}
 	c := start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=1", "COURIER_SHUTDOWN_GRACE=100ms"))
 	waitFor(t, 10*time.Second, "a request in flight", func() bool { return a.count() == 1 })
+	c.sigterm()
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -357,7 +357,7 @@ func TestSigtermDrainsInFlight(t *testing.T) {
 	// The in-flight request finishes within the grace period and is acked:
 	// released once courier has taken the stop signal.
 	waitFor(t, 10*time.Second, "courier to take the stop signal", func() bool {
-		return strings.Contains(c.logs.String(), "stop signal received")
+		return strings.Contains(c.logs.String(), "stopping: no more fetching")
 	})
 	close(release)
 	select {

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/courierhq/courier/internal/testlog"
 )
 
 // TestDemoPassesLogVariables: the demo's sidecar logs as the COURIER_LOG_*
@@ -17,21 +13,9 @@ func TestDemoPassesLogVariables(t *testing.T) {
 	if testing.Short() {
 		t.Skip("demo takes a few seconds")
 	}
-	var stdout, stderr testlog.Buffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(context.Background(), []string{"demo"}, []string{"COURIER_LOG_FORMAT=json"}, &stdout, &stderr)
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("demo did not stop by itself")
-	}
+	_, logs := runDemoForTest(t, []string{"COURIER_LOG_FORMAT=json"})
 	lines := 0
-	for line := range strings.Lines(stderr.String()) {
+	for line := range strings.Lines(logs) {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(line), &entry); err != nil || entry["msg"] == nil {
 			t.Errorf("log line is not a JSON entry: %q", line)

@@ -207,7 +207,13 @@ func openDLQ(ctx context.Context, cfg config.Config, cmd string, stderr io.Write
 	}
 	q, err := dlq.Open(ctx, js, cfg.DLQSubject)
 	if errors.Is(err, dlq.ErrNoStream) {
-		err = fmt.Errorf("no stream captures the dead-letter subject %q (COURIER_DLQ_SUBJECT): no dead letter was ever stored with this configuration (the sidecar creates the stream when it starts)", cfg.DLQSubject)
+		// A misspelt COURIER_STREAM or COURIER_CONSUMER makes another
+		// dead-letter subject: say so first.
+		if why := missingStream(ctx, js, cfg.Stream); why != nil {
+			err = fmt.Errorf("%w: no dead letters of it", why)
+		} else {
+			err = fmt.Errorf("no stream captures the dead-letter subject %q (COURIER_DLQ_SUBJECT): no dead letter was ever stored with this configuration (the sidecar creates the stream when it starts)%s", cfg.DLQSubject, otherConsumers(ctx, js, cfg))
+		}
 	}
 	if err != nil {
 		nc.Close()

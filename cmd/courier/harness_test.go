@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,19 +85,23 @@ func (h *harness) env(appURL string, extra ...string) []string {
 
 // courier is one in-process run of the sidecar.
 type courier struct {
-	t      *testing.T
-	cancel context.CancelFunc
-	done   chan error
-	logs   *testlog.Buffer
-	once   sync.Once
-	err    error
+	t *testing.T
+	// cancel stops it as its caller would; sigterm as SIGTERM does (the
+	// cause main's notifyStop gives).
+	cancel  context.CancelFunc
+	sigterm func()
+	done    chan error
+	logs    *testlog.Buffer
+	once    sync.Once
+	err     error
 }
 
 // start runs the sidecar with environ until stop (or the test's end).
 func start(t *testing.T, environ []string) *courier {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &courier{t: t, cancel: cancel, done: make(chan error, 1), logs: &testlog.Buffer{}}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c := &courier{t: t, cancel: func() { cancel(nil) }, sigterm: func() { cancel(stopSignal{syscall.SIGTERM}) },
+		done: make(chan error, 1), logs: &testlog.Buffer{}}
 	go func() { c.done <- run(ctx, nil, environ, io.Discard, c.logs) }()
 	t.Cleanup(func() { c.stop() })
 	return c

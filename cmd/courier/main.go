@@ -27,7 +27,7 @@ const defaultGCPercent = 50
 
 func main() {
 	tuneGC(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := notifyStop(context.Background())
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
@@ -42,6 +42,37 @@ func tuneGC(getenv func(string) string) {
 	}
 }
 
+// stopSignal is the cause of run's context when a signal (SIGTERM, SIGINT)
+// stops courier: the sidecar says "stop signal received" only then, and
+// not when its caller (the demo, a test) stops it.
+type stopSignal struct{ sig os.Signal }
+
+func (s stopSignal) Error() string { return s.sig.String() + " signal received" }
+
+// notifyStop returns a context cancelled, with a stopSignal as its cause,
+// at the first SIGTERM or SIGINT; stop releases the signals and waits for
+// the goroutine it started. (signal.NotifyContext's cause says the same,
+// but is of a type that cannot be told from other causes but by its text.)
+func notifyStop(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case sig := <-ch:
+			cancel(stopSignal{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		cancel(nil)
+		<-done
+	}
+}
+
 // run is the whole program, testable in-process: it runs the command args
 // names (the sidecar when there is none).
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
@@ -53,6 +84,12 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if !ok {
 		fmt.Fprint(stderr, usage())
 		return usageError("unknown command %q", name)
+	}
+	if takesSubscription(cmd.name) {
+		var err error
+		if args, environ, err = chooseSubscription(cmd.name, args, environ); err != nil {
+			return err
+		}
 	}
 	return cmd.run(ctx, args, environ, stdout, stderr)
 }

@@ -94,28 +94,28 @@ func ensurePartitions(ctx context.Context, js jetstream.JetStream, cfg config.Co
 // setUpPartitions sets up the work stream and the partitions' consumers
 // (ensurePartitions), and joins the membership, kept until the stop
 // signal (runMembers).
-func (s *sidecar) setUpPartitions(ctx context.Context) error {
-	p := &partitions{marks: s.marks}
-	err := retrySetup(ctx, s.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
+func (p *path) setUpPartitions(ctx context.Context) error {
+	parts := &partitions{marks: p.marks}
+	err := retrySetup(ctx, p.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
 		var err error
-		p.work, p.consumers, err = ensurePartitions(ctx, s.js, s.cfg, s.stream, s.log)
+		parts.work, parts.consumers, err = ensurePartitions(ctx, p.js, p.cfg, p.stream, p.log)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	err = retrySetup(ctx, s.log, "the partitions' membership", func(ctx context.Context) error {
+	err = retrySetup(ctx, p.log, "the partitions' membership", func(ctx context.Context) error {
 		var err error
-		p.members, err = joinMembers(ctx, s.js, s.cfg, s.log, &s.runner)
+		parts.members, err = joinMembers(ctx, p.js, p.cfg, p.log, &p.runner)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	s.parts = p
-	s.stopMembers = runMembers(ctx, p.members)
-	s.log.Info("sharing the durable's partitions with the other couriers", "partitions", s.cfg.OrderPartitions,
-		"instance", p.members.Instance(), "work_stream", p.work.CachedInfo().Config.Name)
+	p.parts = parts
+	p.stopMembers = runMembers(ctx, parts.members)
+	p.log.Info("sharing the durable's partitions with the other couriers", "partitions", p.cfg.OrderPartitions,
+		"instance", parts.members.Instance(), "work_stream", parts.work.CachedInfo().Config.Name)
 	return nil
 }
 
@@ -165,31 +165,31 @@ func runMembers(ctx context.Context, m *partition.Members) (stop func()) {
 }
 
 // runnerPartitions is the runner's view of the partitions; nil without.
-func (s *sidecar) runnerPartitions() *proxy.Partitions {
-	p, consumer := s.parts, s.cfg.Consumer
-	if p == nil {
+func (p *path) runnerPartitions() *proxy.Partitions {
+	parts, consumer := p.parts, p.cfg.Consumer
+	if parts == nil {
 		return nil
 	}
 	return &proxy.Partitions{
-		Consumers:  p.consumers,
-		Assignment: p.members,
-		Marks:      func(i int) proxy.OrderMarks { return p.marks.Partition(i) },
+		Consumers:  parts.consumers,
+		Assignment: parts.members,
+		Marks:      func(i int) proxy.OrderMarks { return parts.marks.Partition(i) },
 		Unpin: func(ctx context.Context, i int) error {
-			return p.work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
+			return parts.work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
 		},
-		HandedOn: p.members.HandedOn,
-		Clean:    p.members.TakeHandedOn,
+		HandedOn: parts.members.HandedOn,
+		Clean:    parts.members.TakeHandedOn,
 	}
 }
 
 // giveupStream is the stream whose advisories the max-deliveries catch
 // follows: the consumed stream, or with partitions the work stream (and the
 // stream it copies, which the dead letters name).
-func (s *sidecar) giveupStream() (jetstream.Stream, *giveup.Origin) {
-	if s.parts == nil {
-		return s.stream, nil
+func (p *path) giveupStream() (jetstream.Stream, *giveup.Origin) {
+	if p.parts == nil {
+		return p.stream, nil
 	}
-	return s.parts.work, &giveup.Origin{Stream: s.stream.CachedInfo(), Consumer: s.cfg.Consumer}
+	return p.parts.work, &giveup.Origin{Stream: p.stream.CachedInfo(), Consumer: p.cfg.Consumer}
 }
 
 // partitionsOf finds the work stream and the partitions' consumers of cfg's
@@ -202,6 +202,11 @@ func partitionsOf(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("looking up the partitions' work stream %q: %w", name, err)
+	}
+	if src := work.CachedInfo().Config.Sources; len(src) != 1 || src[0].Name != cfg.Stream {
+		// Work stream names are upper-cased: this one copies another
+		// stream (COURIER_STREAM=orders beside ORDERS).
+		return nil, nil, nil
 	}
 	var out []jetstream.Consumer
 	prefix := cfg.Consumer + "-p"
@@ -322,7 +327,7 @@ func pausePartitioned(ctx context.Context, js jetstream.JetStream, cfg config.Co
 		return err
 	}
 	if work == nil {
-		return fmt.Errorf("the partitions' work stream of consumer %q on stream %q does not exist yet: a courier creates it when it starts", cfg.Consumer, cfg.Stream)
+		return missingConsumer(ctx, js, cfg)
 	}
 	stream := work.CachedInfo().Config.Name
 	for _, c := range consumers {

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/partition"
 )
 
 const pauseUsage = `Usage:
@@ -83,6 +86,9 @@ func runPause(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	resp, err := js.PauseConsumer(ctx, cfg.Stream, cfg.Consumer, end)
 	if err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("cannot pause consumer %q on stream %q (consumer pause needs nats-server 2.11 or later): %w", cfg.Consumer, cfg.Stream, err)
 	}
 	fmt.Fprintf(stdout, "paused %s/%s until %s\n", cfg.Stream, cfg.Consumer, resp.PauseUntil.UTC().Format(time.RFC3339))
@@ -129,6 +135,9 @@ func runResume(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return pausePartitioned(ctx, js, cfg, time.Time{}, stdout)
 	}
 	if _, err := js.ResumeConsumer(ctx, cfg.Stream, cfg.Consumer); err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("cannot resume consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
 	fmt.Fprintf(stdout, "resumed %s/%s\n", cfg.Stream, cfg.Consumer)
@@ -159,12 +168,15 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			return err
 		}
 		if work == nil {
-			return fmt.Errorf("the partitions' work stream of consumer %q on stream %q does not exist yet: a courier creates it when it starts", cfg.Consumer, cfg.Stream)
+			return missingConsumer(ctx, js, cfg)
 		}
 		return printPartitionStatus(ctx, js, cfg, work, consumers, deadLetters, stdout)
 	}
 	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	if err != nil {
+		if why := missingConsumer(ctx, js, cfg); why != nil {
+			return why
+		}
 		return fmt.Errorf("consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
 	info := cons.CachedInfo()
@@ -182,12 +194,25 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
 	fmt.Fprintf(w, "in-flight limit\t%s (COURIER_MAX_INFLIGHT, each courier's own)\n", inflightText(cfg))
 	for _, g := range info.PriorityGroups {
-		// Order per key pins the durable to one courier at a time.
+		// Order per key pins the durable to one courier at a time, which
+		// puts its name with its pin in the membership bucket.
 		pinned := "nobody (the next courier to pull takes it)"
 		if g.PinnedClientID != "" {
-			pinned = g.PinnedClientID + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
+			pinned = pinHolder(ctx, js, cfg, g.PinnedClientID) + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(w, "pinned (%s)\t%s\n", g.Group, pinned)
 	}
 	return w.Flush()
+}
+
+// pinHolder names the courier holding pin: the instance (host or pod name)
+// that put it in the durable's membership bucket, else the pin id.
+func pinHolder(ctx context.Context, js jetstream.JetStream, cfg config.Config, pin string) string {
+	members, _ := partition.ReadMembers(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer))
+	for _, m := range members {
+		if slices.Contains(slices.Collect(maps.Values(m.Pins)), pin) {
+			return m.Instance
+		}
+	}
+	return "pin " + pin + " (a courier not in the membership: stopped, not yet reporting, or older than this one)"
 }

@@ -64,8 +64,9 @@ const (
 )
 
 // setUp checks the stream, makes sure dead letters are kept, and creates or
-// updates the durable consumer.
-func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (jetstream.Stream, jetstream.Consumer, error) {
+// updates the durable consumer. policyGiven says whether
+// COURIER_DELIVER_POLICY was set (keepDeliverPolicy).
+func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, policyGiven bool, log *slog.Logger) (jetstream.Stream, jetstream.Consumer, error) {
 	if err := checkJetStream(ctx, js); err != nil {
 		return nil, nil, err
 	}
@@ -92,7 +93,11 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *
 	}
 	want := consumerConfig(cfg)
 	if existing, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer); err == nil {
-		keepOperatorSettings(&want, existing.CachedInfo().Config)
+		have := existing.CachedInfo().Config
+		if err := keepDeliverPolicy(&want, have, policyGiven, cfg.Stream); err != nil {
+			return nil, nil, err
+		}
+		keepOperatorSettings(&want, have)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, want)
 	if err != nil {
@@ -157,9 +162,25 @@ func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
 	return cc
 }
 
-// ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
-// and that it is not the stream courier consumes (it would consume its own
-// dead letters).
+// keepDeliverPolicy keeps the deliver policy of an existing durable, which
+// JetStream cannot change: where it starts was decided when it was created.
+// Without COURIER_DELIVER_POLICY (policyGiven false) courier takes the
+// durable's own, whatever created it; with it set to another policy, it
+// says so, naming both. That is no invalid configuration (exit 2): the
+// setting is valid, and the server's durable is what it conflicts with, as
+// a missing stream does (exit 1), which is what the error becomes.
+func keepDeliverPolicy(want *jetstream.ConsumerConfig, have jetstream.ConsumerConfig, policyGiven bool, stream string) error {
+	if have.DeliverPolicy == want.DeliverPolicy {
+		return nil
+	}
+	if !policyGiven {
+		want.DeliverPolicy, want.OptStartSeq, want.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
+		return nil
+	}
+	return fmt.Errorf("COURIER_DELIVER_POLICY=%s, but durable consumer %q on stream %q was created with deliver policy %s, which JetStream cannot change: unset COURIER_DELIVER_POLICY to keep the durable's, or remove the durable (`courier cleanup`) or choose another COURIER_CONSUMER to start anew",
+		want.DeliverPolicy, have.Durable, stream, have.DeliverPolicy)
+}
+
 // keepOperatorSettings carries over onto want the settings of an existing
 // durable that courier does not own, so that updating it at start never
 // undoes what an operator set: a pause (courier pause), pull request limits,
@@ -227,6 +248,9 @@ func ensureSuccess(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	return nil
 }
 
+// ensureDLQ makes sure a stream keeps what is published to the DLQ subject,
+// and that it is not the stream courier consumes (it would consume its own
+// dead letters).
 func ensureDLQ(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) error {
 	src := stream.CachedInfo().Config
 	if len(cfg.Subjects) == 0 {

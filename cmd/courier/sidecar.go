@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,8 +39,10 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	env := config.Environ(environ)
 	s := &sidecar{cfg: cfg, log: newLogger(cfg, stderr), reg: prometheus.NewRegistry(), health: newHealth()}
-	for _, w := range config.Warnings(cfg, config.Environ(environ)) {
+	s.paths = newPaths(s, cfg)
+	for _, w := range config.Warnings(cfg, env) {
 		s.log.Warn(w.Text, "variable", w.Variable)
 	}
 	// The signing secrets and the token, watched while courier runs.
@@ -50,9 +52,13 @@ func runSidecar(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer s.auth.Close()
 	err = s.run(ctx)
 	s.close()
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	// The last line, after every component has stopped.
+	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		s.log.Info("courier stopped during start-up")
 		return nil // stopped while waiting for NATS or JetStream
+	case err == nil:
+		s.log.Info("courier stopped", "released", s.released())
 	}
 	return err
 }
@@ -66,20 +72,14 @@ type sidecar struct {
 	reg    *prometheus.Registry
 	health *health
 
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	stream jetstream.Stream
-	cons   jetstream.Consumer
-	dd     proxy.Deduper    // nil: dedup off
-	marks  *ordermark.Store // nil: no order per key
-	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
-	// runner, once made, tells the membership the pins it holds.
-	runner atomic.Pointer[proxy.Runner]
-	local  *dedup.Store // the embedded store (the shared store's cache)
-	// deadLetters counts dead letters by reason, whoever stores them.
-	deadLetters *prometheus.CounterVec
-	tracing     *tracing.Provider // nil: tracing off
-	auth        *appauth.Auth     // signing secrets and token (inactive without their files)
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	local *dedup.Store  // the embedded store (the shared store's cache); nil: dedup off
+	store proxy.Deduper // local, or the shared store taking it over
+	// paths are the subscriptions' delivery paths (paths.go).
+	paths   []*path
+	tracing *tracing.Provider // nil: tracing off
+	auth    *appauth.Auth     // signing secrets and token (inactive without their files)
 
 	replies   *reply.Service  // nil unless COURIER_REPLY_SUBJECTS is set
 	publisher *publish.Server // nil unless COURIER_PUBLISH_ADDR is set
@@ -88,7 +88,7 @@ type sidecar struct {
 	connLost context.CancelCauseFunc
 
 	// What undoes each step; nil until the step ran.
-	stopReplies, stopGiveup, stopMembers, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
+	stopReplies, closeStore, stopPublish, drainConn, stopTracing, stopAdmin func()
 }
 
 // run starts every component, then delivers until ctx ends. It returns
@@ -128,7 +128,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	}
 	// The embedded store before anything touches the server: a second
 	// courier on a locked store stops here, having changed nothing.
-	if s.cfg.ConsumesStream() {
+	if len(s.paths) > 0 {
 		s.health.at("opening the dedup store")
 		if s.closeStore, err = s.openStore(); err != nil {
 			return err
@@ -149,14 +149,15 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	if !s.cfg.ConsumesStream() {
+	if len(s.paths) == 0 {
 		s.health.running(s.nc, replyLoop{s.replies})
 		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
 		<-ctx.Done()
+		s.logStop(ctx, "no more requests taken; those in progress get the grace period")
 		return nil
 	}
 	// The shared store's bucket lives on the server.
-	if s.cfg.DedupEnabled() && s.cfg.DedupStore == config.DedupShared {
+	if s.local != nil && s.cfg.DedupStore == config.DedupShared {
 		s.health.at("opening the shared dedup bucket")
 		closeShared, err := s.openSharedStore(ctx)
 		if err != nil {
@@ -164,28 +165,47 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 		}
 		s.closeStore = closeShared // closes the embedded store too
 	}
+	// Each subscription's path: its stream, dead-letter stream and durable,
+	// its delivery loop, and its max-deliveries catch.
+	for _, p := range s.paths {
+		if err := p.start(ctx); err != nil {
+			return err
+		}
+	}
+	return s.deliver(ctx)
+}
+
+// start sets up the path on the server and makes its delivery loop.
+func (p *path) start(ctx context.Context) (err error) {
+	what := func(step string) string {
+		if p.name != "" {
+			return "subscription " + p.name + ": " + step
+		}
+		return step
+	}
+	if p.dd, err = p.dedupView(); err != nil {
+		return err
+	}
 	// The stream, the dead-letter stream and the durable consumer.
-	s.health.at("setting up the stream, dead-letter stream and consumer")
-	if err = s.setUp(ctx); err != nil {
+	p.health.at(what("setting up the stream, dead-letter stream and consumer"))
+	if err = p.setUp(ctx); err != nil {
 		return err
 	}
 	// The delivery loop, made (not run) before the catch, which asks it
 	// which originals of reference dead letters it left in the stream.
-	runner, err := s.newRunner()
+	runner, err := p.newRunner()
 	if err != nil {
 		return err
 	}
-	s.runner.Store(runner)
+	p.runner.Store(runner)
 	// The max-deliveries catch: dead-letters what JetStream gave up on
 	// outside courier's sight, from its captured advisories.
-	s.health.at("setting up the max-deliveries catch")
-	caught, origin := s.giveupStream()
-	if s.stopGiveup, err = startGiveup(ctx, s.js, s.cfg, caught, origin, s.log, s.reg, func() {
-		s.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
-	}, runner.ReferenceStored); err != nil {
-		return err
-	}
-	return s.deliver(ctx, runner)
+	p.health.at(what("setting up the max-deliveries catch"))
+	caught, origin := p.giveupStream()
+	p.stopGiveup, err = startGiveup(ctx, p.js, p.cfg, caught, origin, p.log, p.reg, func() {
+		p.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
+	}, runner.ReferenceStored)
+	return err
 }
 
 // close undoes start-up, whatever step it reached, in the order a SIGTERM
@@ -197,10 +217,10 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 // every ack and NAK reaches the server), the spans not exported yet are
 // flushed (every attempt's span has ended with the delivery loop; acks come
 // first), and the admin server stops last, so that probes answer to the
-// end.
+// end. runSidecar then logs "courier stopped", the last line.
 func (s *sidecar) close() {
 	s.health.at("shutting down")
-	for _, undo := range []func(){s.stopReplies, s.stopGiveup, s.stopMembers, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
+	for _, undo := range []func(){s.stopReplies, s.stopGiveups, s.stopMemberships, s.closeStore, s.stopPublish, s.drainConn, s.stopTracing, s.stopAdmin} {
 		if undo != nil {
 			undo()
 		}
@@ -210,16 +230,15 @@ func (s *sidecar) close() {
 func (s *sidecar) startAdmin() (func(), error) {
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(s.reg)
-	s.deadLetters = proxy.NewDeadLetterCounter() // courier_dead_letters_total
-	s.reg.MustRegister(s.deadLetters)
 
 	adm, err := admin.Listen(s.cfg.AdminAddr, s.health.Alive, s.health.Ready, s.reg, s.log)
 	if err != nil {
 		return nil, err
 	}
 	adm.Start()
-	s.log.Info("courier starting", "version", version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
+	s.log.Info("courier starting", "version", readBuild().version, "stream", s.cfg.Stream, "consumer", s.cfg.Consumer,
 		"app", s.cfg.Redacted().AppURL, "admin", adm.Addr())
+	logFeatures(s.log, s.cfg)
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -301,57 +320,64 @@ func (s *sidecar) connect(ctx context.Context) (func(), error) {
 
 // setUp checks the stream and creates what courier needs on the server,
 // retried while the server does not answer.
-func (s *sidecar) setUp(ctx context.Context) error {
-	err := retrySetup(ctx, s.log, "stream, dead-letter stream and consumer", func(ctx context.Context) error {
+func (p *path) setUp(ctx context.Context) error {
+	err := retrySetup(ctx, p.log, "stream, dead-letter stream and consumer", func(ctx context.Context) error {
 		var err error
-		s.stream, s.cons, err = setUp(ctx, s.js, s.cfg, s.log)
+		p.stream, p.cons, err = setUp(ctx, p.js, p.cfg, p.deliverPolicyGiven, p.log)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	if s.cfg.OrderKey != "" {
+	if p.cfg.OrderKey != "" {
 		// Order per key: the bucket of the keys' first unsettled messages.
 		open := ordermark.Open
-		if partitioned(s.cfg) {
+		if partitioned(p.cfg) {
 			open = ordermark.OpenPartitions
 		}
-		err := retrySetup(ctx, s.log, "order marks bucket", func(ctx context.Context) error {
+		err := retrySetup(ctx, p.log, "order marks bucket", func(ctx context.Context) error {
 			var err error
-			s.marks, err = open(ctx, s.js, s.cfg.Stream, s.cfg.Consumer, s.cfg.StreamReplicas)
+			p.marks, err = open(ctx, p.js, p.cfg.Stream, p.cfg.Consumer, p.cfg.StreamReplicas)
 			return err
 		})
 		if err != nil {
 			return err
 		}
 	}
-	consumers := []jetstream.Consumer{s.cons}
-	if partitioned(s.cfg) {
-		if err := s.setUpPartitions(ctx); err != nil {
+	if p.cfg.OrderKey != "" && !partitioned(p.cfg) {
+		p.joinPinHolders(ctx)
+	}
+	consumers := []jetstream.Consumer{p.cons}
+	if partitioned(p.cfg) {
+		if err := p.setUpPartitions(ctx); err != nil {
 			return err
 		}
-		consumers = s.parts.consumers
+		consumers = p.parts.consumers
 	}
-	depth, err := dlq.NewDepthCollector(s.js, s.cfg.DLQSubject, dlq.DepthOptions{})
+	depth, err := dlq.NewDepthCollector(p.js, p.cfg.DLQSubject, dlq.DepthOptions{})
 	if err != nil {
 		return err
 	}
-	s.reg.MustRegister(depth) // courier_dead_letters_stored
+	p.reg.MustRegister(depth) // courier_dead_letters_stored
 	for _, c := range consumers {
-		s.reg.MustRegister(consumerstats.New(c, consumerstats.Options{})) // courier_consumer_*
+		p.reg.MustRegister(consumerstats.New(c, consumerstats.Options{})) // courier_consumer_*
 	}
 	return nil
 }
 
 // newRunner makes the delivery loop; it does no I/O.
-func (s *sidecar) newRunner() (*proxy.Runner, error) {
-	cfg := s.cfg
-	return proxy.New(s.cons, dlq.NewPublisher(s.js, cfg.DLQSubject), s.dd, proxy.Options{
+func (p *path) newRunner() (*proxy.Runner, error) {
+	cfg := p.cfg
+	var cons jetstream.Consumer = p.cons
+	if p.pinned != nil {
+		cons = p.pinned
+	}
+	return proxy.New(cons, dlq.NewPublisher(p.js, cfg.DLQSubject), p.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
 		Consumer:          cfg.Consumer,
-		StreamCreated:     s.stream.CachedInfo().Created,
+		StreamCreated:     p.stream.CachedInfo().Created,
 		MaxDeliver:        cfg.MaxDeliver,
 		AckWait:           cfg.AckWait,
 		MaxInflight:       cfg.MaxInflight,
@@ -361,9 +387,9 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		BatchWait:         cfg.BatchWait,
 		BatchBytes:        cfg.BatchBytes,
 		OrderKey:          orderKey(cfg),
-		OrderMarks:        s.orderMarks(),
+		OrderMarks:        p.orderMarks(),
 		PriorityGroup:     priorityGroup(cfg),
-		Partitions:        s.runnerPartitions(),
+		Partitions:        p.runnerPartitions(),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,
@@ -373,55 +399,86 @@ func (s *sidecar) newRunner() (*proxy.Runner, error) {
 		MaxAge:            cfg.MaxAge,
 		IdempotencyHeader: cfg.IdempotencyHeader,
 		ShutdownGrace:     cfg.ShutdownGrace,
-		Logger:            s.log,
-		Registerer:        s.reg,
-		DeadLetterCounter: s.deadLetters,
-		MaxPayload:        s.nc.MaxPayload(),
+		Logger:            p.log,
+		Registerer:        p.reg,
+		DeadLetterCounter: p.deadLetters,
+		MaxPayload:        p.nc.MaxPayload(),
 		BreakerFailures:   cfg.BreakerFailures,
 		BreakerProbe:      cfg.BreakerProbe,
 		MaxRate:           cfg.MaxRate,
-		Connected:         s.nc.IsConnected,
-		TermKeepsMessage:  s.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
-		Success:           s.successPublisher(),
-		Tracer:            s.tracing.Tracer(),     // nil: tracing off
-		Propagator:        s.tracing.Propagator(), // W3C Trace Context
-		Stamp:             deliveryStamp(cfg, s.auth),
+		Connected:         p.nc.IsConnected,
+		TermKeepsMessage:  p.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
+		Success:           p.successPublisher(),
+		Tracer:            p.tracing.Tracer(),     // nil: tracing off
+		Propagator:        p.tracing.Propagator(), // W3C Trace Context
+		Stamp:             deliveryStamp(cfg, p.auth),
 		// A pause, or an ack wait another courier changed, is noticed
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),
 	})
 }
 
-// deliver runs the delivery loop until ctx ends, and returns once it has
-// stopped fetching and settled what it held.
-func (s *sidecar) deliver(ctx context.Context, runner *proxy.Runner) error {
-	cfg := s.cfg
-	var l loop = runner
+// deliver runs every subscription's delivery loop until ctx ends, and
+// returns once each has stopped fetching and settled what it held. A loop
+// that fails for good (its consumer deleted) stops the others, and courier
+// exits with its error.
+func (s *sidecar) deliver(ctx context.Context) error {
+	var l loop = pathsLoop(s.paths)
 	if s.replies != nil {
-		l = both{runner, replyLoop{s.replies}}
+		l = both{l, replyLoop{s.replies}}
 	}
 	s.health.running(s.nc, l)
-	s.log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
-		"max_inflight", inflightText(cfg), "max_deliver", cfg.MaxDeliver)
 
 	// Say when the stop signal arrives, not only once the grace period
-	// is over.
+	// is over; when courier is stopped otherwise (its caller, the NATS
+	// connection closed for good), say that instead.
 	signalled := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() {
 		defer close(signalled)
-		s.log.Info("stop signal received: no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery",
-			"cause", context.Cause(ctx).Error(), "grace", cfg.ShutdownGrace.String())
+		s.logStop(ctx, "no more fetching; in-flight requests get the grace period, the rest are NAK'd for redelivery")
 	})
-	err := runner.Run(ctx)
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	errs := make([]error, len(s.paths))
+	var wg sync.WaitGroup
+	for i, p := range s.paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = p.run(runCtx); errs[i] != nil {
+				stop(errs[i])
+			}
+		}()
+	}
+	wg.Wait()
 	if !stopWatch() {
 		<-signalled
 	}
 	s.health.at("shutting down")
-	if err != nil {
-		return err
+	return errors.Join(errs...)
+}
+
+// run runs the subscription's delivery loop until ctx ends.
+func (p *path) run(ctx context.Context) error {
+	cfg := p.cfg
+	p.log.Info("consuming", "stream", cfg.Stream, "consumer", cfg.Consumer, "dlq", cfg.DLQSubject,
+		"max_inflight", inflightText(cfg), "max_deliver", cfg.MaxDeliver)
+	err := p.runner.Load().Run(ctx)
+	if err != nil && p.name != "" {
+		err = fmt.Errorf("subscription %s: %w", p.name, err)
 	}
-	s.log.Info("courier stopped", "released", runner.Released())
-	return nil
+	return err
+}
+
+// logStop says why courier is stopping (ctx has ended) and what happens
+// now: "stop signal received" only when a signal came, "stopping" when
+// courier's caller stopped it or the NATS connection closed for good.
+func (s *sidecar) logStop(ctx context.Context, now string) {
+	what := "stopping"
+	if errors.As(context.Cause(ctx), new(stopSignal)) {
+		what = "stop signal received"
+	}
+	s.log.Info(what+": "+now, "cause", context.Cause(ctx).Error(), "grace", s.cfg.ShutdownGrace.String())
 }
 
 // startReplies registers the request/reply service. It drains on the stop
@@ -466,11 +523,11 @@ func (b both) Alive() error { return errors.Join(b[0].Alive(), b[1].Alive()) }
 
 // successPublisher stores success records, when COURIER_SUCCESS_SUBJECT is
 // set (the interface stays nil otherwise).
-func (s *sidecar) successPublisher() proxy.SuccessPublisher {
-	if s.cfg.SuccessSubject == "" {
+func (p *path) successPublisher() proxy.SuccessPublisher {
+	if p.cfg.SuccessSubject == "" {
 		return nil
 	}
-	return success.NewPublisher(s.js, s.cfg.SuccessSubject)
+	return success.NewPublisher(p.js, p.cfg.SuccessSubject)
 }
 
 // registerBuildInfo exposes courier_build_info{version,commit,goversion} 1.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -31,10 +33,35 @@ func TestConsumerSettingServerRefusesExit1(t *testing.T) {
 		t.Fatalf("exit %d, want 1: %q", code, out.String())
 	}
 	line := out.String()
-	for _, want := range []string{`durable consumer "courier"`, "COURIER_DELIVER_POLICY", "deliver policy"} {
+	for _, want := range []string{`durable consumer "courier"`, "COURIER_DELIVER_POLICY=new", "created with deliver policy all", "unset COURIER_DELIVER_POLICY"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("error does not say %q: %q", want, line)
 		}
+	}
+	if strings.Count(line, "\n") > 1 {
+		t.Errorf("more than one line: %q", line)
+	}
+}
+
+// A durable created with COURIER_DELIVER_POLICY=new keeps its policy when
+// courier starts again without the variable (unset: the durable's own).
+func TestDeliverPolicyKeptWhenUnset(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, "COURIER_DELIVER_POLICY=new"))
+	waitReady(t, c)
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	c = start(t, h.env(a.URL))
+	waitReady(t, c)
+	if info := h.consumerInfo("courier"); info == nil || info.Config.DeliverPolicy != jetstream.DeliverNewPolicy {
+		t.Fatalf("the durable's deliver policy is not kept: %+v", info)
+	}
+	h.publish("orders.created", "after", nil)
+	waitFor(t, 10*time.Second, "the message delivered", func() bool { return a.count() == 1 })
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -58,24 +85,15 @@ func TestConsumerUpdatedInPlace(t *testing.T) {
 	}
 }
 
-// The README's first command: the demo runs, shows its story and stops by
-// itself.
+// The README's first command: the demo runs, tells its story on stdout in
+// the same order every run, courier's own log in a file it names (not
+// interleaved with the story), and stops by itself; no signal came, and
+// the log does not say one did.
 func TestDemoRunsAndStops(t *testing.T) {
 	if testing.Short() {
 		t.Skip("demo takes a few seconds")
 	}
-	var stdout, stderr testlog.Buffer
-	done := make(chan error, 1)
-	go func() { done <- run(context.Background(), []string{"demo"}, nil, &stdout, &stderr) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("demo did not stop by itself")
-	}
-	out := stdout.String()
+	out, logs := runDemoForTest(t, nil)
 	for _, want := range []string{"→ 200", "→ 429 Retry-After: 1", "→ 422", "sent to the app 1 time(s)", "every message settled",
 		"4 success records on orders-done.ORDERS", "request on quotes.get → reply {",
 		"app got a batch of 4 in one request (Courier-Batch: 4)", "invoice-3 (attempt 1) RETRY", "invoice-3 (attempt 2) SUCCESS",
@@ -84,13 +102,64 @@ func TestDemoRunsAndStops(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
-	logs := stderr.String()
+	// The story's order: the first attempts in stream order (one request
+	// at a time), the invoices published before they are delivered.
+	at := 0
+	for _, next := range []string{"published 6 messages", "app got order-1 (attempt 1) → 200", "app got order-2 (attempt 1) → 429",
+		"app got order-3 (attempt 1) → 503", "app got order-4 (attempt 1) → 422", "app got order-5 (attempt 1) → 200",
+		"every message settled", "app published 4 invoices", "app got a batch of 4", "app got a batch of 1", "all 4 invoices stored", "demo: stopped"} {
+		i := strings.Index(out[at:], next)
+		if i < 0 {
+			t.Errorf("demo output lacks %q after what came before:\n%s", next, out)
+			break
+		}
+		at += i + len(next)
+	}
+	for line := range strings.Lines(out) {
+		if !strings.HasPrefix(line, "demo: ") {
+			t.Errorf("a line of the story is not the demo's: %q", line)
+		}
+	}
 	// No line per delivered message at info: the summary counts them.
-	for _, want := range []string{"retry_after=true", "dead-lettered", "summary at shutdown", "duplicates=1"} {
+	for _, want := range []string{"retry_after=true", "dead-lettered", "summary at shutdown", "duplicates=1", "stopping: no more fetching", "courier stopped"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("demo logs lack %q:\n%s", want, logs)
 		}
 	}
+	if strings.Contains(logs, "stop signal received") {
+		t.Errorf("the log says a stop signal came; none did:\n%s", logs)
+	}
+}
+
+// runDemoForTest runs `courier demo` with environ and returns its story
+// and the log file it names.
+func runDemoForTest(t *testing.T, environ []string) (story, logs string) {
+	t.Helper()
+	var stdout, stderr testlog.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(context.Background(), []string{"demo"}, environ, &stdout, &stderr) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("demo did not stop by itself")
+	}
+	if stderr.String() != "" {
+		t.Errorf("the demo wrote to stderr:\n%s", stderr.String())
+	}
+	story = stdout.String()
+	m := regexp.MustCompile(`courier's own log: (\S+) `).FindStringSubmatch(story)
+	if m == nil {
+		t.Fatalf("the demo does not say where courier's log is:\n%s", story)
+	}
+	t.Cleanup(func() { os.Remove(m[1]) })
+	b, err := os.ReadFile(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return story, string(b)
 }
 
 // A message older than COURIER_MAX_AGE is dead-lettered as expired and never

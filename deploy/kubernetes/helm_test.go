@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,8 +106,8 @@ func TestHelmChart(t *testing.T) {
 	}
 	example := filepath.Join(dir, "example")
 	h.must(t, "dependency", "update", "--skip-refresh", example)
-	for _, chart := range []string{filepath.Join(dir, "courier"), example} {
-		if out, err := h.run(t, "lint", "--strict", "--kube-version", kubeVersion, chart); err != nil {
+	for _, args := range [][]string{{filepath.Join(dir, "courier")}, {example}, {example, "-f", filepath.Join(example, "shipping-values.yaml")}} {
+		if out, err := h.run(t, append([]string{"lint", "--strict", "--kube-version", kubeVersion}, args...)...); err != nil {
 			t.Errorf("%v\n%s", err, out)
 		}
 	}
@@ -175,6 +177,41 @@ func TestHelmChart(t *testing.T) {
 		}
 	})
 
+	t.Run("two subscriptions", func(t *testing.T) {
+		// shipping-values.yaml: one app consuming ORDERS (order per key,
+		// routes) and PAYMENTS (batches, its own path), KEDA on both.
+		objs := render(t, "-f", filepath.Join(example, "shipping-values.yaml"),
+			"--set", "courier.keda.enabled=true")
+		got := checkManifests(t, withSecrets(objs, "orders-courier-nats"))
+		cfg, ok := got.configs["orders"]
+		if !ok {
+			t.Fatal("no Deployment orders with courier")
+		}
+		subs := cfg.Subscriptions()
+		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
+			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
+		}
+		o, p := subs[0].Config, subs[1].Config
+		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
+			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
+		}
+		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
+			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
+		}
+		for _, sub := range subs {
+			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
+				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
+			}
+		}
+		if src := subs[0].Source["COURIER_STREAM"]; src != "COURIER_STREAM" {
+			t.Errorf("orders' stream comes from %s, want the plain COURIER_STREAM of values.yaml", src)
+		}
+		so := find(t, objs, "ScaledObject", "orders-courier")
+		if n := len(asList(t, dig(so.doc, "spec", "triggers"), "triggers")); n != 2 {
+			t.Errorf("ScaledObject: %d triggers, want one per subscription", n)
+		}
+	})
+
 	// Each of these is refused by helm before anything is rendered, let
 	// alone applied: by values.schema.json, or by the templates for what a
 	// schema cannot say.
@@ -190,18 +227,53 @@ func TestHelmChart(t *testing.T) {
 		{"courier.env.COURIER_HTTP_TIMEOUT=10 seconds", "at '/env/COURIER_HTTP_TIMEOUT'"},
 		{"courier.env.COURIER_MAX_DELIVER=five", "at '/env/COURIER_MAX_DELIVER'"},
 		{"courier.env.COURIER_MAX_RATE=fast", "at '/env/COURIER_MAX_RATE'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=auto:x", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=0", "at '/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.env.COURIER_MAX_INFLIGHT=automatic", "at '/env/COURIER_MAX_INFLIGHT'"},
+		// Subscriptions: their names, their variables, and what the
+		// templates refuse beside them.
+		{"courier.subscriptions[0].name=or-ders", "at '/subscriptions/0/name'"},
+		{"courier.subscriptions[0].env.COURIER_STREAM=ORDERS", "at '/subscriptions/0': missing property 'name'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_ADMIN_ADDR=:1", "additional properties 'COURIER_ADMIN_ADDR' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_SUB_ORDERS_STREAM=X", "additional properties 'COURIER_SUB_ORDERS_STREAM' not allowed"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_BATCH_MAX=many", "at '/subscriptions/0/env/COURIER_BATCH_MAX'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[0].env.COURIER_MAX_INFLIGHT=auto:0", "at '/subscriptions/0/env/COURIER_MAX_INFLIGHT'"},
+		{"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=Orders", "courier: subscriptions orders and Orders are one name to courier"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUBSCRIPTIONS=orders", "env.COURIER_SUBSCRIPTIONS is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=orders,courier.env.COURIER_SUB_ORDERS_BATCH_MAX=5", "env.COURIER_SUB_ORDERS_BATCH_MAX is refused beside subscriptions"},
+		{"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_STREAM=B", "env.COURIER_STREAM is set but every subscription sets its own"},
+		{"replicaCount=2,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0s,courier.subscriptions[0].name=a,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=1h", "replicaCount 2 with COURIER_DEDUP_STORE=badger"},
 		{"courier.env.OTEL_SDK_DISABLED=yes", "at '/env/OTEL_SDK_DISABLED'"},
-		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "at '/env/COURIER_SHUTDOWN_GRACE'"},
-		{"courier.env.NATS_CREDS=/creds", "at '/env/NATS_CREDS'"},
-		{"courier.env.NATS_PASSWORD=hunter2", "at '/env/NATS_PASSWORD'"},
+		// Derived by the chart, or a secret: refused saying what to set.
+		{"courier.env.COURIER_SHUTDOWN_GRACE=30s", "env.COURIER_SHUTDOWN_GRACE is refused. Not here: set shutdownGraceSeconds."},
+		{"courier.env.NATS_CREDS=/creds", "env.NATS_CREDS is refused. Not here: set secrets.natsCreds."},
+		{"courier.env.NATS_PASSWORD=hunter2", "env.NATS_PASSWORD is refused. Not here: a secret"},
 		{"courier.env.not-a-name=1", "invalid propertyName 'not-a-name'"},
+		// A misspelt variable, and values courier would refuse.
+		{"courier.env.COURIER_MAX_INFLGHT=4", "additional properties 'COURIER_MAX_INFLGHT' not allowed"},
+		{"courier.env.COURIER_CLOUDEVENTS=structured", "at '/env/COURIER_CLOUDEVENTS': value must be 'binary'"},
+		{"courier.env.COURIER_ORDER_KEY=subject:0", "at '/env/COURIER_ORDER_KEY': 'subject:0' does not match"},
+		{"courier.env.COURIER_ORDER_KEY=order", "at '/env/COURIER_ORDER_KEY': 'order' does not match"},
+		{"courier.env.COURIER_DEDUP_STORE=memory", "at '/env/COURIER_DEDUP_STORE': value must be one of 'badger', 'shared'"},
+		{"courier.env.COURIER_DELIVER_POLICY=last", "at '/env/COURIER_DELIVER_POLICY': value must be one of 'all', 'new'"},
+		{"courier.env.COURIER_LOG_FORMAT=yaml", "at '/env/COURIER_LOG_FORMAT': value must be one of 'text', 'json'"},
+		{"courier.env.COURIER_LOG_LEVEL=trace", "at '/env/COURIER_LOG_LEVEL': value must be one of"},
+		{"courier.env.OTEL_TRACES_SAMPLER=sometimes", "at '/env/OTEL_TRACES_SAMPLER': value must be one of"},
+		{"courier.env.OTEL_EXPORTER_OTLP_PROTOCOL=http/json", "at '/env/OTEL_EXPORTER_OTLP_PROTOCOL': value must be one of"},
+		// Several replicas with the embedded store, however they come.
+		{"replicaCount=2,courier.env.COURIER_DEDUP_STORE=badger", "replicaCount 2 with COURIER_DEDUP_STORE=badger"},
+		{"replicaCount=1,autoscaling.enabled=true,autoscaling.maxReplicas=5,courier.env.COURIER_DEDUP_STORE=badger", "autoscaling.maxReplicas 5 with COURIER_DEDUP_STORE=badger"},
+		{"replicaCount=1,courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "courier.keda.maxReplicaCount 12 with COURIER_DEDUP_STORE=badger"},
 		{"courier.image.digest=latest", "at '/image/digest'"},
 		{"courier.image.pullPolicy=Sometimes", "at '/image/pullPolicy'"},
 		{"courier.resources.limits.memory=lots", "at '/resources/limits/memory'"},
 		{"courier.secrets.natsCreds.secretName=Not_A_Name", "at '/secrets/natsCreds/secretName'"},
 		{"courier.keda.natsServerMonitoringEndpoint=http://nats:8222", "at '/keda/natsServerMonitoringEndpoint'"},
 		{"courier.keda.enabled=true,courier.keda.minReplicaCount=20", "keda.minReplicaCount 20 is above keda.maxReplicaCount 12"},
-		{"courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "set env.COURIER_DEDUP_STORE: shared"},
+		{"courier.keda.enabled=true,courier.env.COURIER_DEDUP_STORE=badger", "set courier.env.COURIER_DEDUP_STORE: shared"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=", "env.COURIER_STREAM is required with keda.enabled"},
+		{"courier.keda.enabled=true,courier.env.COURIER_STREAM=,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=A,courier.subscriptions[1].name=b", "subscription b has no COURIER_STREAM, which keda.enabled needs"},
 		{"courier.keda.enabled=true,courier.keda.natsServerMonitoringEndpoint=", "keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required"},
 	} {
 		t.Run("refuses "+tc.set, func(t *testing.T) {
@@ -214,6 +286,123 @@ func TestHelmChart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHelmChartGuards: what the chart accepts beside what it refuses
+// (TestHelmChart): names that are not courier's, the variables of
+// subscriptions, one replica or dedup off with the embedded store; every
+// variable values.schema.json describes as "Not here" is refused by the
+// templates with that description; the commands in the example chart's
+// Chart.yaml render it; values.yaml names the admin port as it is
+// rendered.
+func TestHelmChartGuards(t *testing.T) {
+	h := buildHelm(t)
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(chartsDir)); err != nil {
+		t.Fatal(err)
+	}
+	example := filepath.Join(dir, "example")
+
+	t.Run("Chart.yaml's commands", func(t *testing.T) {
+		var cmds [][]string
+		for line := range strings.Lines(string(readFile(t, chartsDir+"/example/Chart.yaml"))) {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "#   helm "); ok {
+				cmds = append(cmds, strings.Fields(strings.ReplaceAll(rest, "deploy/helm/", dir+"/")))
+			}
+		}
+		if len(cmds) != 2 || cmds[1][0] != "template" {
+			t.Fatalf("Chart.yaml's comment gives %q, want helm dependency update and helm template", cmds)
+		}
+		for _, args := range cmds {
+			h.must(t, args...)
+		}
+	})
+
+	render := func(t *testing.T, sets ...string) (string, error) {
+		t.Helper()
+		args := []string{"template", "orders", example, "--kube-version", kubeVersion}
+		for _, s := range sets {
+			args = append(args, "--set-string", s)
+		}
+		return h.run(t, args...)
+	}
+	for _, set := range []string{
+		"courier.env.GODEBUG=http2client=0",
+		"courier.env.COURIE=1",
+		"courier.env.COURIERX=1",
+		"courier.env.COURIER_SUBSCRIPTIONS=orders",
+		"courier.env.COURIER_SUB_ORDERS_STREAM=ORDERS",
+		"courier.env.COURIER_ROUTES=orders.>=/orders",
+		"courier.env.COURIER_ORDER_KEY=header:Order-Id",
+		"replicaCount=1,courier.env.COURIER_DEDUP_STORE=badger",
+		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.env.COURIER_DEDUP_TTL=0",
+		"courier.env.COURIER_MAX_INFLIGHT=auto",
+		"courier.env.COURIER_MAX_INFLIGHT=auto:16",
+		"courier.env.COURIER_MAX_INFLIGHT=AUTO: 8",
+		"courier.env.COURIER_MAX_INFLIGHT=12",
+		// A subscription that sets nothing of its own takes env's; so does
+		// one that sets a variable to "" (unset to courier).
+		"courier.subscriptions[0].name=orders",
+		"courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_STREAM=",
+		"courier.subscriptions[0].name=orders,courier.subscriptions[1].name=P2,courier.subscriptions[1].env.COURIER_STREAM=PAYMENTS,courier.subscriptions[1].env.COURIER_MAX_INFLIGHT=auto:4",
+		// Dedup off in every subscription: one store per pod is no loss.
+		"replicaCount=3,courier.env.COURIER_DEDUP_STORE=badger,courier.subscriptions[0].name=a,courier.subscriptions[0].env.COURIER_DEDUP_TTL=0,courier.subscriptions[1].name=b,courier.subscriptions[1].env.COURIER_DEDUP_TTL=0s",
+	} {
+		t.Run("accepts "+set, func(t *testing.T) {
+			if out, err := render(t, set); err != nil {
+				t.Errorf("%v\n%s", err, out)
+			}
+		})
+	}
+
+	t.Run("refuses what is derived, saying what to set", func(t *testing.T) {
+		var schema struct {
+			Properties struct {
+				Env struct {
+					Properties map[string]struct {
+						Description string `json:"description"`
+					} `json:"properties"`
+				} `json:"env"`
+			} `json:"properties"`
+		}
+		if err := json.Unmarshal(readFile(t, libChart+"/values.schema.json"), &schema); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for name, p := range schema.Properties.Env.Properties {
+			if !strings.HasPrefix(p.Description, "Not here:") {
+				continue
+			}
+			n++
+			out, err := render(t, "courier.env."+name+"=x")
+			if want := "courier: env." + name + " is refused. " + p.Description; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("env.%s: want the error %q, got %v\n%.300s", name, want, err, out)
+			}
+		}
+		if n == 0 {
+			t.Error("values.schema.json describes no variable as Not here")
+		}
+	})
+
+	t.Run("the admin port's name", func(t *testing.T) {
+		m := regexp.MustCompile(`named (\S+) in the container`).FindSubmatch(readFile(t, libChart+"/values.yaml"))
+		if m == nil {
+			t.Fatal("values.yaml does not name the admin port")
+		}
+		out, err := render(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dep := find(t, renderedObjects(t, "helm template", out), "Deployment", "orders")
+		c, _ := findCourier(t, asMap(t, dig(dep.doc, "spec", "template", "spec"), "pod spec"))
+		var names []string
+		for _, p := range asList(t, c["ports"], "ports") {
+			names = append(names, str(dig(p, "name")))
+		}
+		if len(names) != 1 || names[0] != string(m[1]) {
+			t.Errorf("values.yaml names the admin port %s, the render %q", m[1], names)
+		}
+	})
 }
 
 // renderedObjects parses a tool's multi-document output.
@@ -433,19 +622,87 @@ func TestHelmChartFiles(t *testing.T) {
 	}
 }
 
-// TestHelmSchemaVariables: the variables values.schema.json types or refuses
-// in env are courier's, and it types each as config.Config parses it.
+// TestHelmSchemaVariables: values.schema.json names under env exactly
+// courier's variables, as config lists them for `courier config`
+// (config.Describe), beside GOMEMLIMIT and the variables of subscriptions
+// (COURIER_SUB_<NAME>_<VAR>): any other COURIER_ name is refused. It types
+// each as config.Config parses it, and every value of its lists is one
+// courier accepts. COURIER_MAX_INFLIGHT takes what courier takes (a
+// number, auto, auto:N). Under subscriptions, a subscription's env names
+// exactly the variables config marks per subscription, each typed as env
+// types it, and a name is what COURIER_SUBSCRIPTIONS accepts.
 func TestHelmSchemaVariables(t *testing.T) {
 	var schema struct {
 		Properties struct {
 			Env struct {
-				Properties map[string]map[string]any `json:"properties"`
+				Properties        map[string]map[string]any `json:"properties"`
+				PatternProperties map[string]map[string]any `json:"patternProperties"`
+				Additional        *bool                     `json:"additionalProperties"`
 			} `json:"env"`
+			Subscriptions struct {
+				Type  string `json:"type"`
+				Items struct {
+					Properties struct {
+						Name map[string]any `json:"name"`
+						Env  struct {
+							Properties map[string]map[string]any `json:"properties"`
+							Additional *bool                     `json:"additionalProperties"`
+						} `json:"env"`
+					} `json:"properties"`
+					Additional *bool    `json:"additionalProperties"`
+					Required   []string `json:"required"`
+				} `json:"items"`
+			} `json:"subscriptions"`
 		} `json:"properties"`
+		Defs map[string]map[string]any `json:"$defs"`
 	}
 	if err := json.Unmarshal(readFile(t, libChart+"/values.schema.json"), &schema); err != nil {
 		t.Fatal(err)
 	}
+	env := schema.Properties.Env.Properties
+	if len(env) == 0 {
+		t.Fatal("values.schema.json names no variable under env")
+	}
+
+	// The names: config's, and those the schema may hold beyond them.
+	known := map[string]bool{}
+	for _, v := range config.Describe(config.Config{}) {
+		known[v.Name] = true
+	}
+	beyond := []string{"GOMEMLIMIT"}
+	for name := range known {
+		if env[name] == nil {
+			t.Errorf("values.schema.json does not name env.%s, a variable of courier's (courier config lists it): the chart would refuse it", name)
+		}
+	}
+	for name := range env {
+		if !known[name] && !slices.Contains(beyond, name) {
+			t.Errorf("values.schema.json names env.%s, which courier does not read", name)
+		}
+	}
+	if a := schema.Properties.Env.Additional; a == nil || *a {
+		t.Error("values.schema.json's env takes names it does not list: a misspelt COURIER_ variable would pass")
+	}
+	// The patterns: COURIER_SUB_<NAME>_<VAR>, and every name that is not
+	// COURIER_ (GODEBUG, TZ, ...).
+	var patterns []*regexp.Regexp
+	for p := range schema.Properties.Env.PatternProperties {
+		patterns = append(patterns, regexp.MustCompile(p))
+	}
+	taken := func(name string) bool {
+		return env[name] != nil || slices.ContainsFunc(patterns, func(re *regexp.Regexp) bool { return re.MatchString(name) })
+	}
+	for name, want := range map[string]bool{
+		"COURIER_SUB_ORDERS_STREAM": true, "COURIER_SUB_P2_BATCH_MAX": true, "GODEBUG": true, "TZ": true,
+		"COURIER": true, "COURIERX": true, "COURIER_SUB_": false, "COURIER_SUB_ORDERS": false,
+		"COURIER_MAX_INFLGHT": false, "COURIER_": false,
+	} {
+		if got := taken(name); got != want {
+			t.Errorf("values.schema.json takes env.%s: %v, want %v", name, got, want)
+		}
+	}
+
+	// The types.
 	kinds := map[string]reflect.Type{} // courier's variables, by name
 	ct := reflect.TypeFor[config.Config]()
 	for i := range ct.NumField() {
@@ -460,34 +717,161 @@ func TestHelmSchemaVariables(t *testing.T) {
 		reflect.TypeFor[bool]():          "#/$defs/booleanString",
 		reflect.TypeFor[*bool]():         "#/$defs/booleanString",
 	}
-	// Not courier's configuration, or not yet in config.Config: Go's
-	// runtime reads GOMEMLIMIT; the two files come with request signing.
-	outside := []string{"GOMEMLIMIT", "COURIER_SIGNING_SECRETS_FILE", "COURIER_APP_TOKEN_FILE"}
-	env := schema.Properties.Env.Properties
-	if len(env) == 0 {
-		t.Fatal("values.schema.json names no variable under env")
-	}
+	base := []string{"COURIER_STREAM=ORDERS", "COURIER_APP_URL=http://127.0.0.1:8080/"}
 	for name, s := range env {
-		typ, ok := kinds[name]
-		if _, refused := s["not"]; refused {
-			if !ok && !slices.Contains(outside, name) {
-				t.Errorf("values.schema.json refuses env.%s, which courier does not read", name)
+		desc, _ := s["description"].(string)
+		if strings.HasPrefix(desc, "Not here:") {
+			continue // refused by the templates (TestHelmChartGuards)
+		}
+		if want, typed := defs[kinds[name]]; typed && s["$ref"] != want {
+			t.Errorf("values.schema.json: env.%s is %v, but courier parses a %v (want %s)", name, s["$ref"], kinds[name], want)
+		}
+		values, _ := s["enum"].([]any)
+		for _, v := range values {
+			_, err := config.Load(config.Environ(append(slices.Clone(base), fmt.Sprintf("%s=%v", name, v))))
+			var cerr *config.Error
+			if errors.As(err, &cerr) && slices.ContainsFunc(cerr.Problems, func(p string) bool { return strings.Contains(p, name) }) {
+				t.Errorf("values.schema.json lets env.%s be %v, which courier refuses: %v", name, v, err)
 			}
-			continue
-		}
-		if !ok {
-			t.Errorf("values.schema.json types env.%s, which courier does not read", name)
-			continue
-		}
-		if want := defs[typ]; s["$ref"] != want {
-			t.Errorf("values.schema.json: env.%s is %v, but courier parses a %v (want %s)", name, s["$ref"], typ, want)
 		}
 	}
-	// Every typed variable of courier is typed in the schema, but the ones
-	// the chart derives (refused above).
+	// COURIER_MAX_INFLIGHT: what courier accepts, as a string or a YAML
+	// number. (The empty string, unset to courier, is refused: leave the
+	// variable out.)
+	refuses := func(name string, value any, environ ...string) bool {
+		_, err := config.Load(config.Environ(append(slices.Clone(base), append(environ, fmt.Sprintf("%s=%v", name, value))...)))
+		var cerr *config.Error
+		return errors.As(err, &cerr) && slices.ContainsFunc(cerr.Problems, func(p string) bool { return strings.Contains(p, name) })
+	}
+	for _, v := range []any{
+		"8", 8, "+3", " 12 ", "auto", "AUTO", "auto:1", "auto:64", " auto:8 ", "auto: 8", "Auto:016",
+		"0", 0, -1, "-1", "x", "1.5", 1.5, "auto:0", "auto:x", "auto:", "auto:-1", "auto:1.5", "auto8", "auto :8", "automatic", "8auto",
+	} {
+		want := !refuses("COURIER_MAX_INFLIGHT", v)
+		if got := schemaTakes(t, schema.Defs, env["COURIER_MAX_INFLIGHT"], v); got != want {
+			t.Errorf("values.schema.json takes env.COURIER_MAX_INFLIGHT %#v: %v; courier accepts it: %v", v, got, want)
+		}
+	}
+
+	// subscriptions: a list of names, each with its own variables of one
+	// message's path, by their plain names.
+	subs := schema.Properties.Subscriptions
+	if subs.Type != "array" || subs.Items.Additional == nil || *subs.Items.Additional || !slices.Contains(subs.Items.Required, "name") {
+		t.Errorf("values.schema.json: subscriptions is %q, its items' additionalProperties %v, required %v: want an array of objects with a name and nothing unknown", subs.Type, subs.Items.Additional, subs.Items.Required)
+	}
+	subEnv := subs.Items.Properties.Env
+	if a := subEnv.Additional; a == nil || *a {
+		t.Error("values.schema.json: a subscription's env takes names it does not list: a variable of the process would pass")
+	}
+	perSub := map[string]bool{}
+	for _, v := range config.Variables() {
+		if v.PerSubscription {
+			perSub[v.Name] = true
+		}
+	}
+	if len(perSub) == 0 {
+		t.Fatal("config marks no variable per subscription")
+	}
+	for name := range perSub {
+		if subEnv.Properties[name] == nil {
+			t.Errorf("values.schema.json: a subscription's env does not name %s, which config marks per subscription", name)
+		}
+	}
+	for name, p := range subEnv.Properties {
+		switch {
+		case !perSub[name]:
+			t.Errorf("values.schema.json: a subscription's env names %s, which config does not mark per subscription: courier would refuse COURIER_SUB_<NAME>_%s", name, strings.TrimPrefix(name, "COURIER_"))
+		case !reflect.DeepEqual(p, env[name]):
+			t.Errorf("values.schema.json: a subscription's %s is %v, env's %v: type them alike", name, p, env[name])
+		}
+	}
+	for _, name := range []string{"orders", "P2", "0", "Orders2", "or-ders", "orders_x", "orders payments", "ördern", "orders.x"} {
+		want := !refuses("COURIER_SUBSCRIPTIONS", name)
+		if got := schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name); got != want {
+			t.Errorf("values.schema.json takes the subscription name %q: %v; courier accepts COURIER_SUBSCRIPTIONS=%s: %v", name, got, name, want)
+		}
+	}
+	// Not one name to courier: none (unset), or two.
+	for _, name := range []string{"", "orders,payments"} {
+		if schemaTakes(t, schema.Defs, subs.Items.Properties.Name, name) {
+			t.Errorf("values.schema.json takes the subscription name %q", name)
+		}
+	}
+
+	// Every typed variable of courier is typed in the schema.
 	for name, typ := range kinds {
-		if _, ok := defs[typ]; ok && env[name] == nil {
-			t.Errorf("values.schema.json does not type env.%s (%v): a bad value would pass helm and fail only when courier starts", name, typ)
+		if _, ok := defs[typ]; ok && env[name] != nil && env[name]["$ref"] != defs[typ] {
+			if desc, _ := env[name]["description"].(string); !strings.HasPrefix(desc, "Not here:") {
+				t.Errorf("values.schema.json does not type env.%s (%v): a bad value would pass helm and fail only when courier starts", name, typ)
+			}
 		}
 	}
+}
+
+// schemaTakes reports whether the schema s of values.schema.json (whose
+// $defs are defs) takes the value v, a string or a YAML number: it knows
+// the keywords the schema gives variables and names ($ref, type, pattern,
+// minimum, enum) and fails t on any other, so that a keyword it would
+// ignore cannot make it take a value helm refuses.
+func schemaTakes(t *testing.T, defs map[string]map[string]any, s map[string]any, v any) bool {
+	t.Helper()
+	if s == nil {
+		t.Fatal("no schema")
+	}
+	for k, kw := range s {
+		switch k {
+		case "description":
+		case "$ref":
+			ref, _ := kw.(string)
+			def, ok := strings.CutPrefix(ref, "#/$defs/")
+			if !ok || defs[def] == nil {
+				t.Fatalf("$ref %q: not one of $defs", ref)
+			}
+			if !schemaTakes(t, defs, defs[def], v) {
+				return false
+			}
+		case "type":
+			types, ok := kw.([]any)
+			if !ok {
+				types = []any{kw}
+			}
+			typ := "string"
+			switch n := v.(type) {
+			case int:
+				typ = "integer"
+			case float64:
+				typ = "number"
+				if n == float64(int(n)) {
+					typ = "integer"
+				}
+			}
+			if !slices.Contains(types, any(typ)) && !(typ == "integer" && slices.Contains(types, any("number"))) {
+				return false
+			}
+		case "pattern":
+			if str, ok := v.(string); ok && !regexp.MustCompile(kw.(string)).MatchString(str) {
+				return false
+			}
+		case "minimum":
+			var n float64
+			switch x := v.(type) {
+			case int:
+				n = float64(x)
+			case float64:
+				n = x
+			default:
+				continue
+			}
+			if n < kw.(float64) {
+				return false
+			}
+		case "enum":
+			if !slices.Contains(kw.([]any), v) {
+				return false
+			}
+		default:
+			t.Fatalf("schemaTakes does not know the keyword %s", k)
+		}
+	}
+	return true
 }

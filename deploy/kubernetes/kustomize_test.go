@@ -10,34 +10,63 @@ import (
 
 // TestKustomizeComponent renders deploy/kustomize/example, an overlay adding
 // courier to a plain Deployment with the deploy/kustomize/courier component,
-// with kubectl's kustomize, and puts the result through the checks the
-// manifests of this directory pass.
+// and deploy/kustomize/shipping, that overlay with two subscriptions, with
+// kubectl's kustomize, and puts the result through the checks the manifests
+// of this directory pass.
 func TestKustomizeComponent(t *testing.T) {
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
 		t.Skipf("kubectl is not on PATH (%v): deploy/kustomize is not rendered; install kubectl 1.27 or later to check it", err)
 	}
-	out, err := exec.CommandContext(t.Context(), kubectl, "kustomize", "../kustomize/example").Output()
-	if err != nil {
-		msg := ""
-		if ee, ok := err.(*exec.ExitError); ok {
-			msg = string(ee.Stderr)
+	render := func(t *testing.T, dir string) (checked, []object) {
+		t.Helper()
+		out, err := exec.CommandContext(t.Context(), kubectl, "kustomize", dir).Output()
+		if err != nil {
+			msg := ""
+			if ee, ok := err.(*exec.ExitError); ok {
+				msg = string(ee.Stderr)
+			}
+			t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, msg)
 		}
-		t.Fatalf("kubectl kustomize ../kustomize/example: %v\n%s", err, msg)
+		objs := renderedObjects(t, "kubectl kustomize", string(out))
+		got := checkManifests(t, withSecrets(objs, "courier-nats"))
+		if len(got.configs) != 1 {
+			t.Fatalf("%d Deployments with courier, want the example's one", len(got.configs))
+		}
+		return got, objs
 	}
-	objs := renderedObjects(t, "kubectl kustomize", string(out))
-	got := checkManifests(t, withSecrets(objs, "courier-nats"))
-	if len(got.configs) != 1 {
-		t.Fatalf("%d Deployments with courier, want the example's one", len(got.configs))
-	}
-	// The overlay's images: pins the component's own tag, which is the
-	// chart's release.
-	checkImage(t, objs, "ghcr.io/courierhq/courier:"+chartAppVersion(t))
-	checkComponentImage(t)
-	cfg := got.configs["orders"]
-	if cfg.Stream != "ORDERS" || cfg.AppURL != "http://127.0.0.1:8080/messages" {
-		t.Errorf("courier reads COURIER_STREAM %q, COURIER_APP_URL %q: the overlay's ConfigMap did not reach it", cfg.Stream, cfg.AppURL)
-	}
+
+	t.Run("example", func(t *testing.T) {
+		got, objs := render(t, "../kustomize/example")
+		// The overlay's images: pins the component's own tag, which is the
+		// chart's release.
+		checkImage(t, objs, "ghcr.io/courierhq/courier:"+chartAppVersion(t))
+		checkComponentImage(t)
+		cfg := got.configs["orders"]
+		if cfg.Stream != "ORDERS" || cfg.AppURL != "http://127.0.0.1:8080/messages" {
+			t.Errorf("courier reads COURIER_STREAM %q, COURIER_APP_URL %q: the overlay's ConfigMap did not reach it", cfg.Stream, cfg.AppURL)
+		}
+	})
+
+	t.Run("two subscriptions", func(t *testing.T) {
+		got, _ := render(t, "../kustomize/shipping")
+		subs := got.configs["orders"].Subscriptions()
+		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
+			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
+		}
+		o, p := subs[0].Config, subs[1].Config
+		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
+			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
+		}
+		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
+			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
+		}
+		for _, sub := range subs {
+			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
+				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
+			}
+		}
+	})
 }
 
 // checkComponentImage: the component's own image (used by an overlay

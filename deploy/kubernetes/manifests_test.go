@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -195,7 +196,9 @@ func checkPodMonitor(t *testing.T, pm object, targets []scrapeTarget) {
 // outlives one server.
 func checkReplicas(t *testing.T, cfg config.Config, replicas int) {
 	t.Helper()
-	if replicas <= 1 || !cfg.DedupEnabled() {
+	// Dedup is each subscription's own (COURIER_DEDUP_TTL), the store the
+	// process's.
+	if replicas <= 1 || !slices.ContainsFunc(cfg.Subscriptions(), func(s config.Subscription) bool { return s.Config.DedupEnabled() }) {
 		return
 	}
 	if cfg.DedupStore != config.DedupShared {
@@ -208,9 +211,10 @@ func checkReplicas(t *testing.T, cfg config.Config, replicas int) {
 }
 
 // checkScaledObject: a KEDA ScaledObject scales a Deployment of the
-// manifests on the very consumer its courier consumes, with a lag threshold
-// above what one courier pulls ahead (which KEDA counts as lag: ack
-// pending), and any count above one only with shared keys.
+// manifests on the very consumers its courier consumes (one trigger for
+// each subscription), with a lag threshold above what one courier pulls
+// ahead (which KEDA counts as lag: ack pending), and any count above one
+// only with shared keys.
 func checkScaledObject(t *testing.T, so object, configs map[string]config.Config) {
 	ref := asMap(t, dig(so.doc, "spec", "scaleTargetRef"), "spec.scaleTargetRef")
 	if kind := str(ref["kind"]); kind != "" && kind != "Deployment" {
@@ -231,6 +235,11 @@ func checkScaledObject(t *testing.T, so object, configs map[string]config.Config
 		t.Errorf("minReplicaCount %d > maxReplicaCount %d", minR, maxR)
 	}
 	checkReplicas(t, cfg, maxR)
+	subs := map[string]config.Config{} // by stream/consumer
+	for _, sub := range cfg.Subscriptions() {
+		subs[sub.Config.Stream+"/"+sub.Config.Consumer] = sub.Config
+	}
+	triggered := map[string]bool{}
 	found := false
 	for i, tr := range asList(t, dig(so.doc, "spec", "triggers"), "spec.triggers") {
 		tr := asMap(t, tr, fmt.Sprintf("triggers[%d]", i))
@@ -252,9 +261,13 @@ func checkScaledObject(t *testing.T, so object, configs map[string]config.Config
 		if _, _, err := net.SplitHostPort(str(md["natsServerMonitoringEndpoint"])); err != nil {
 			t.Errorf("natsServerMonitoringEndpoint %q is not host:port (KEDA adds the scheme and /jsz): %v", str(md["natsServerMonitoringEndpoint"]), err)
 		}
-		if str(md["stream"]) != cfg.Stream || str(md["consumer"]) != cfg.Consumer {
-			t.Errorf("trigger on %s/%s, but courier consumes %s/%s", str(md["stream"]), str(md["consumer"]), cfg.Stream, cfg.Consumer)
+		durable := str(md["stream"]) + "/" + str(md["consumer"])
+		cfg, ok := subs[durable]
+		if !ok {
+			t.Errorf("trigger on %s, but courier consumes %v", durable, slices.Sorted(maps.Keys(subs)))
+			continue
 		}
+		triggered[durable] = true
 		lag, err := strconv.Atoi(str(md["lagThreshold"]))
 		if err != nil || lag <= 0 {
 			t.Errorf("lagThreshold %q is not a positive integer", str(md["lagThreshold"]))
@@ -268,6 +281,11 @@ func checkScaledObject(t *testing.T, so object, configs map[string]config.Config
 	}
 	if !found {
 		t.Error("no nats-jetstream trigger")
+	}
+	for durable := range subs {
+		if found && !triggered[durable] {
+			t.Errorf("no trigger on %s, which courier consumes: its backlog would not scale the Deployment", durable)
+		}
 	}
 }
 

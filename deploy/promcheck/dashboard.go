@@ -51,6 +51,11 @@ type Variable struct {
 	Name  string          `json:"name"`
 	Type  string          `json:"type"`
 	Query json.RawMessage `json:"query"` // a string, or an object with "query"
+	// IncludeAll offers All, which stands for AllValue (or, without one,
+	// every value the query found).
+	IncludeAll bool   `json:"includeAll"`
+	AllValue   string `json:"allValue"`
+	Multi      bool   `json:"multi"`
 }
 
 // grafanaIntervals are Grafana's interval variables, replaced by a

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/prometheus/model/labels"
 )
 
 // TestDashboard: the dashboard's queries parse, use the data source and
@@ -54,6 +56,85 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("only %d panel queries", panels)
 	}
 	checkDocumented(t, qs)
+}
+
+// TestDashboardSubscriptions: the $subscription variable picks the
+// subscriptions of couriers serving several, and every panel keeps working
+// for a courier of one, which labels nothing subscription: All is .*, which
+// matches a series without the label; each metric of a message's path is
+// filtered by it in every panel or in none; and the in-flight limit has its
+// panels.
+func TestDashboardSubscriptions(t *testing.T) {
+	d, qs, err := CheckDashboard(read(t, dashboardFile))
+	if err != nil {
+		t.Fatalf("%s:\n%v", dashboardFile, err)
+	}
+	var v *Variable
+	for i := range d.Templating.List {
+		if d.Templating.List[i].Name == "subscription" {
+			v = &d.Templating.List[i]
+		}
+	}
+	if v == nil {
+		t.Fatal("no $subscription variable")
+	}
+	q, err := variableQuery(v.Query)
+	if err != nil || !strings.HasPrefix(q, "label_values(") || !strings.HasSuffix(q, ", subscription)") {
+		t.Errorf("$subscription's query %q (%v): want label_values(<a metric of the path>, subscription)", q, err)
+	}
+	if !v.IncludeAll || !v.Multi {
+		t.Errorf("$subscription: includeAll %v, multi %v: want All and several at once", v.IncludeAll, v.Multi)
+	}
+	// Without allValue Grafana writes All as the values found, which a
+	// courier of one subscription is not among.
+	all, err := labels.NewMatcher(labels.MatchRegexp, "subscription", v.AllValue)
+	if err != nil || v.AllValue == "" || !all.Matches("") {
+		t.Errorf("$subscription's allValue %q (%v) does not match a series without the label: All would leave out couriers of one subscription", v.AllValue, err)
+	}
+
+	filtered := map[string]bool{} // metrics filtered by $subscription somewhere
+	for _, q := range qs {
+		for _, s := range q.Selectors() {
+			for _, m := range s.Matchers {
+				if m.Label != "subscription" {
+					continue
+				}
+				if m.Op != "=~" || m.Value != "$subscription" {
+					t.Errorf("%s: %s{subscription%s%q}: want subscription=~\"$subscription\"", q.Where, s.Metric, m.Op, m.Value)
+				}
+				filtered[s.Metric] = true
+			}
+		}
+	}
+	for _, name := range []string{"courier_messages_total", "courier_inflight_limit", "courier_consumer_pending_messages"} {
+		if !filtered[name] {
+			t.Errorf("no panel filters %s by $subscription", name)
+		}
+	}
+	for _, q := range qs {
+		if !strings.HasPrefix(q.Where, "panel") {
+			continue
+		}
+		for _, s := range q.Selectors() {
+			if filtered[s.Metric] && !hasMatcher(s, "subscription", "$subscription") {
+				t.Errorf("%s: %s is not filtered by $subscription here, as it is in other panels", q.Where, s.Metric)
+			}
+		}
+	}
+
+	panels := map[string]bool{} // metric names of panels' queries
+	for _, q := range qs {
+		for _, s := range q.Selectors() {
+			if strings.HasPrefix(q.Where, "panel") {
+				panels[s.Metric] = true
+			}
+		}
+	}
+	for _, name := range []string{"courier_inflight_limit", "courier_inflight_requests", "courier_inflight_limit_min_rtt_seconds", "courier_inflight_limit_changes_total"} {
+		if !panels[name] {
+			t.Errorf("no panel shows %s", name)
+		}
+	}
 }
 
 func hasMatcher(s Selector, label, value string) bool {

@@ -1,11 +1,13 @@
 package promcheck
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -141,4 +143,59 @@ func TestCheckRulesRejects(t *testing.T) {
 			t.Logf("%s: %v", tt.name, err)
 		}
 	}
+}
+
+// TestRulesKeepSubscriptions: no rule merges the subscriptions of a courier
+// serving several, whose metrics of a message's path carry a subscription
+// label (a courier of one carries none): every aggregation keeps the labels
+// it does not name (without), or names subscription among those it keeps,
+// and no vector matching ignores it or leaves it out, so an alert on one
+// subscription names it and another's traffic does not hide it.
+func TestRulesKeepSubscriptions(t *testing.T) {
+	_, qs, err := CheckRules(read(t, rulesFile))
+	if err != nil {
+		t.Fatalf("%s:\n%v", rulesFile, err)
+	}
+	for _, p := range subscriptionsMerged(qs) {
+		t.Error(p)
+	}
+	// The check itself: each of these merges subscriptions.
+	p := newParser()
+	for _, src := range []string{
+		`sum by (stream) (rate(courier_messages_total[5m])) > 0`,
+		`sum(rate(courier_messages_total[5m])) > 0`,
+		`sum without (subscription) (rate(courier_messages_total[5m])) > 0`,
+		`rate(courier_messages_total{outcome="retried"}[5m]) / on (instance) rate(courier_app_requests_total[5m])`,
+		`rate(courier_messages_total{outcome="retried"}[5m]) / ignoring (subscription, outcome) rate(courier_app_requests_total[5m])`,
+	} {
+		e, err := p.ParseExpr(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		if len(subscriptionsMerged([]Query{{Where: "test", Source: src, Expr: e}})) == 0 {
+			t.Errorf("%s merges subscriptions, but is not reported", src)
+		}
+	}
+}
+
+// subscriptionsMerged describes each aggregation and vector matching of qs
+// that leaves out the subscription label.
+func subscriptionsMerged(qs []Query) []string {
+	var out []string
+	for _, q := range qs {
+		parser.Inspect(q.Expr, func(n parser.Node, _ []parser.Node) error {
+			switch n := n.(type) {
+			case *parser.AggregateExpr:
+				if n.Without == slices.Contains(n.Grouping, "subscription") {
+					out = append(out, fmt.Sprintf("%s: %s leaves out the subscription label: use without (...), which keeps it", q.Where, n))
+				}
+			case *parser.BinaryExpr:
+				if vm := n.VectorMatching; vm != nil && (vm.On || len(vm.MatchingLabels) > 0) && vm.On != slices.Contains(vm.MatchingLabels, "subscription") {
+					out = append(out, fmt.Sprintf("%s: %s matches its sides without the subscription label", q.Where, n))
+				}
+			}
+			return nil
+		})
+	}
+	return out
 }

@@ -12,6 +12,7 @@ the pods by them). Each part can be included alone with the same dict.
 
 {{- define "courier.objects" -}}
 {{- include "courier.checkArgs" . -}}
+{{- include "courier.checkValues" .top -}}
 {{- $v := .top.Subcharts.courier.Values -}}
 {{- if $v.podMonitor.enabled }}
 ---
@@ -100,10 +101,11 @@ data:
 
 {{/*
 courier.scaledObject: KEDA's nats-jetstream scaler on the consumer courier
-consumes (COURIER_STREAM, COURIER_CONSUMER). KEDA counts as lag the
-consumer's pending and ack pending messages, and ack pending includes what
-courier holds without working on it (backoffs, an app outage, its
-read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains the numbers.
+consumes (COURIER_STREAM, COURIER_CONSUMER), one trigger per subscription.
+KEDA counts as lag the consumer's pending and ack pending messages, and ack
+pending includes what courier holds without working on it (backoffs, an app
+outage, its read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains
+the numbers.
 */}}
 {{- define "courier.scaledObject" -}}
 {{- include "courier.checkArgs" . -}}
@@ -111,10 +113,6 @@ read-ahead): deploy/kubernetes/keda-scaledobject.yaml explains the numbers.
 {{- $k := $v.keda -}}
 {{- if gt (int $k.minReplicaCount) (int $k.maxReplicaCount) -}}
 {{- fail (printf "courier: keda.minReplicaCount %v is above keda.maxReplicaCount %v" $k.minReplicaCount $k.maxReplicaCount) -}}
-{{- end -}}
-{{- $store := $v.env.COURIER_DEDUP_STORE | default "badger" | toString | lower | trim -}}
-{{- if and (gt (int $k.maxReplicaCount) 1) (eq $store "badger") (ne (toString ($v.env.COURIER_DEDUP_TTL | default "24h")) "0") -}}
-{{- fail (printf "courier: keda.maxReplicaCount %v with COURIER_DEDUP_STORE=badger: each pod would recognise only its own keys, and a duplicate reaching another pod would reach the app; set env.COURIER_DEDUP_STORE: shared" $k.maxReplicaCount) -}}
 {{- end -}}
 apiVersion: keda.sh/v1alpha1
 kind: ScaledObject
@@ -134,15 +132,26 @@ spec:
       behavior:
         scaleDown:
           stabilizationWindowSeconds: {{ $k.scaleDownStabilizationSeconds }}
+  {{- /* One trigger per durable consumer: the HPA follows the busiest. */}}
   triggers:
+    {{- range $v.subscriptions | default (list (dict "name" "")) }}
+    {{- $e := .env | default dict }}
+    {{- $stream := $e.COURIER_STREAM | default $v.env.COURIER_STREAM }}
+    {{- if not $stream }}
+    {{- if .name }}
+    {{- fail (printf "courier: subscription %s has no COURIER_STREAM, which keda.enabled needs: set it in its env or in env" .name) }}
+    {{- end }}
+    {{- fail "courier: env.COURIER_STREAM is required with keda.enabled" }}
+    {{- end }}
     - type: nats-jetstream
       metadata:
         natsServerMonitoringEndpoint: {{ required "courier: keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring port) is required with keda.enabled" $k.natsServerMonitoringEndpoint | quote }}
         account: {{ $k.account | quote }}
-        stream: {{ required "courier: env.COURIER_STREAM is required with keda.enabled" $v.env.COURIER_STREAM | toString | quote }}
-        consumer: {{ $v.env.COURIER_CONSUMER | default "courier" | toString | quote }}
+        stream: {{ $stream | toString | quote }}
+        consumer: {{ $e.COURIER_CONSUMER | default $v.env.COURIER_CONSUMER | default "courier" | toString | quote }}
         lagThreshold: {{ include "courier.envValue" $k.lagThreshold }}
         activationLagThreshold: {{ include "courier.envValue" $k.activationLagThreshold }}
+    {{- end }}
 {{- end -}}
 
 {{/*

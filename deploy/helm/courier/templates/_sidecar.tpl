@@ -43,6 +43,7 @@ under annotations for a Prometheus that scrapes by annotation.
 {{/* courier.sidecar: courier's container, a list item for the pod spec's initContainers. */}}
 {{- define "courier.sidecar" -}}
 {{- include "courier.scope" . -}}
+{{- include "courier.checkValues" . -}}
 {{- $v := .Subcharts.courier.Values -}}
 {{- $mounts := (include "courier.secretFiles" . | fromJson).mounts -}}
 - name: courier
@@ -74,6 +75,19 @@ under annotations for a Prometheus that scrapes by annotation.
     {{- range $k, $val := $v.env }}
     - name: {{ $k }}
       value: {{ include "courier.envValue" $val }}
+    {{- end }}
+    {{- with $v.subscriptions }}
+    # subscriptions: one durable consumer each, their own variables as
+    # COURIER_SUB_<NAME>_<VAR> (the name upper-cased, as courier reads it).
+    - name: COURIER_SUBSCRIPTIONS
+      value: {{ include "courier.subscriptionNames" $v | quote }}
+    {{- range . }}
+    {{- $prefix := printf "COURIER_SUB_%s_" (upper .name) }}
+    {{- range $k, $val := .env }}
+    - name: {{ $prefix }}{{ trimPrefix "COURIER_" $k }}
+      value: {{ include "courier.envValue" $val }}
+    {{- end }}
+    {{- end }}
     {{- end }}
     {{- with $v.extraEnv }}
     {{- toYaml . | nindent 4 }}

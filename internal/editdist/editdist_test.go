@@ -1,0 +1,22 @@
+package editdist
+
+import "testing"
+
+func TestDistance(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"abc", "", 3},
+		{"", "abc", 3},
+		{"COURIER_MAX_INFLIGHT", "COURIER_MAX_INFLIGHT", 0},
+		{"COURIER_MAX_INFLGHT", "COURIER_MAX_INFLIGHT", 1},
+		{"orders", "ORDERS", 6},
+		{"kitten", "sitting", 3},
+	} {
+		if got := Distance(c.a, c.b); got != c.want {
+			t.Errorf("Distance(%q, %q) = %d, want %d", c.a, c.b, got, c.want)
+		}
+	}
+}

@@ -32,7 +32,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		return
 	}
 	d := r.settle.make.delivery(m, meta, ln, wait)
-	d.probe, d.arrived, d.okey, d.oepoch = probe, q.at, q.okey, q.epoch
+	d.probe, d.arrived, d.okey, d.oepoch, d.oseq = probe, q.at, q.okey, q.epoch, q.seq
 	if q.ord != nil { // a nil *orderer is not a nil keyLines
 		d.ord = q.ord
 	}

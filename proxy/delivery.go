@@ -23,6 +23,7 @@ type delivery struct {
 	okey    string   // the ordering key (order.go); "" when not ordered
 	ord     keyLines // the lines okey is in (of its partition, partition.go)
 	oepoch  uint64   // ord's epoch when it was admitted
+	oseq    uint64   // its sequence in okey's line (streamSeq)
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
 	detached bool

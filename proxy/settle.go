@@ -277,7 +277,7 @@ func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
 	s.released.Add(1)
 	s.log.Debug("message released", "subject", d.m.Subject(), "why", why)
 	if mode == pinMoved {
-		d.ord.gaveBack(d.okey, streamSeq(d.m, d.meta))
+		d.ord.gaveBack(d.okey, d.oseq)
 	}
 }
 
@@ -451,7 +451,7 @@ func (s *settler) orderSettled(d *delivery) int {
 	if d.ord == nil || d.okey == "" {
 		return 0
 	}
-	return d.ord.settled(d.okey, streamSeq(d.m, d.meta))
+	return d.ord.settled(d.okey, d.oseq)
 }
 
 // orderRetrying notes that d is NAK'd for a retry in delay: its key waits
@@ -461,7 +461,7 @@ func (s *settler) orderRetrying(d *delivery, delay time.Duration) {
 	if d.ord == nil || d.okey == "" {
 		return
 	}
-	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta), delay) {
+	for _, q := range d.ord.retrying(d.okey, d.oseq, delay) {
 		s.giveBack(s.make.message(q.m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -89,14 +90,25 @@ type gathering struct {
 // entries to the batch that is gathering, under mu, and the one whose entry
 // fills it hands it on; a timer sends one that is not full BatchWait after
 // its first entry. Run starts it and, once every worker has returned,
-// stops it and waits for the batches in flight (stop).
+// stops it and waits for the batches in flight (stop). It holds no pointer
+// to the runner: each entry's part of an answer goes to entryAnswerer,
+// and requests go through the sender (send.go).
 type batcher struct {
-	r      *Runner
-	s      *sender
-	traced bool // an entry's headers carry its span's traceparent
-	max    int
-	bytes  int
-	wait   time.Duration
+	s       *sender
+	answers entryAnswerer
+	hold    interface{ open() bool } // the holder (hold.go): whether the gate is open
+	workers *sync.WaitGroup          // Run's: an entry handed off counts as a worker
+	trace   *tracing
+	log     *slog.Logger
+	ph      *phases // set by start
+	traced  bool    // an entry's headers carry its span's traceparent
+	// keepAnswers: an entry's answer makes its success record.
+	keepAnswers bool
+	maxDeliver  int
+	retryable   func(status int) bool
+	max         int
+	bytes       int
+	wait        time.Duration
 	// places bound what the workers and the batches hold: a message a
 	// worker holds or an entry handed off (handoff.go).
 	places chan struct{}
@@ -124,12 +136,20 @@ type batcher struct {
 	entries  prometheus.Histogram
 }
 
-func newBatcher(r *Runner, s *sender) *batcher {
+// entryAnswerer is given each entry's part of its batch's answer
+// (Runner.answer, handoff.go). Safe for concurrent use.
+type entryAnswerer interface {
+	answer(e *batchEntry, res batchResult)
+}
+
+func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers *sync.WaitGroup, t *tracing, log *slog.Logger) *batcher {
 	b := &batcher{
-		r: r, s: s, traced: r.o.Tracer != nil, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
+		s: s, answers: answers, hold: h, workers: workers, trace: t, log: log,
+		traced: o.Tracer != nil, keepAnswers: o.Success != nil, maxDeliver: o.MaxDeliver, retryable: o.Retryable,
+		max: o.BatchMax, bytes: o.BatchBytes, wait: o.BatchWait, caps: map[uint64]int{},
 		gathering: make([]gathering, len(s.targets)),
-		slots:     make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
-		places: make(chan struct{}, r.o.MaxInflight*r.o.BatchMax),
+		slots:     make(chan *sendBuf, o.MaxInflight), quit: make(chan struct{}),
+		places: make(chan struct{}, o.MaxInflight*o.BatchMax),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -140,13 +160,13 @@ func newBatcher(r *Runner, s *sender) *batcher {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
-	for range r.o.MaxInflight {
+	for range o.MaxInflight {
 		b.slots <- &sendBuf{}
 	}
 	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
 	}
-	r.o.Registerer.MustRegister(b.requests, b.entries)
+	o.Registerer.MustRegister(b.requests, b.entries)
 	return b
 }
 
@@ -164,7 +184,7 @@ func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan)
 
 // submit is send's batchResult.
 func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
-	if b.r.ph.requests.Err() != nil {
+	if b.ph.requests.Err() != nil {
 		return batchResult{err: errNotSent}
 	}
 	e := &d.entry
@@ -211,7 +231,7 @@ func (b *batcher) add(e *batchEntry) {
 // dead-lettered after a request of its own, and none is dead-lettered for
 // it), else what split left for it, else max. Called with mu held.
 func (b *batcher) capOf(d *delivery) int {
-	if d.last(b.r.o.MaxDeliver) {
+	if d.last(b.maxDeliver) {
 		return 1
 	}
 	seq := d.meta.Sequence.Stream
@@ -265,15 +285,16 @@ func (b *batcher) flushLocked(to int) {
 	g.cur, g.size = nil, 0
 }
 
-// start watches for shutdown until stop: once nothing new starts, what has
-// gathered goes at once, and so does every entry from then on (a last
-// delivery sent in the grace period).
-func (b *batcher) start() {
+// start watches for shutdown (ph: Run's phases) until stop: once nothing
+// new starts, what has gathered goes at once, and so does every entry from
+// then on (a last delivery sent in the grace period).
+func (b *batcher) start(ph *phases) {
+	b.ph = ph
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		select {
-		case <-b.r.ph.noStart.Done():
+		case <-b.ph.noStart.Done():
 		case <-b.quit:
 		}
 		b.mu.Lock()
@@ -354,10 +375,9 @@ func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 
 // deliver sends one batch request, built in buf, and answers each entry.
 func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
-	r := b.r
 	answerAll := func(res batchResult) {
 		for _, e := range entries {
-			b.r.answer(e, res)
+			b.answers.answer(e, res)
 		}
 	}
 	var (
@@ -365,7 +385,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		ids  []string
 		span *attemptSpan
 	)
-	a, took, err := b.s.post(r.ph.requests, request{
+	a, took, err := b.s.post(b.ph.requests, request{
 		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
 		prepare: func() (http.Header, []byte) {
 			// In stream order, as a reader of the batch expects; the
@@ -376,7 +396,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			})
 			body, ids = b.encode(entries, buf)
 			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
-			span = r.trace.startBatch(entries, h)
+			span = b.trace.startBatch(entries, h)
 			return h, body
 		},
 	})
@@ -404,7 +424,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		ans.Problem = fmt.Sprintf("the answer is over %d bytes: every entry retried", batchAnswerLimit)
 	}
 	if ans.Problem != "" {
-		r.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
+		b.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
 	}
 	if ans.Whole && len(entries) > 1 {
 		b.split(entries)
@@ -424,16 +444,16 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		switch ans.Statuses[i] {
 		case batch.Success:
 			var each *apphttp.Answer // what a success record is made of
-			if r.o.Success != nil {
+			if b.keepAnswers {
 				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
 			}
 			e.d.records = recs
-			r.answer(e, batchResult{answer: each, took: took})
+			b.answers.answer(e, batchResult{answer: each, took: took})
 		default:
 			if app == nil {
 				app = &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
 			}
-			r.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
+			b.answers.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
 }
@@ -444,10 +464,10 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 // it was sent. Else Success: the app could not be reached, or courier did
 // not send it, and no entry failed.
 func (b *batcher) failedWhole(err error) apphttp.Class {
-	if errors.Is(err, errNotSent) || b.r.ph.requests.Err() != nil {
+	if errors.Is(err, errNotSent) || b.ph.requests.Err() != nil {
 		return apphttp.Success
 	}
-	switch c := apphttp.Classify(err, b.r.o.Retryable); c {
+	switch c := apphttp.Classify(err, b.retryable); c {
 	case apphttp.Transient, apphttp.Permanent:
 		return c
 	}
@@ -470,7 +490,7 @@ func (b *batcher) awaitRecords(recs *batchRecords) {
 	select {
 	case <-recs.all:
 	case <-t.C:
-	case <-b.r.ph.requests.Done():
+	case <-b.ph.requests.Done():
 	}
 }
 

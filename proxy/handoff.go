@@ -43,13 +43,12 @@ func (b *batcher) givePlace() {
 // the next batch if it may go now without waiting (see above), and reports
 // whether it did. Run waits for it as for a worker, until it is settled.
 func (b *batcher) handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool {
-	r := b.r
-	if d.probe || !r.hold.open() || r.ph.requests.Err() != nil {
+	if d.probe || !b.hold.open() || b.ph.requests.Err() != nil {
 		return false
 	}
 	span.request()
 	d.handedOff = true
-	r.workers.Add(1) // a worker holds its own count: the count is above zero
+	b.workers.Add(1) // a worker holds its own count: the count is above zero
 	e := &d.entry
 	*e = batchEntry{d: d, h: h, ct: ct, span: span}
 	b.add(e)

@@ -121,7 +121,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	}
 	registerInflightMetrics(o.Registerer, send.inflight)
 	if o.BatchMax > 1 {
-		r.batcher = newBatcher(r, send)
+		r.batcher = newBatcher(o, send, r, r.hold, &r.workers, r.trace, r.log)
 		r.way = r.batcher
 	} else {
 		var keep int64
@@ -234,7 +234,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.batcher != nil {
 		// They hand their deliveries to batches, which settle them; places
 		// bound what they hold (handoff.go).
-		r.batcher.start()
+		r.batcher.start(ph)
 	}
 	r.workers.Add(workers)
 	for range workers {

@@ -84,9 +84,15 @@ func (b *broker) createStream(ctx context.Context, name, subject string) error {
 // goes to subject.<id % keys> instead: keys ordering keys, in turn (the
 // stream captures subject.>).
 func (b *broker) preload(ctx context.Context, stream, subject string, keys int, run uint64, n, size int) error {
+	return b.preloadFrom(ctx, stream, subject, keys, run, 0, n, size)
+}
+
+// preloadFrom is preload of messages [first, first+n) of run: several
+// streams preloaded for one tally each get ids of their own.
+func (b *broker) preloadFrom(ctx context.Context, stream, subject string, keys int, run uint64, first, n, size int) error {
 	const batch = 1000
-	for from := 0; from < n; from += batch {
-		for id := from; id < min(from+batch, n); id++ {
+	for from := first; from < first+n; from += batch {
+		for id := from; id < min(from+batch, first+n); id++ {
 			to := subject
 			if keys > 0 {
 				to = subject + "." + strconv.Itoa(id%keys)

@@ -6,14 +6,17 @@
 // Every figure is set beside a minimal forwarder (./bench/forwarder:
 // consume, POST, ack, nothing else) run the same way, and courier is run
 // with dedup off and on (at 16 in flight also with the shared store, to the
-// app's Unix socket, logging a line per message at debug, and with order
-// per key on 1,000 keys or one, see order.go). Courier runs with every setting at
+// app's Unix socket, logging a line per message at debug, in batches of 32
+// to the app as it is and to one decoding each batch with encoding/json,
+// and with order per key on 1,000 keys or one, see order.go). Courier runs with every setting at
 // its default but those naming what the benchmark sets up (NATS, stream,
 // consumer, app, in-flight limit, admin address, dedup directory) and the one
 // a variant is about. Last, replicas: one and three couriers with the shared
 // store on one durable, draining to an app that takes 20 ms a request, and
 // the same with 1,000 keys kept in order by partitions ("replicas ordered";
-// see replicas.go). Then the adaptive in-flight limit ("adaptive: ...", see
+// see replicas.go). Then subscriptions: two streams drained at once by one
+// courier serving both (COURIER_SUBSCRIPTIONS) and by two couriers, one a
+// stream (see subscriptions.go). Then the adaptive in-flight limit ("adaptive: ...", see
 // adaptive.go): courier with COURIER_MAX_INFLIGHT=auto against fixed numbers
 // (8, today's default, and 16 or 64), each draining a backlog to an app of
 // 8 workers taking 10 ms a request (the rest wait inside it), to an instant
@@ -26,7 +29,7 @@
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-adaptive-n 4000] [-publish-n 20000]
+//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-subs-n 3000] [-adaptive-n 4000] [-publish-n 20000]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -84,6 +87,9 @@ type options struct {
 	replicasN int
 	// publishN messages per phase of the publish scenario; 0 skips it.
 	publishN int
+	// subsN messages per stream per drain of the subscriptions scenario;
+	// 0 skips it.
+	subsN int
 	// adaptiveN messages per drain of the adaptive scenario (the instant
 	// app's drains take more, adaptive.go); 0 skips it.
 	adaptiveN int
@@ -101,6 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.latencyN, "latency-n", 2000, "messages published in the latency phase")
 	fs.IntVar(&o.repeat, "repeat", 3, "drains per variant and in-flight limit (the median is shown)")
 	fs.IntVar(&o.replicasN, "replicas-n", 3000, "messages per drain of the replicas scenario (0 skips it)")
+	fs.IntVar(&o.subsN, "subs-n", 3000, "messages per stream per drain of the subscriptions scenario (0 skips it; -only subscriptions runs it alone)")
 	fs.IntVar(&o.publishN, "publish-n", 20000, "messages per phase of the publish scenario (0 skips it; -only publish runs it alone)")
 	fs.IntVar(&o.adaptiveN, "adaptive-n", 4000, "messages per drain of the adaptive scenario, 5× to the instant app and 2× to the 20 ms one (0 skips it; -only adaptive runs it alone)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
@@ -126,8 +133,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
 		return o, errors.New("-n, -latency-n and -repeat must be positive")
-	case o.replicasN < 0 || o.publishN < 0 || o.adaptiveN < 0:
-		return o, errors.New("-replicas-n, -publish-n and -adaptive-n must not be negative")
+	case o.replicasN < 0 || o.publishN < 0 || o.adaptiveN < 0 || o.subsN < 0:
+		return o, errors.New("-replicas-n, -publish-n, -adaptive-n and -subs-n must not be negative")
 	case o.size < bodyFixed:
 		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
 	case o.rate <= 0:
@@ -147,13 +154,14 @@ const consumerName = "bench"
 type variant int
 
 const (
-	baseline    variant = iota // the minimal forwarder
-	dedupOff                   // courier with COURIER_DEDUP_TTL=0
-	dedupOn                    // courier with its dedup store (default TTL)
-	dedupOnInfo                // dedupOn logging at debug (a line per message) to /dev/null
-	dedupShared                // courier with the shared store (COURIER_DEDUP_STORE=shared)
-	dedupSocket                // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
-	dedupBatch                 // dedupOn with batches of benchBatch (COURIER_BATCH_MAX)
+	baseline       variant = iota // the minimal forwarder
+	dedupOff                      // courier with COURIER_DEDUP_TTL=0
+	dedupOn                       // courier with its dedup store (default TTL)
+	dedupOnInfo                   // dedupOn logging at debug (a line per message) to /dev/null
+	dedupShared                   // courier with the shared store (COURIER_DEDUP_STORE=shared)
+	dedupSocket                   // dedupOn sending to the app's Unix socket (COURIER_APP_URL=unix://...)
+	dedupBatch                    // dedupOn with batches of benchBatch (COURIER_BATCH_MAX)
+	dedupBatchJSON                // dedupBatch to an app decoding each batch with encoding/json
 	// Order per key (bench/order.go): messages on orderKeys keys, or one.
 	orderUnordered // dedupOn on orderKeys keys
 	orderKeyed     // dedupOn on orderKeys keys with COURIER_ORDER_KEY
@@ -167,6 +175,7 @@ const benchBatch = 32
 func (v variant) String() string {
 	return [...]string{"baseline forwarder", "courier, dedup off", "courier, dedup on", "courier, dedup on, debug logs",
 		"courier, dedup shared", "courier, dedup on, unix socket", "courier, dedup on, batches of 32",
+		"courier, dedup on, batches of 32, app decodes JSON",
 		"order: courier, 1000 keys, unordered", "order: courier, 1000 keys, ordered", "order: courier, one key",
 		"order: forwarder, one key, MaxAckPending 1"}[v]
 }
@@ -174,7 +183,7 @@ func (v variant) String() string {
 func (v variant) courier() bool { return v != baseline && v != orderForwarder }
 func (v variant) dedup() bool {
 	return v == dedupOn || v == dedupOnInfo || v == dedupShared || v == dedupSocket || v == dedupBatch ||
-		v == orderUnordered || v == orderKeyed || v == orderOneKey
+		v == dedupBatchJSON || v == orderUnordered || v == orderKeyed || v == orderOneKey
 }
 func (v variant) info() bool { return v == dedupOnInfo }
 
@@ -229,7 +238,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep.loadStart = loadAvg()
 
 	for _, phase := range []func(context.Context, *report, io.Writer) error{
-		b.idlePhase, b.drainPhase, b.replicasPhase, b.adaptivePhase, b.publishPhase, b.latencyPhase,
+		b.idlePhase, b.drainPhase, b.replicasPhase, b.subscriptionsPhase, b.adaptivePhase, b.publishPhase, b.latencyPhase,
 	} {
 		if err := phase(ctx, rep, stderr); err != nil {
 			return err
@@ -360,10 +369,15 @@ func (b *bench) launchReplica(v variant, run uint64, stream string, inflight, re
 		if v == dedupSocket {
 			env = append(env, "COURIER_APP_URL="+b.app.SocketURL()) // the later value wins
 		}
-		if v == dedupBatch {
+		if v == dedupBatch || v == dedupBatchJSON {
 			env = append(env, "COURIER_BATCH_MAX="+strconv.Itoa(benchBatch))
 		}
 		env = append(env, extra...)
+		if slices.ContainsFunc(extra, func(kv string) bool { return strings.HasPrefix(kv, "COURIER_SUBSCRIPTIONS=") }) {
+			// Each subscription names its own stream: courier warns of a
+			// plain COURIER_STREAM that none uses.
+			env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "COURIER_STREAM=") })
+		}
 	}
 	env = append(env, v.orderEnv()...)
 	var logPath string

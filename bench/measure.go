@@ -122,6 +122,10 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	}
 	t := newTally(run, b.o.n)
 	b.app.measure(t)
+	if v == dedupBatchJSON {
+		b.app.decodeBatches(true)
+		defer b.app.decodeBatches(false)
+	}
 
 	hostBefore := selfCPU()
 	c, logPath, err := b.launch(v, run, stream, inflight)

@@ -34,7 +34,7 @@ func (b *bench) drainPhase(ctx context.Context, rep *report, stderr io.Writer) e
 	variants := func(inflight int) []variant {
 		vs := []variant{baseline, dedupOff, dedupOn}
 		if inflight == focusInflight {
-			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch)
+			vs = append(vs, dedupOnInfo, dedupShared, dedupSocket, dedupBatch, dedupBatchJSON)
 			vs = append(vs, orderVariants...)
 		}
 		return slices.DeleteFunc(vs, o.skip)

@@ -291,7 +291,7 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 		f.queue <- q
 	} // else it waits behind its key
 	if f.holdFor > 0 {
-		if meta, err := m.Metadata(); err == nil && meta.Sequence.Stream <= f.holdUpTo {
+		if meta, err := m.Metadata(); err == nil && streamSeq(m, meta) <= f.holdUpTo {
 			f.arrivals++
 		}
 		if f.arrivals >= f.holdFor {

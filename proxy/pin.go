@@ -42,8 +42,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	defer cancel()
 	marks := f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
-	if f.part != nil {
-		f.partitionPinned(ictx, info, err, first && asked == 1)
+	if f.part != nil && f.partitionPinned(ictx, info, err, first && asked == 1) {
 		return
 	}
 	if err != nil {
@@ -56,6 +55,9 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	// that had it settled meanwhile go on (orderer.unpinned).
 	f.order.ackFloor(info.AckFloor.Stream)
 	own := f.track.held() - 1 // m is tracked already, and out
+	if f.part != nil {
+		own = int(f.part.held.Load()) - 1 // of this partition only
+	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
 	if out > asked {
 		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
@@ -94,27 +96,30 @@ func (f *fetcher) endHold() {
 
 // partitionPinned takes a partition over when its pin has come to this
 // courier (checkPin has read the marks the courier before left): lines
-// whose head is at or below the ack floor go on, and unless that courier
-// handed the partition on holding nothing (Partitions.Clean) or the
+// whose head is at or below the ack floor go on, and if that courier
+// handed the partition on holding nothing (Partitions.Clean), or the
 // consumer has nothing out but the one message of this courier's first
-// pull (exact: the pin came with it), keyed messages wait for what another
-// courier may still hold.
-func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) {
+// pull (exact: the pin came with it), the marks name each key's first
+// unsettled message: nothing more to wait for. It reports whether it took
+// the partition over; if not, checkPin waits for what was out as for the
+// durable's pin: until the pull brings it all back (the messages of a
+// courier that died come back once their ack wait is over, by the time
+// its pin lapsed), or an ack wait if some may still be with another
+// courier.
+func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
 	if err != nil {
 		f.log.Info("pinned to this partition; its consumer cannot be read: keyed messages wait for what another courier may hold",
 			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return
+		return true
 	}
 	clean := f.part.clean(ctx, info, f.group)
 	f.order.ackFloor(info.AckFloor.Stream)
 	if clean || exact && info.NumAckPending <= 1 {
 		f.log.Info("pinned to this partition", "handed_on", clean)
-		return
+		return true
 	}
-	f.log.Info("pinned to this partition: keyed messages wait for what another courier may still hold",
-		"for", orderBarrier(f.ackWaitNow()).String(), "ack_pending", info.NumAckPending)
-	f.order.takeover(orderBarrier(f.ackWaitNow()))
+	return false
 }
 
 // stillPinned reports whether the pin of the fetcher's priority group is

@@ -135,7 +135,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	switch {
 	case o.Partitions != nil:
 		src.rel = newLetGo()
-		src.parts = newPartitions(r, *o.Partitions)
+		src.parts = newPartitions(*o.Partitions, o, r.log, r.track, r.gate, r.hold, r.settle, src.rel)
 		src.queue = src.parts.merged
 		src.registerOrderMetrics(o.Registerer)
 		src.registerPartitionMetrics(o.Registerer)
@@ -241,7 +241,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		go r.worker()
 	}
 
-	fatal := r.src.run(ctx, loops)
+	fatal := r.src.run(ctx, loops, ph)
 	if fatal != nil {
 		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
 	}

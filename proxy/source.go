@@ -72,10 +72,10 @@ func (s *source) start(ctx, loops context.Context, wg *sync.WaitGroup, log *slog
 }
 
 // run fetches until ctx ends or the consumer is gone (ErrConsumerGone),
-// then closes the queue.
-func (s *source) run(ctx, loops context.Context) error {
+// then closes the queue; ph are Run's phases.
+func (s *source) run(ctx, loops context.Context, ph *phases) error {
 	if s.parts != nil {
-		return s.parts.run(ctx, loops)
+		return s.parts.run(ctx, loops, ph)
 	}
 	return s.fetch.run(ctx)
 }

@@ -77,7 +77,13 @@ type gate struct {
 	now  func() time.Time
 	// changed is called, outside the lock, once per transition of a cause.
 	changed func(c cause, held bool, reason string, heldFor time.Duration)
+	// prober holds and frees causeApp by the app's health (runProber);
+	// set once, before runProber.
+	prober *prober
 }
+
+// runProber runs the gate's prober until ctx ends.
+func (g *gate) runProber(ctx context.Context) { g.prober.run(ctx) }
 
 type holdState struct {
 	total  time.Duration // held before, in all

@@ -69,7 +69,6 @@ type Runner struct {
 	src     *source
 	track   *tracker
 	gate    *gate
-	prober  *prober
 	breaker *breaker
 	batcher *batcher // nil: each message alone
 	ph      *phases
@@ -158,8 +157,8 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	// health URL to its socket) and redirects as the app's client does.
 	probeClient := apphttp.NewClient(apphttp.ClientOptions{MaxConns: 1})
 	probeClient.Timeout, probeClient.CheckRedirect = 5*time.Second, o.Client.CheckRedirect
-	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
-	r.prober.stamp = o.Stamp
+	r.gate.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
+	r.gate.prober.stamp = o.Stamp
 	return r, nil
 }
 
@@ -225,7 +224,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	var loopsDone sync.WaitGroup
 	loopsDone.Add(3)
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
-	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
+	go func() { defer loopsDone.Done(); r.gate.runProber(loops) }()
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
 	defer r.breaker.stop()
 	r.src.start(ctx, loops, &loopsDone, r.log, r.o)

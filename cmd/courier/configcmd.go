@@ -91,11 +91,6 @@ func runConfigArgs(args, environ []string, stdout, stderr io.Writer) error {
 	return printConfig(environ, *wide, stdout, stderr)
 }
 
-// runConfig is `courier config` without flags.
-func runConfig(environ []string, stdout, stderr io.Writer) error {
-	return printConfig(environ, false, stdout, stderr)
-}
-
 // printConfig prints every variable (an invalid one as given) on stdout,
 // then each subscription's, the warnings on stderr, and fails with status
 // 2 if the configuration is invalid.

@@ -2,10 +2,9 @@ package proxy
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
-	"github.com/courierhq/courier/proxy/limit"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,12 +14,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/batch"
+	"github.com/courierhq/courier/proxy/limit"
 )
 
 // Batches (Options.BatchMax > 1), as README's "Batches" describes them.
@@ -93,12 +90,28 @@ type gathering struct {
 // entries to the batch that is gathering, under mu, and the one whose entry
 // fills it hands it on; a timer sends one that is not full BatchWait after
 // its first entry. Run starts it and, once every worker has returned,
-// stops it and waits for the batches in flight (stop).
+// stops it and waits for the batches in flight (stop). It holds no pointer
+// to the runner: each entry's part of an answer goes to entryAnswerer,
+// and requests go through the sender (send.go).
 type batcher struct {
-	r     *Runner
-	max   int
-	bytes int
-	wait  time.Duration
+	s       *sender
+	answers entryAnswerer
+	hold    interface{ open() bool } // the holder (hold.go): whether the gate is open
+	workers *sync.WaitGroup          // Run's: an entry handed off counts as a worker
+	trace   *tracing
+	log     *slog.Logger
+	ph      *phases // set by start
+	traced  bool    // an entry's headers carry its span's traceparent
+	// keepAnswers: an entry's answer makes its success record.
+	keepAnswers bool
+	maxDeliver  int
+	retryable   func(status int) bool
+	max         int
+	bytes       int
+	wait        time.Duration
+	// places bound what the workers and the batches hold: a message a
+	// worker holds or an entry handed off (handoff.go).
+	places chan struct{}
 	// slots holds one sendBuf per batch request that may be in flight
 	// (MaxInflight): a request takes one, and its buffers with it.
 	slots chan *sendBuf
@@ -123,11 +136,20 @@ type batcher struct {
 	entries  prometheus.Histogram
 }
 
-func newBatcher(r *Runner) *batcher {
+// entryAnswerer is given each entry's part of its batch's answer
+// (Runner.answer, handoff.go). Safe for concurrent use.
+type entryAnswerer interface {
+	answer(e *batchEntry, res batchResult)
+}
+
+func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers *sync.WaitGroup, t *tracing, log *slog.Logger) *batcher {
 	b := &batcher{
-		r: r, max: r.o.BatchMax, bytes: r.o.BatchBytes, wait: r.o.BatchWait, caps: map[uint64]int{},
-		gathering: make([]gathering, len(r.targets)),
-		slots:     make(chan *sendBuf, r.o.MaxInflight), quit: make(chan struct{}),
+		s: s, answers: answers, hold: h, workers: workers, trace: t, log: log,
+		traced: o.Tracer != nil, keepAnswers: o.Success != nil, maxDeliver: o.MaxDeliver, retryable: o.Retryable,
+		max: o.BatchMax, bytes: o.BatchBytes, wait: o.BatchWait, caps: map[uint64]int{},
+		gathering: make([]gathering, len(s.targets)),
+		slots:     make(chan *sendBuf, o.MaxInflight), quit: make(chan struct{}),
+		places: make(chan struct{}, o.MaxInflight*o.BatchMax),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
 			Help: "Batch requests to the app by result (2xx, 3xx, 4xx, 5xx, timeout, transport, unreachable); each entry is also counted in courier_app_requests_total.",
@@ -138,20 +160,31 @@ func newBatcher(r *Runner) *batcher {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
-	for range r.o.MaxInflight {
+	for range o.MaxInflight {
 		b.slots <- &sendBuf{}
 	}
 	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
 	}
-	r.o.Registerer.MustRegister(b.requests, b.entries)
+	o.Registerer.MustRegister(b.requests, b.entries)
 	return b
 }
 
-// submit hands d, with its application headers h and content type ct
+// headers are entryHeaders'.
+func (b *batcher) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
+	return entryHeaders(d.m, b.traced)
+}
+
+// send hands d, with its application headers h and content type ct
 // (entryHeaders), to the next batch and returns its part of the answer.
+func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+	res := b.submit(d, h, ct, span)
+	return res.answer, res.took, res.err
+}
+
+// submit is send's batchResult.
 func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
-	if b.r.ph.requests.Err() != nil {
+	if b.ph.requests.Err() != nil {
 		return batchResult{err: errNotSent}
 	}
 	e := &d.entry
@@ -171,7 +204,7 @@ func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpa
 // first if it would hold more.
 func (b *batcher) add(e *batchEntry) {
 	n := len(e.d.m.Data())
-	e.to = b.r.targetOf(e.d.m.Subject())
+	e.to = b.s.targetOf(e.d.m.Subject())
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g := &b.gathering[e.to]
@@ -198,7 +231,7 @@ func (b *batcher) add(e *batchEntry) {
 // dead-lettered after a request of its own, and none is dead-lettered for
 // it), else what split left for it, else max. Called with mu held.
 func (b *batcher) capOf(d *delivery) int {
-	if d.last(b.r.o.MaxDeliver) {
+	if d.last(b.maxDeliver) {
 		return 1
 	}
 	seq := d.meta.Sequence.Stream
@@ -247,20 +280,21 @@ func (b *batcher) flushLocked(to int) {
 	}
 	g.gen++
 	if len(g.cur) > 0 {
-		b.send(g.cur)
+		b.sendBatch(g.cur)
 	}
 	g.cur, g.size = nil, 0
 }
 
-// start watches for shutdown until stop: once nothing new starts, what has
-// gathered goes at once, and so does every entry from then on (a last
-// delivery sent in the grace period).
-func (b *batcher) start() {
+// start watches for shutdown (ph: Run's phases) until stop: once nothing
+// new starts, what has gathered goes at once, and so does every entry from
+// then on (a last delivery sent in the grace period).
+func (b *batcher) start(ph *phases) {
+	b.ph = ph
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		select {
-		case <-b.r.ph.noStart.Done():
+		case <-b.ph.noStart.Done():
 		case <-b.quit:
 		}
 		b.mu.Lock()
@@ -279,8 +313,8 @@ func (b *batcher) stop() {
 	b.wg.Wait()
 }
 
-// send sends entries as one batch once a slot is free.
-func (b *batcher) send(entries []*batchEntry) {
+// sendBatch sends entries as one batch once a slot is free.
+func (b *batcher) sendBatch(entries []*batchEntry) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -341,55 +375,36 @@ func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 
 // deliver sends one batch request, built in buf, and answers each entry.
 func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
-	r := b.r
 	answerAll := func(res batchResult) {
 		for _, e := range entries {
-			b.r.answer(e, res)
+			b.answers.answer(e, res)
 		}
 	}
-	if r.ph.requests.Err() != nil {
+	var (
+		body []byte
+		ids  []string
+		span *attemptSpan
+	)
+	a, took, err := b.s.post(b.ph.requests, request{
+		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
+		prepare: func() (http.Header, []byte) {
+			// In stream order, as a reader of the batch expects; the
+			// workers hand their entries in whatever order they got to
+			// them.
+			slices.SortFunc(entries, func(x, y *batchEntry) int {
+				return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
+			})
+			body, ids = b.encode(entries, buf)
+			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
+			span = b.trace.startBatch(entries, h)
+			return h, body
+		},
+	})
+	if errors.Is(err, errNotSent) {
 		answerAll(batchResult{err: errNotSent}) // the grace period is over
 		return
 	}
-	if r.limiter != nil {
-		began := time.Now()
-		if err := r.limiter.Wait(r.ph.requests); err != nil {
-			answerAll(batchResult{err: errNotSent})
-			return
-		}
-		r.m.rateWait.Add(time.Since(began).Seconds())
-	}
-	slot, err := r.inflight.Acquire(r.ph.requests, limit.Batch)
-	if err != nil {
-		answerAll(batchResult{err: errNotSent})
-		return
-	}
-	// In stream order, as a reader of the batch expects; the workers hand
-	// their entries in whatever order they got to them.
-	slices.SortFunc(entries, func(x, y *batchEntry) int {
-		return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
-	})
-	body, ids := b.encode(entries, buf)
-	h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
-	span := r.startBatchSpan(entries, h)
-	ctx, cancel := context.WithTimeout(r.ph.requests, r.o.HTTPTimeout)
-	defer cancel()
-	r.m.inflight.Inc()
-	began := time.Now()
-	var a *apphttp.Answer
-	to := r.targets[entries[0].to]
-	if to.err != nil {
-		err = &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
-	} else {
-		if r.o.Stamp != nil {
-			r.o.Stamp(h, body)
-		}
-		a, err = to.ep.Post(ctx, h, body, batchAnswerLimit)
-	}
-	took := time.Since(began)
-	slot.Release(r.outcomeOf(err))
-	b.keep(buf, to, body)
-	r.m.inflight.Dec()
+	b.keep(buf, b.s.targets[entries[0].to], body)
 	span.end(err)
 	b.requests.WithLabelValues(resultLabel(err)).Inc()
 	b.entries.Observe(float64(len(entries)))
@@ -409,7 +424,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		ans.Problem = fmt.Sprintf("the answer is over %d bytes: every entry retried", batchAnswerLimit)
 	}
 	if ans.Problem != "" {
-		r.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
+		b.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
 	}
 	if ans.Whole && len(entries) > 1 {
 		b.split(entries)
@@ -429,16 +444,16 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		switch ans.Statuses[i] {
 		case batch.Success:
 			var each *apphttp.Answer // what a success record is made of
-			if r.o.Success != nil {
+			if b.keepAnswers {
 				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
 			}
 			e.d.records = recs
-			r.answer(e, batchResult{answer: each, took: took})
+			b.answers.answer(e, batchResult{answer: each, took: took})
 		default:
 			if app == nil {
 				app = &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
 			}
-			r.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
+			b.answers.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
 }
@@ -449,10 +464,10 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 // it was sent. Else Success: the app could not be reached, or courier did
 // not send it, and no entry failed.
 func (b *batcher) failedWhole(err error) apphttp.Class {
-	if errors.Is(err, errNotSent) || b.r.ph.requests.Err() != nil {
+	if errors.Is(err, errNotSent) || b.ph.requests.Err() != nil {
 		return apphttp.Success
 	}
-	switch c := apphttp.Classify(err, b.r.o.Retryable); c {
+	switch c := apphttp.Classify(err, b.retryable); c {
 	case apphttp.Transient, apphttp.Permanent:
 		return c
 	}
@@ -475,7 +490,7 @@ func (b *batcher) awaitRecords(recs *batchRecords) {
 	select {
 	case <-recs.all:
 	case <-t.C:
-	case <-b.r.ph.requests.Done():
+	case <-b.ph.requests.Done():
 	}
 }
 
@@ -540,7 +555,7 @@ func entryHeaders(m jetstream.Msg, traced bool) (http.Header, string, []apphttp.
 
 // classify is Classify, with an entry the app's answer to its batch
 // refused: retried as a transient failure, or dropped as a permanent one.
-func (r *Runner) classify(err error) apphttp.Class {
+func classify(err error, retryable func(status int) bool) apphttp.Class {
 	if err == nil {
 		return apphttp.Success // before errors.As, whose target escapes
 	}
@@ -554,35 +569,5 @@ func (r *Runner) classify(err error) apphttp.Class {
 	if se := (*splitError)(nil); errors.As(err, &se) {
 		return apphttp.Transient
 	}
-	return apphttp.Classify(err, r.o.Retryable)
-}
-
-// startBatchSpan starts the span of a batch request when tracing is on: a
-// client span linked to each entry's attempt span, each of them linked to
-// it in turn, whose context the request carries (traceparent on h). It
-// returns nil when tracing is off.
-func (r *Runner) startBatchSpan(entries []*batchEntry, h http.Header) *attemptSpan {
-	if r.o.Tracer == nil {
-		return nil
-	}
-	links := make([]trace.Link, 0, len(entries))
-	for _, e := range entries {
-		if e.span != nil {
-			links = append(links, trace.LinkFromContext(e.span.ctx))
-		}
-	}
-	ctx, span := r.o.Tracer.Start(context.Background(), "send "+r.o.Stream+" batch",
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "nats"),
-			attribute.Int("messaging.batch.message_count", len(entries)),
-			attribute.String("courier.stream", r.o.Stream),
-		))
-	for _, e := range entries {
-		if e.span != nil {
-			e.span.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
-		}
-	}
-	r.propagator().Inject(ctx, propagation.HeaderCarrier(h))
-	return &attemptSpan{span: span, ctx: ctx}
+	return apphttp.Classify(err, retryable)
 }

@@ -1,15 +1,18 @@
 package proxy
 
-// The dedup check of a delivery's key (deliver calls checkKey): another
+// The dedup check of a delivery's key (deliver calls check): another
 // delivery of the key in this process is waited for, the store asked
 // (processed, new and now claimed, or claimed by another replica), and a
-// store that cannot answer holds deliveries until it can.
+// store that cannot answer holds deliveries until it can. A duplicate is
+// settled here (acked); a delivery that cannot be checked before courier
+// stops is given back.
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/courierhq/courier/internal/retry"
@@ -29,6 +32,29 @@ func storeKey(key string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
+// checker checks deliveries' keys against the dedup store. Safe for
+// concurrent use.
+type checker struct {
+	dd    Deduper
+	quick bool        // dd is a quickChecker: its Check is given no timeout
+	down  atomic.Bool // the dedup store failed its last check
+	gate  *gate
+	m     *metrics
+	hold  *holder
+	// settle acks a duplicate, gives back what cannot be checked, and
+	// owns the flights of the keys in this process.
+	settle  *settler
+	breaker *breaker
+}
+
+func newChecker(dd Deduper, g *gate, m *metrics, h *holder, s *settler, b *breaker) *checker {
+	c := &checker{dd: dd, gate: g, m: m, hold: h, settle: s, breaker: b}
+	if qc, ok := dd.(quickChecker); ok {
+		c.quick = qc.QuickCheck()
+	}
+	return c
+}
+
 // errClaimed: another replica's delivery of the key is under way.
 var errClaimed = errors.New("key claimed by another replica")
 
@@ -39,22 +65,22 @@ var checkWait = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Secon
 // checkOnce asks the store once about skey. A store that cannot answer
 // holds deliveries (causeStore) until one of its answers comes; a key another
 // replica holds is errClaimed.
-func (r *Runner) checkOnce(ctx context.Context, skey string) (verdict.Verdict, error) {
-	if !r.quickCheck {
+func (c *checker) once(ctx context.Context, skey string) (verdict.Verdict, error) {
+	if !c.quick {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	v, err := r.dd.Check(ctx, skey)
+	v, err := c.dd.Check(ctx, skey)
 	if err != nil {
-		r.m.dedupErrors.WithLabelValues("check").Inc()
-		if r.storeDown.CompareAndSwap(false, true) {
-			r.gate.hold(causeStore, "dedup store check failed: "+err.Error())
+		c.m.dedupErrors.WithLabelValues("check").Inc()
+		if c.down.CompareAndSwap(false, true) {
+			c.gate.hold(causeStore, "dedup store check failed: "+err.Error())
 		}
 		return v, err
 	}
-	if r.storeDown.Load() && r.storeDown.CompareAndSwap(true, false) {
-		r.gate.free(causeStore)
+	if c.down.Load() && c.down.CompareAndSwap(true, false) {
+		c.gate.free(causeStore)
 	}
 	if v == verdict.Claimed {
 		return v, errClaimed
@@ -64,11 +90,11 @@ func (r *Runner) checkOnce(ctx context.Context, skey string) (verdict.Verdict, e
 
 // checkAgain holds d (in progress, spending nothing) and asks the store
 // again with backoff until it answers, or d's wait ends.
-func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
-	r.countHeld(func() {
+func (c *checker) again(d *delivery) (v verdict.Verdict, err error) {
+	c.hold.count(func() {
 		err = retry.Do(d.wait, checkWait, func(ctx context.Context) error {
 			var cerr error
-			v, cerr = r.checkOnce(ctx, d.skey)
+			v, cerr = c.once(ctx, d.skey)
 			return cerr
 		}, func(err error, wait time.Duration) {
 			d.log.Debug("asking the dedup store again", "error", err, "in", wait.Round(time.Millisecond).String())
@@ -77,37 +103,36 @@ func (r *Runner) checkAgain(d *delivery) (v verdict.Verdict, err error) {
 	return v, err
 }
 
-// checkKey settles a duplicate, and reports whether the delivery goes on to
+// check settles a duplicate, and reports whether the delivery goes on to
 // the app. A delivery of the same key already running in this process is
 // waited for; so is another replica's claim. While the store cannot answer,
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
-func (r *Runner) checkKey(d *delivery) bool {
-	fl, dup, err := r.flights.claim(d.wait, d.skey, &d.own, func() { r.yieldProbe(d) })
+func (c *checker) check(d *delivery) bool {
+	fl, dup, err := c.settle.flights.claim(d.wait, d.skey, &d.own, func() { c.yieldProbe(d) })
 	if err != nil {
-		r.giveBack(d, "shutting down while a delivery of the same key ran")
+		c.settle.giveBack(d, afterLastPull, "shutting down while a delivery of the same key ran")
 		return false
 	}
 	d.fl = fl
 	if !dup {
 		// The common case asks the store once; the retry loop (and its
 		// closures) only when it could not answer.
-		v, err := r.checkOnce(d.wait, d.skey)
+		v, err := c.once(d.wait, d.skey)
 		if err != nil {
-			r.yieldProbe(d)
-			v, err = r.checkAgain(d)
+			c.yieldProbe(d)
+			v, err = c.again(d)
 		}
 		if err != nil {
-			r.flights.finish(d.skey, fl, false)
-			r.giveBack(d, "shutting down while the dedup store could not answer, or another replica held the key")
+			c.settle.flights.finish(d.skey, fl, false)
+			c.settle.giveBack(d, afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
 			return false
 		}
 		dup = v == verdict.Processed
 		d.claimed = v == verdict.New
 	}
 	if dup {
-		r.flights.finish(d.skey, fl, true)
-		r.ackDuplicate(d)
+		c.settle.duplicate(d)
 		return false
 	}
 	return true
@@ -118,9 +143,9 @@ func (r *Runner) checkKey(d *delivery) bool {
 // another replica's claim): a probe that waits would stop the probing for as
 // long, for good if what it waits for is itself held for a probe. d is then
 // held again before it is sent, if the gate is still closed (attempt).
-func (r *Runner) yieldProbe(d *delivery) {
+func (c *checker) yieldProbe(d *delivery) {
 	if d.probe {
 		d.probe = false
-		r.breaker.handOn()
+		c.breaker.handOn()
 	}
 }

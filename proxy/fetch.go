@@ -53,15 +53,15 @@ type queued struct {
 	size int64
 	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
 	// With order per key (order.go): the message's key, its stream
-	// sequence and when it began to wait in its key's line; released: the
+	// sequence and when it began to wait in its key's line; letGo: the
 	// line let it go, it is its key's head; ord, the lines it is in (of
 	// its partition, partition.go).
-	okey     string
-	seq      uint64
-	held     time.Time
-	released bool
-	ord      *orderer
-	epoch    uint64 // ord's epoch when it was admitted (unpinned)
+	okey  string
+	seq   uint64
+	held  time.Time
+	letGo bool
+	ord   *orderer
+	epoch uint64 // ord's epoch when it was admitted (unpinned)
 }
 
 // fetcher owns the pulls and the queue they fill: it is the only sender on
@@ -110,9 +110,9 @@ type fetcher struct {
 	// before run.
 	part *session
 	wrap func(jetstream.Msg) jetstream.Msg
-	// release gives a message back at once (Runner.release). Set once,
+	// giveBack gives a message back at once (settler.nakNow). Set once,
 	// before run, with order.
-	release func(m jetstream.Msg, why string)
+	giveBack func(m jetstream.Msg, why string)
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -174,8 +174,10 @@ func (f *fetcher) hasRoom(n int, b int64) bool {
 // errDisconnected: no pull is sent while the connection is down.
 var errDisconnected = errors.New("not connected to NATS")
 
-// errConsumerGone marks the end of fetching for good.
-var errConsumerGone = errors.New("consumer deleted")
+// ErrConsumerGone is what Run returns, wrapped, when the consumer it reads
+// (or a partition's) was deleted: fetching has ended for good, and running
+// again needs the consumer made anew.
+var ErrConsumerGone = errors.New("consumer deleted")
 
 // run pulls until ctx ends or the consumer is gone, then closes the queue.
 // It pauses while the gate is closed, and backs off while pulls fail.
@@ -469,7 +471,7 @@ func (f *fetcher) consumerGone(ctx context.Context, err error) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: %w", errConsumerGone, err)
+	return fmt.Errorf("%w: %w", ErrConsumerGone, err)
 }
 
 // queueSize is m's size as counted against the queue's byte budget.

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -76,7 +77,13 @@ type gate struct {
 	now  func() time.Time
 	// changed is called, outside the lock, once per transition of a cause.
 	changed func(c cause, held bool, reason string, heldFor time.Duration)
+	// prober holds and frees causeApp by the app's health (runProber);
+	// set once, before runProber.
+	prober *prober
 }
+
+// runProber runs the gate's prober until ctx ends.
+func (g *gate) runProber(ctx context.Context) { g.prober.run(ctx) }
 
 type holdState struct {
 	total  time.Duration // held before, in all
@@ -84,6 +91,37 @@ type holdState struct {
 	reason string
 	since  time.Time
 	ch     chan struct{} // closed while this cause is held
+}
+
+// gateLog logs and counts each change of a cause that holds deliveries:
+// one line when it starts, one when it ends.
+type gateLog struct {
+	m     *metrics
+	log   *slog.Logger
+	wasUp atomic.Bool // the app has been available at least once
+}
+
+// changed is the gate's changed.
+func (l *gateLog) changed(c cause, held bool, reason string, heldFor time.Duration) {
+	l.m.held.WithLabelValues(c.Label()).Set(b2f(held))
+	if c == causeApp {
+		l.m.appUp.Set(b2f(!held))
+	}
+	took := heldFor.Round(time.Millisecond).String()
+	switch {
+	case c == causeApp && held && !l.wasUp.Load():
+		// Gated start-up: waiting, not an outage.
+	case c == causeApp && held:
+		l.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
+	case c == causeApp && !l.wasUp.Swap(true):
+		l.log.Info("app healthy: fetching", "waited", took)
+	case c == causeApp:
+		l.log.Info("app available again", "down_for", took)
+	case held:
+		l.log.Warn(c.stopLine(), "reason", reason)
+	default:
+		l.log.Info(c.resumeLine(), "held_for", took)
+	}
 }
 
 func newGate(now func() time.Time, changed func(cause, bool, string, time.Duration)) *gate {

@@ -24,33 +24,34 @@ import "net/http"
 // gate is open and it is not the breaker's probe, which goes on its worker,
 // waiting for its part (batcher.submit).
 
-// takePlace waits for a free place (with batches; else it returns at once).
-func (r *Runner) takePlace() {
-	if r.places != nil {
-		r.places <- struct{}{}
+// takePlace waits for a free place. Without batches (b is nil) it
+// returns at once.
+func (b *batcher) takePlace() {
+	if b != nil {
+		b.places <- struct{}{}
 	}
 }
 
 // givePlace frees a place taken by takePlace.
-func (r *Runner) givePlace() {
-	if r.places != nil {
-		<-r.places
+func (b *batcher) givePlace() {
+	if b != nil {
+		<-b.places
 	}
 }
 
 // handOff hands d, sent with the entry headers h and content type ct, to
 // the next batch if it may go now without waiting (see above), and reports
 // whether it did. Run waits for it as for a worker, until it is settled.
-func (r *Runner) handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool {
-	if r.batcher == nil || d.probe || !r.open() || r.ph.requests.Err() != nil {
+func (b *batcher) handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool {
+	if d.probe || !b.hold.open() || b.ph.requests.Err() != nil {
 		return false
 	}
 	span.request()
 	d.handedOff = true
-	r.workers.Add(1) // a worker holds its own count: the count is above zero
+	b.workers.Add(1) // a worker holds its own count: the count is above zero
 	e := &d.entry
 	*e = batchEntry{d: d, h: h, ct: ct, span: span}
-	r.batcher.add(e)
+	b.add(e)
 	return true
 }
 
@@ -64,10 +65,10 @@ func (r *Runner) answer(e *batchEntry, res batchResult) {
 	d, h, ct, span := e.d, e.h, e.ct, e.span
 	out := r.decide(d, res.err, res.took)
 	if out == outDelivered && r.o.Success == nil || out == outRetry && !d.claimed {
-		r.settleAnswer(d, span, out, res.err, res.answer, res.took)
+		r.settle.end(d, r.endingOf(d, span, out, res.err, res.answer, res.took))
 		span.end(res.err)
 		if out != outDelivered {
-			r.unclaim(d)
+			r.settle.unclaim(d)
 		}
 		r.handedOffSettled(d)
 		return
@@ -86,7 +87,7 @@ func (r *Runner) answer(e *batchEntry, res batchResult) {
 func (r *Runner) handedOffSettled(d *delivery) {
 	r.probeDone(d)
 	if !d.detached {
-		r.givePlace()
+		r.batcher.givePlace()
 	}
 	r.workers.Done()
 }

@@ -15,7 +15,7 @@ import (
 func TestBatchOneWorkerFillsBatches(t *testing.T) {
 	e := setup(t)
 	var atApp, overlapped atomic.Int32
-	a := newBatchApp(t, e, func([]batchEntry, int) (int, http.Header, string) {
+	a := newBatchApp(t, e, func([]wireEntry, int) (int, http.Header, string) {
 		if atApp.Add(1) > 1 {
 			overlapped.Add(1)
 		}

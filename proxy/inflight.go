@@ -1,12 +1,8 @@
 package proxy
 
 import (
-	"errors"
-	"net/http"
-
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/proxy/limit"
 )
 
@@ -35,38 +31,9 @@ func reasonOf(d *delivery) limit.Reason {
 	return limit.Deliver
 }
 
-// outcomeOf is what a request's err tells the limiter: an answer's time
-// is a sample only for a 2xx; 429 and 503 say the app is overloaded, a
-// timeout that it could not keep up; an app that could not be reached, a
-// connection lost, or a request abandoned at shutdown tell nothing of how
-// long the app takes.
-func (r *Runner) outcomeOf(err error) limit.Outcome {
-	if err == nil {
-		return limit.Success
-	}
-	if r.ph.requests.Err() != nil {
-		return limit.Dropped
-	}
-	var ae *apphttp.AppError
-	if !errors.As(err, &ae) {
-		return limit.Dropped
-	}
-	switch ae.Kind {
-	case apphttp.KindStatus:
-		if ae.Status == http.StatusTooManyRequests || ae.Status == http.StatusServiceUnavailable {
-			return limit.Overload
-		}
-		return limit.Failed
-	case apphttp.KindTimeout:
-		return limit.Timeout
-	}
-	return limit.Dropped
-}
-
 // registerInflightMetrics registers what the limiter shows, read at
 // scrape.
-func (r *Runner) registerInflightMetrics(reg prometheus.Registerer) {
-	l := r.inflight
+func registerInflightMetrics(reg prometheus.Registerer, l *limit.Limiter) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_inflight_limit",

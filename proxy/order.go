@@ -21,8 +21,8 @@ import (
 // head and is delivered as any message; if not, it waits in the key's line,
 // in stream order, kept in progress by the tracker, spending nothing. When
 // the head is settled for good (acked, acked as a duplicate,
-// dead-lettered), the next message of its line is released to the workers
-// (ready). A head that is retried (NAK'd with a delay) stays the key's
+// dead-lettered), the next message of its line is let go to the workers
+// (letGo). A head that is retried (NAK'd with a delay) stays the key's
 // head: JetStream redelivers it, and the line waits for it. Other keys and
 // messages without a key go on in parallel. What waits is bounded by
 // COURIER_MAX_ACK_PENDING (the server hands out no more) and, in bytes, by
@@ -40,7 +40,7 @@ type orderer struct {
 	key orderkey.Key
 	now func() time.Time
 	log func(full bool) // told when the bound is reached and left
-	rel *releases       // where a settled head's successor goes
+	rel *letGo          // where a settled head's successor goes
 	// untrack, when set, stops keeping a message in progress (tracker): a
 	// waiting copy replaced by its redelivery. Set once, before use.
 	untrack func(jetstream.Msg)
@@ -103,32 +103,32 @@ type keyLine struct {
 	retained bool
 }
 
-func newOrderer(key orderkey.Key, now func() time.Time, rel *releases, log func(full bool)) *orderer {
+func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
 	o := &orderer{key: key, now: now, rel: rel, log: log, lines: make(map[string]*keyLine),
 		room: make(chan struct{})}
 	close(o.room)
 	return o
 }
 
-// releases are the messages their keys' lines let go, for the next free
+// letGo holds the messages their keys' lines let go, for the next free
 // worker, from every orderer of the runner. Safe for concurrent use.
-type releases struct {
+type letGo struct {
 	mu    sync.Mutex
 	ready []queued
 	wake  chan struct{} // signalled when there may be one to take
 }
 
-func newReleases() *releases { return &releases{wake: make(chan struct{}, 1)} }
+func newLetGo() *letGo { return &letGo{wake: make(chan struct{}, 1)} }
 
-func (rl *releases) push(q queued) {
+func (rl *letGo) push(q queued) {
 	rl.mu.Lock()
 	rl.ready = append(rl.ready, q)
 	rl.mu.Unlock()
 	rl.signal()
 }
 
-// pop returns a released message, if any.
-func (rl *releases) pop() (queued, bool) {
+// pop returns a message let go, if any.
+func (rl *letGo) pop() (queued, bool) {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if len(rl.ready) == 0 {
@@ -142,8 +142,8 @@ func (rl *releases) pop() (queued, bool) {
 	return q, true
 }
 
-// take removes and returns the released messages of o's lines.
-func (rl *releases) take(o *orderer) []queued {
+// take removes and returns the messages o's lines let go.
+func (rl *letGo) take(o *orderer) []queued {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	var out []queued
@@ -157,7 +157,7 @@ func (rl *releases) take(o *orderer) []queued {
 	return out
 }
 
-func (rl *releases) signal() {
+func (rl *letGo) signal() {
 	select {
 	case rl.wake <- struct{}{}:
 	default:
@@ -204,7 +204,7 @@ func (o *orderer) admit(q *queued) bool {
 }
 
 // enter reports whether q, of key k at stream sequence seq, may be
-// delivered now; if not, it waits in k's line until released.
+// delivered now; if not, it waits in k's line until let go.
 func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -258,7 +258,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 }
 
 // settled ends the head seq of key k for good (acked, a duplicate,
-// dead-lettered): the next message of its line, if any, is released. It
+// dead-lettered): the next message of its line, if any, is let go. It
 // returns how many were waiting behind it.
 func (o *orderer) settled(k string, seq uint64) int {
 	o.mu.Lock()
@@ -300,7 +300,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 		l.marked = false
 		o.marks.set(k, ordermark.Mark{})
 	}
-	next.released = true
+	next.letGo = true
 	o.waiting--
 	o.bytes -= next.size
 	o.rel.push(next)
@@ -409,7 +409,7 @@ func (o *orderer) waitingBehind(k string) int {
 	return 0
 }
 
-// drain returns every message still waiting or released, in stream order,
+// drain returns every message still waiting or let go, in stream order,
 // and forgets them: at shutdown they are given back in that order, so that
 // JetStream redelivers them in it.
 func (o *orderer) drain() []queued {
@@ -523,9 +523,9 @@ func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
 	return keys, o.waiting + len(o.barrier), longest
 }
 
-// orderStats is stats over the runner's orderers.
-func (r *Runner) orderStats() (keys, msgs int, longest time.Duration) {
-	for _, o := range r.orderers() {
+// orderStats is stats over the source's orderers.
+func (s *source) orderStats() (keys, msgs int, longest time.Duration) {
+	for _, o := range s.orderers() {
 		k, n, l := o.stats()
 		keys, msgs, longest = keys+k, msgs+n, max(longest, l)
 	}
@@ -533,19 +533,19 @@ func (r *Runner) orderStats() (keys, msgs int, longest time.Duration) {
 }
 
 // registerOrderMetrics registers what the lines show, read at scrape.
-func (r *Runner) registerOrderMetrics(reg prometheus.Registerer) {
+func (s *source) registerOrderMetrics(reg prometheus.Registerer) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_keys_waiting",
 			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
-		}, func() float64 { k, _, _ := r.orderStats(); return float64(k) }),
+		}, func() float64 { k, _, _ := s.orderStats(); return float64(k) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_messages_waiting",
 			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
-		}, func() float64 { _, n, _ := r.orderStats(); return float64(n) }),
+		}, func() float64 { _, n, _ := s.orderStats(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "courier_order_longest_wait_seconds",
 			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
-		}, func() float64 { _, _, d := r.orderStats(); return d.Seconds() }),
+		}, func() float64 { _, _, d := s.orderStats(); return d.Seconds() }),
 	)
 }

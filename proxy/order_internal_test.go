@@ -18,7 +18,7 @@ func testOrderer(t *testing.T) (*orderer, *[]jetstream.Msg) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := newOrderer(key, time.Now, newReleases(), func(bool) {})
+	o := newOrderer(key, time.Now, newLetGo(), func(bool) {})
 	var untracked []jetstream.Msg
 	o.untrack = func(m jetstream.Msg) { untracked = append(untracked, m) }
 	return o, &untracked
@@ -92,20 +92,20 @@ func TestOrderHeldUntilThePullIsIn(t *testing.T) {
 		}
 	}
 	if q, ok := o.rel.pop(); ok {
-		t.Fatalf("%d released while held", q.seq)
+		t.Fatalf("%d let go while held", q.seq)
 	}
 	o.open(false)
 	var order []uint64
 	for range 4 {
 		q, ok := o.rel.pop()
 		if !ok {
-			t.Fatalf("released %v, then nothing", order)
+			t.Fatalf("let go %v, then nothing", order)
 		}
 		order = append(order, q.seq)
 		o.settled("k", q.seq)
 	}
 	if fmt.Sprint(order) != "[1 2 3 4]" {
-		t.Errorf("released in the order %v, want [1 2 3 4]", order)
+		t.Errorf("let go in the order %v, want [1 2 3 4]", order)
 	}
 }
 

@@ -149,7 +149,7 @@ func (o *orderer) lift() {
 	}
 	for _, q := range held {
 		if o.enter(q, q.okey, q.seq) {
-			q.released = true
+			q.letGo = true
 			o.rel.push(q)
 		}
 	}
@@ -378,22 +378,22 @@ func orderBarrier(ackWait time.Duration) time.Duration { return ackWait + 2*time
 // startOrder reads the marks and raises the barrier (the consumer's state
 // decides), then runs the marker and the lifting of the barrier on loops
 // until it ends.
-func (r *Runner) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup) {
+func (s *source) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup, log *slog.Logger, o Options) {
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	floor, pending := uint64(0), 1 // unknown: as if another courier held messages
-	if info, err := r.fetch.cons.Info(ictx); err == nil {
+	if info, err := s.fetch.cons.Info(ictx); err == nil {
 		floor, pending = info.AckFloor.Stream, info.NumAckPending
 	}
-	if err := r.order.load(ictx, floor, pending, orderBarrier(r.o.AckWait)); err != nil {
-		r.log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
+	if err := s.order.load(ictx, floor, pending, orderBarrier(o.AckWait)); err != nil {
+		log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
 	}
-	if r.order.marks != nil {
+	if s.order.marks != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.order.marks.run(loops) }()
+		go func() { defer wg.Done(); s.order.marks.run(loops) }()
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); liftLoop(loops, r.order) }()
+	go func() { defer wg.Done(); liftLoop(loops, s.order) }()
 }
 
 // liftLoop lets o's barrier down and gives up on stale heads (lift) every

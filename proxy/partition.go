@@ -4,13 +4,13 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A durable split into partitions by its ordering key
@@ -57,10 +57,19 @@ type Assignment interface {
 }
 
 // partitions are the sessions of the partitions this runner pulls from or
-// is handing on.
+// is handing on. They hold no pointer to the runner: they are given what
+// their fetchers and lines need, the settler to give messages back, and
+// Run's phases when Run starts them.
 type partitions struct {
-	r      *Runner
 	o      Partitions
+	opts   Options
+	log    *slog.Logger
+	track  *tracker
+	gate   *gate
+	hold   *holder     // noProbe, for the fetchers
+	settle *settler    // gives back what a partition handed on cannot finish
+	rel    *letGo      // what the sessions' lines let go
+	ph     *phases     // set by run
 	merged chan queued // the workers' queue, fed by every session's fetcher
 
 	mu       sync.Mutex
@@ -88,8 +97,8 @@ type session struct {
 	finish    sync.Once
 }
 
-func newPartitions(r *Runner, o Partitions) *partitions {
-	return &partitions{r: r, o: o, merged: make(chan queued), sessions: map[int]*session{},
+func newPartitions(o Partitions, opts Options, log *slog.Logger, track *tracker, g *gate, h *holder, s *settler, rel *letGo) *partitions {
+	return &partitions{o: o, opts: opts, log: log, track: track, gate: g, hold: h, settle: s, rel: rel, merged: make(chan queued), sessions: map[int]*session{},
 		ended: make(chan struct{}, 1), fatal: make(chan error, len(o.Consumers))}
 }
 
@@ -97,7 +106,8 @@ func newPartitions(r *Runner, o Partitions) *partitions {
 // ends or a partition's consumer is gone; it returns once every fetcher's
 // last pull has ended. The merged queue is closed once the fetchers' queues
 // are empty.
-func (ps *partitions) run(ctx, loops context.Context) error {
+func (ps *partitions) run(ctx, loops context.Context, ph *phases) error {
+	ps.ph = ph
 	var fatal error
 	for fatal == nil && ctx.Err() == nil {
 		want, changed := ps.o.Assignment.Assigned()
@@ -141,17 +151,16 @@ func (ps *partitions) reconcile(ctx, loops context.Context, want []int) {
 
 // start begins pulling from partition i. Called with mu held.
 func (ps *partitions) start(ctx, loops context.Context, i int) *session {
-	r := ps.r
 	s := &session{i: i, ps: ps, fetched: make(chan struct{})}
-	log := r.log.With("partition", i)
-	f := newFetcher(ps.o.Consumers[i], r.track, r.gate, log, r.o, true)
-	f.group, f.part, f.noProbe, f.release = r.o.PriorityGroup, s, r.noProbe, r.release
+	log := ps.log.With("partition", i)
+	f := newFetcher(ps.o.Consumers[i], ps.track, ps.gate, log, ps.opts, true)
+	f.group, f.part, f.noProbe, f.giveBack = ps.opts.PriorityGroup, s, ps.hold.noProbe, ps.settle.nakNow
 	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
-	s.order = newOrderer(r.o.OrderKey, r.o.Now, r.rel, r.orderFull)
-	s.order.untrack = r.track.remove
-	s.order.markWait = orderBarrier(r.o.AckWait)
+	s.order = newOrderer(ps.opts.OrderKey, ps.opts.Now, ps.rel, orderFull(ps.log))
+	s.order.untrack = ps.track.remove
+	s.order.markWait = orderBarrier(ps.opts.AckWait)
 	if ps.o.Marks != nil {
 		if st := ps.o.Marks(i); st != nil {
 			s.order.marks = newMarker(st, log)
@@ -200,16 +209,14 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 // first, Run's shutdown finishes the session.
 func (ps *partitions) handOn(s *session, loops context.Context) {
 	defer ps.wg.Done()
-	r := ps.r
 	s.stopFetch()
 	<-s.fetched
 	for _, q := range s.order.handOn() {
-		meta, err := q.m.Metadata()
-		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier")
+		ps.settle.giveBack(ps.settle.make.message(q.m), unpulled, "its partition is handed to another courier")
 	}
 	s.f.log.Debug("handing the partition on once what it holds is settled", "held", s.held.Load())
 	s.f.holdPin(loops, func() bool { return s.held.Load() == 0 }, func(m jetstream.Msg) {
-		r.release(m, "its partition is handed to another courier")
+		ps.settle.giveBack(ps.settle.make.message(m), nakNow, "its partition is handed to another courier")
 	})
 	if loops.Err() != nil {
 		return
@@ -234,7 +241,7 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 	s.finish.Do(func() {
 		s.stopLoops()
 		s.loopsDone.Wait()
-		if s.held.Load() != 0 || ps.r.ph.requests.Err() != nil {
+		if s.held.Load() != 0 || ps.ph.requests.Err() != nil {
 			return
 		}
 		// Clean only if this courier knew every key's first unsettled
@@ -290,7 +297,7 @@ func (ps *partitions) all() []*session {
 
 // drainAndFinish gives back, at Run's shutdown, what every session's lines
 // still hold, in the work stream's order, then finishes each session.
-func (ps *partitions) drainAndFinish(ctx context.Context) {
+func (ps *partitions) drainAndFinish(ctx context.Context, giveBack func(jetstream.Msg)) {
 	ps.mu.Lock()
 	all := ps.all()
 	ps.mu.Unlock()
@@ -300,8 +307,7 @@ func (ps *partitions) drainAndFinish(ctx context.Context) {
 	}
 	slices.SortFunc(left, func(a, b queued) int { return cmp.Compare(a.seq, b.seq) })
 	for _, q := range left {
-		meta, err := q.m.Metadata()
-		ps.r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
+		giveBack(q.m)
 	}
 	for _, s := range all {
 		ps.finishSession(ctx, s)
@@ -346,10 +352,10 @@ func (ps *partitions) orderers() []*orderer {
 // id the server gave it (its consumer's priority group state names it):
 // `courier status` matches them. Nil without partitions.
 func (r *Runner) Pins() map[int]string {
-	if r.parts == nil {
+	if r.src.parts == nil {
 		return nil
 	}
-	ps := r.parts
+	ps := r.src.parts
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	out := map[int]string{}
@@ -359,16 +365,4 @@ func (r *Runner) Pins() map[int]string {
 		}
 	}
 	return out
-}
-
-// registerPartitionMetrics registers courier_order_partitions_held.
-func (r *Runner) registerPartitionMetrics(reg prometheus.Registerer) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "courier_order_partitions_held",
-		Help: "Partitions of the durable this courier pulls from or is handing on (COURIER_ORDER_PARTITIONS).",
-	}, func() float64 {
-		r.parts.mu.Lock()
-		defer r.parts.mu.Unlock()
-		return float64(len(r.parts.sessions))
-	}))
 }

@@ -32,10 +32,10 @@ type phases struct {
 type lane struct {
 	noStart, requests context.Context
 	// timer bounds the worker's requests (derived from requests); nil in
-	// lane0, whose deliveries send none.
+	// the zero lane of a delivery only given back (keyer.message).
 	timer *requestTimer
 	// batchDone answers the worker's delivery in a batch (batcher.submit),
-	// one at a time; nil in lane0.
+	// one at a time; nil in the zero lane.
 	batchDone chan batchResult
 }
 
@@ -46,9 +46,6 @@ func (p *phases) lane() (l lane, stop func()) {
 	l.requests, c2 = context.WithCancel(p.requests)
 	return l, func() { c1(); c2() }
 }
-
-// lane0 is the shared contexts as a lane, for a delivery no worker runs.
-func (p *phases) lane0() lane { return lane{noStart: p.noStart, requests: p.requests} }
 
 // newPhases derives the phases from Run's context. stop releases them all.
 func newPhases(ctx context.Context) (p *phases, stop func()) {

@@ -75,7 +75,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 
 // endHold ends the wait checkPin began, once as many messages as the
 // consumer had out have arrived, or at the end of the pull. If they all
-// have, the wait of a start (Runner.startOrder) is over too: what it
+// have, the wait of a start (source.startOrder) is over too: what it
 // waits for is here. If the pull ended short of them, the rest are
 // elsewhere: held by another courier, or retried with a delay not yet run
 // out, or not due back from a courier that died until their ack wait runs
@@ -228,7 +228,7 @@ func (f *fetcher) checkUnpinned(err error) {
 	held := f.order.unpinned()
 	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
 	for _, q := range held {
-		f.release(q.m, "the durable's pin moved while it waited behind its key")
+		f.giveBack(q.m, "the durable's pin moved while it waited behind its key")
 	}
 }
 

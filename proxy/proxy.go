@@ -1,44 +1,17 @@
-// Package proxy owns one message's life in courier: its dedup key, the dedup
-// check, the HTTP request to the app, the classification of the answer, and
-// the ack / NAK-with-delay / dead-letter decision; plus the fetch loop and the
-// bounded worker pool around it, which hold what they have while the app (or
-// the dedup store) is unavailable. It knows nothing of Badger, of the shared
-// bucket or of how dead letters are stored: it declares Deduper,
-// DeadLetterer and OrderMarks and is given implementations. What it writes
-// through them is its own, though: besides idempotency keys, references.go
-// records the marks of reference dead letters in the Deduper, under keys no
-// idempotency key can be.
-//
-// A message travels through the files in this order: fetch.go (pulled,
-// tracked, queued; pin.go: a priority group's pin), order.go (with order per
-// key, held behind an earlier message of its key; ordermarks.go: that order
-// across restarts and takeovers), worker.go (taken by a worker, held while
-// the gate is closed), delivery.go (key, max age, dedup check, the request;
-// batcher.go: with batches, several in one request; handoff.go: settled by
-// their batch), request.go (the headers; the HTTP exchange and what its
-// answer means are apphttp's),
-// results.go (the success record), recorder.go (the key of a 2xx recorded),
-// settle.go (ack, NAK with a delay, dead letter, give back), references.go
-// (the originals of reference dead letters, not sent again). gate.go and
-// breaker.go decide whether courier may send (breaker.go's tickets: which
-// held message goes as the probe); tracker.go keeps held messages in
-// progress; phases.go names the steps of shutdown; trace.go makes each
-// attempt a span.
+// The Runner: it wires one subscription's path (New) and runs it (Run),
+// shutting down in the order phases.go names.
+
 package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"github.com/courierhq/courier/proxy/limit"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
@@ -86,56 +59,23 @@ type SuccessPublisher interface {
 // Runner consumes a durable consumer and delivers each message to the app.
 // Create it with New and call Run once.
 type Runner struct {
-	o   Options
-	dl  DeadLetterer
-	dd  Deduper // nil: dedup off
-	log *slog.Logger
-	m   *metrics
+	o      Options
+	log    *slog.Logger
+	m      *metrics
+	settle *settler
+	way    way // alone, or the batcher
+	trace  *tracing
 
-	fetch      *fetcher    // nil with partitions
-	parts      *partitions // nil without (partition.go)
-	queue      <-chan queued
-	took       func(queued) // told of each message a worker takes off queue; nil: none
-	rel        *releases    // nil: no order per key
-	track      *tracker
-	flights    *flights
-	gate       *gate
-	prober     *prober
-	breaker    *breaker
-	limiter    *rate.Limiter  // nil: no rate limit
-	batcher    *batcher       // nil: each message alone
-	places     chan struct{}  // with batches: a message held or an entry handed off (handoff.go)
-	inflight   *limit.Limiter // one slot per request at the app (inflight.go)
-	order      *orderer       // nil: no order per key
-	ph         *phases
-	quickCheck bool // dd is a quickChecker
-	refs       *referenceSet
-	refStore   seer     // dd, when it can tell a key without claiming it; else nil
-	targets    []target // AppURL's, then each route's (routes.go)
+	src     *source
+	track   *tracker
+	gate    *gate
+	breaker *breaker
+	batcher *batcher // nil: each message alone
+	ph      *phases
 
 	workers sync.WaitGroup
-	// recs hands delivered messages to the recorder, which lets each batch
-	// gather for linger (recordLinger).
-	recs      chan recJob
-	linger    time.Duration
-	recorders sync.WaitGroup
-	parked    atomic.Int64 // workers holding a message while the gate is closed
-	probers   atomic.Int64 // workers holding a message while the gate is closed: each may be the breaker's probe
-	// freshProbers: those of them holding a message on its first
-	// delivery, the probes that tell a healthy app (breaker.go).
-	freshProbers atomic.Int64
-	wasUp        atomic.Bool  // the app has been available at least once
-	storeDown    atomic.Bool  // the dedup store failed its last check
-	released     atomic.Int64 // messages given back (NAK'd without delay)
-
-	// Dead letters and success records the streams would not store yet,
-	// retried in the background (inBackground) while their messages are
-	// held in progress.
-	background     sync.WaitGroup
-	pendingDL      atomic.Int64
-	dlqErr         atomic.Pointer[error] // the last failure to store one
-	pendingSuccess atomic.Int64
-	successErr     atomic.Pointer[error]
+	hold    *holder
+	check   *checker // nil: dedup off
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -146,21 +86,12 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		return nil, err
 	}
 	r := &Runner{
-		o: o, dl: dl, dd: dd,
-		log:     o.Logger.With("component", "proxy"),
-		m:       newMetrics(o.Registerer, o.DeadLetterCounter),
-		recs:    make(chan recJob, maxRecordBatch),
-		linger:  recordLinger,
-		flights: newFlights(),
+		o:   o,
+		log: o.Logger.With("component", "proxy"),
+		m:   newMetrics(o.Registerer, o.DeadLetterCounter),
 	}
-	r.targets = newTargets(o)
-	if qc, ok := dd.(quickChecker); ok {
-		r.quickCheck = qc.QuickCheck()
-	}
-	r.refs = newReferenceSet()
-	if sr, ok := dd.(seer); ok {
-		r.refStore = sr
-	}
+	send := newSender(o, r.m)
+	r.trace = newTracing(o)
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",
@@ -173,112 +104,62 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		}, func() float64 { return r.gate.heldSeconds(c) }))
 	}
 	r.track = newTracker(o.AckWait, o.Now, r.m.inProgress.Inc)
-	r.gate = newGate(o.Now, r.gateChanged)
+	gl := &gateLog{m: r.m, log: r.log}
+	r.gate = newGate(o.Now, gl.changed)
+	r.settle = newSettler(o, r.log, r.m, r.track, dd, dl, r.gate)
 	if o.AppHealthURL != "" {
 		// Gated start-up: the app is not known to be healthy yet.
 		r.gate.hold(causeApp, "waiting for the app's health URL to answer 2xx")
 	} else {
-		r.wasUp.Store(true)
+		gl.wasUp.Store(true)
 	}
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
-	r.inflight = newInflight(o)
-	r.registerInflightMetrics(o.Registerer)
-	if o.BatchMax > 1 {
-		r.batcher = newBatcher(r)
-		r.places = make(chan struct{}, o.MaxInflight*o.BatchMax)
+	r.hold = &holder{gate: r.gate, breaker: r.breaker}
+	if dd != nil {
+		r.check = newChecker(dd, r.gate, r.m, r.hold, r.settle, r.breaker)
 	}
+	registerInflightMetrics(o.Registerer, send.inflight)
+	if o.BatchMax > 1 {
+		r.batcher = newBatcher(o, send, r, r.hold, &r.workers, r.trace, r.log)
+		r.way = r.batcher
+	} else {
+		var keep int64
+		if o.Success != nil {
+			keep = o.MaxPayload // the answer makes the success record
+		}
+		r.way = alone{s: send, keep: keep}
+	}
+	src := &source{}
+	r.src = src
 	switch {
 	case o.Partitions != nil:
-		r.rel = newReleases()
-		r.parts = newPartitions(r, *o.Partitions)
-		r.queue = r.parts.merged
-		r.registerOrderMetrics(o.Registerer)
-		r.registerPartitionMetrics(o.Registerer)
+		src.rel = newLetGo()
+		src.parts = newPartitions(*o.Partitions, o, r.log, r.track, r.gate, r.hold, r.settle, src.rel)
+		src.queue = src.parts.merged
+		src.registerOrderMetrics(o.Registerer)
+		src.registerPartitionMetrics(o.Registerer)
 	default:
-		r.fetch = newFetcher(cons, r.track, r.gate, r.log, o, false)
-		r.fetch.noProbe = r.noProbe
-		r.queue, r.took = r.fetch.queue, r.fetch.take
+		src.fetch = newFetcher(cons, r.track, r.gate, r.log, o, false)
+		src.fetch.noProbe = r.hold.noProbe
+		src.queue, src.took = src.fetch.queue, src.fetch.take
 		if o.OrderKey != nil {
-			r.rel = newReleases()
-			r.order = newOrderer(o.OrderKey, o.Now, r.rel, r.orderFull)
-			r.order.untrack = r.track.remove
-			r.fetch.order, r.fetch.group, r.fetch.release = r.order, o.PriorityGroup, r.release
+			src.rel = newLetGo()
+			src.order = newOrderer(o.OrderKey, o.Now, src.rel, orderFull(r.log))
+			src.order.untrack = r.track.remove
+			src.fetch.order, src.fetch.group, src.fetch.giveBack = src.order, o.PriorityGroup, r.settle.nakNow
 			if o.OrderMarks != nil {
-				r.order.marks = newMarker(o.OrderMarks, r.log)
+				src.order.marks = newMarker(o.OrderMarks, r.log)
 			}
-			r.registerOrderMetrics(o.Registerer)
+			src.registerOrderMetrics(o.Registerer)
 		}
-	}
-	if o.MaxRate > 0 {
-		// Burst 1: the cap holds over any window, not just on average.
-		r.limiter = rate.NewLimiter(rate.Limit(o.MaxRate), 1)
 	}
 	// The probe's client dials as the app's default client does (a unix://
 	// health URL to its socket) and redirects as the app's client does.
 	probeClient := apphttp.NewClient(apphttp.ClientOptions{MaxConns: 1})
 	probeClient.Timeout, probeClient.CheckRedirect = 5*time.Second, o.Client.CheckRedirect
-	r.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
-	r.prober.stamp = o.Stamp
+	r.gate.prober = newProber(r.gate, probeClient, o.AppURL, o.AppHealthURL, o.HealthInterval)
+	r.gate.prober.stamp = o.Stamp
 	return r, nil
-}
-
-// noProbe reports that the breaker alone holds deliveries and no fresh
-// message is held: the fetcher then pulls one, as retries make poor probes
-// (breaker.go, detach).
-func (r *Runner) noProbe() bool { return r.gate.onlyHeld(causeBreaker) && r.freshProbers.Load() == 0 }
-
-// orderFull logs when the messages waiting behind their keys reach their
-// bound, and when they are back under it.
-func (r *Runner) orderFull(full bool) {
-	if full {
-		r.log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
-	} else {
-		r.log.Info("messages waiting behind their keys back under the bound: fetching again")
-	}
-}
-
-// queued is how many messages wait in the fetch queues.
-func (r *Runner) queued() int {
-	if r.parts != nil {
-		return r.parts.queued()
-	}
-	return len(r.fetch.queue)
-}
-
-// orderers are the lines of order per key: the durable's, or each
-// partition's.
-func (r *Runner) orderers() []*orderer {
-	switch {
-	case r.parts != nil:
-		return r.parts.orderers()
-	case r.order != nil:
-		return []*orderer{r.order}
-	}
-	return nil
-}
-
-// gateChanged logs and counts each change of a cause that holds deliveries:
-// one line when it starts, one when it ends.
-func (r *Runner) gateChanged(c cause, held bool, reason string, heldFor time.Duration) {
-	r.m.held.WithLabelValues(c.Label()).Set(b2f(held))
-	if c == causeApp {
-		r.m.appUp.Set(b2f(!held))
-	}
-	took := heldFor.Round(time.Millisecond).String()
-	switch {
-	case c == causeApp && held && !r.wasUp.Load():
-		// Gated start-up: waiting, not an outage.
-	case c == causeApp && held:
-		r.log.Warn("app unavailable: holding messages and pausing fetching until it answers", "reason", reason)
-	case c == causeApp && !r.wasUp.Swap(true):
-		r.log.Info("app healthy: fetching", "waited", took)
-	case c == causeApp:
-		r.log.Info("app available again", "down_for", took)
-	case held:
-		r.log.Warn(c.stopLine(), "reason", reason)
-	default:
-		r.log.Info(c.resumeLine(), "held_for", took)
-	}
 }
 
 func b2f(b bool) float64 {
@@ -294,33 +175,27 @@ func (r *Runner) Ready() error {
 	if c, reason, held := r.gate.firstHeld(); held {
 		return fmt.Errorf("%s: %s", c.readyLine(), reason)
 	}
-	if r.parts != nil {
-		if err := r.parts.ready(); err != nil {
-			return err
-		}
-	} else if !r.fetch.bound.Load() {
-		return errors.New("consumer not bound")
+	if err := r.src.ready(); err != nil {
+		return err
 	}
-	if n := r.pendingDL.Load(); n > 0 {
-		why := "unknown error"
-		if e := r.dlqErr.Load(); e != nil {
-			why = (*e).Error()
-		}
-		return fmt.Errorf("%d dead letters cannot be stored (messages held, tried again): %s", n, why)
-	}
-	if n := r.pendingSuccess.Load(); n > 0 {
-		why := "unknown error"
-		if e := r.successErr.Load(); e != nil {
-			why = (*e).Error()
-		}
-		return fmt.Errorf("%d success records cannot be stored (messages held, tried again): %s", n, why)
-	}
-	return nil
+	return r.settle.ready()
 }
 
 // Released is how many messages were given back without delay (at shutdown,
 // or a message without metadata) since Run began.
-func (r *Runner) Released() int64 { return r.released.Load() }
+func (r *Runner) Released() int64 { return r.settle.released.Load() }
+
+// ReferenceStored reports whether the message at seq of the runner's stream
+// is the original of a reference dead letter this runner (or, through the
+// dedup store, an earlier run of courier or, with the shared store, any
+// replica) stored and left in its stream: it must not be delivered or
+// dead-lettered again. With dedup off only this process's marks are known.
+// An error means the dedup store could not answer. Safe for concurrent use,
+// also after Run has returned, as long as the dedup store is open: the
+// max-deliveries catch asks it (giveup.Options.ReferenceStored).
+func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) {
+	return r.settle.refs.stored(ctx, seq)
+}
 
 // Alive reports nil while the runner's loops respond.
 func (r *Runner) Alive() error {
@@ -335,11 +210,12 @@ func (r *Runner) Alive() error {
 // fetchWait), give back what was fetched but not started, let in-flight
 // requests finish within the grace period (and ack them), give back the
 // rest. It returns nil after a clean shutdown, or an error the runner cannot
-// recover from (the consumer was deleted).
+// recover from (the consumer was deleted: ErrConsumerGone).
 func (r *Runner) Run(ctx context.Context) error {
 	ph, release := newPhases(ctx)
 	defer release()
 	r.ph = ph
+	r.settle.start(ph)
 
 	// The tracker, the prober and the summary outlive the stop signal: held
 	// and in-flight messages stay in progress until they are settled, and
@@ -348,45 +224,30 @@ func (r *Runner) Run(ctx context.Context) error {
 	var loopsDone sync.WaitGroup
 	loopsDone.Add(3)
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
-	go func() { defer loopsDone.Done(); r.prober.run(loops) }()
+	go func() { defer loopsDone.Done(); r.gate.runProber(loops) }()
 	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
-	if r.fetch != nil {
-		loopsDone.Add(1)
-		go func() { defer loopsDone.Done(); r.fetch.watch(loops) }()
-	}
 	defer r.breaker.stop()
-	if r.order != nil {
-		r.startOrder(ctx, loops, &loopsDone)
-	}
+	r.src.start(ctx, loops, &loopsDone, r.log, r.o)
 
 	workers := r.o.MaxInflight
 	if r.batcher != nil {
 		// They hand their deliveries to batches, which settle them; places
 		// bound what they hold (handoff.go).
-		r.batcher.start()
+		r.batcher.start(ph)
 	}
 	r.workers.Add(workers)
 	for range workers {
 		go r.worker()
 	}
-	r.recorders.Add(1)
-	go r.recorder()
 
-	var fatal error
-	if r.parts != nil {
-		fatal = r.parts.run(ctx, loops)
-	} else {
-		fatal = r.fetch.run(ctx)
-	}
+	fatal := r.src.run(ctx, loops, ph)
 	if fatal != nil {
 		fatal = fmt.Errorf("consumer %q on stream %q: %w", r.o.Consumer, r.o.Stream, fatal)
 	}
 	r.shutdown(loops)
 	stopLoops()
 	loopsDone.Wait()
-	if r.parts != nil {
-		r.parts.wg.Wait()
-	}
+	r.src.wait()
 	return fatal
 }
 
@@ -417,20 +278,11 @@ func (r *Runner) shutdown(loops context.Context) {
 	// Dead letters and success records still being retried give their
 	// messages back (fetched has ended); the recorder finishes what it was
 	// given; then the loops stop, the summary last.
-	r.background.Wait() // may still hand a delivery to the recorder
-	close(r.recs)
-	r.recorders.Wait()
+	r.settle.stop()
 	// Messages still waiting behind their keys go back in stream order, so
-	// that JetStream redelivers them in it.
-	if r.order != nil {
-		for _, q := range r.order.drain() {
-			meta, err := q.m.Metadata()
-			r.giveBackMsg(q.m, meta, err, "shutting down while it waited behind its key")
-		}
-	}
-	// Each partition, holding nothing now, is given up for the next
-	// courier to take at once (partition.go).
-	if r.parts != nil {
-		r.parts.drainAndFinish(loops)
-	}
+	// that JetStream redelivers them in it; each partition, holding nothing
+	// now, is given up for the next courier to take at once (partition.go).
+	r.src.drain(loops, func(m jetstream.Msg) {
+		r.settle.giveBack(r.settle.make.message(m), afterLastPull, "shutting down while it waited behind its key")
+	})
 }

@@ -33,19 +33,19 @@ const recordLinger = time.Millisecond
 // successive messages together (group commit) and the batches grow with the
 // load: while one commits, the next gathers. Each message is acked only
 // after its key is recorded.
-func (r *Runner) recorder() {
-	defer r.recorders.Done()
+func (s *settler) recorder() {
+	defer s.recorders.Done()
 	batch := make([]recJob, 0, maxRecordBatch)
 	keys := make([]string, 0, maxRecordBatch)
-	for j := range r.recs {
+	for j := range s.recs {
 		batch = append(batch[:0], j)
-		if !r.keyWaits(j.d) {
-			time.Sleep(r.linger)
+		if !keyWaits(j.d) {
+			time.Sleep(s.linger)
 		}
 	fill:
 		for len(batch) < maxRecordBatch {
 			select {
-			case j, ok := <-r.recs:
+			case j, ok := <-s.recs:
 				if !ok {
 					break fill
 				}
@@ -55,27 +55,27 @@ func (r *Runner) recorder() {
 			}
 		}
 		var err error
-		if r.dd != nil {
+		if s.dd != nil {
 			keys = keys[:0]
 			for _, j := range batch {
 				keys = append(keys, j.d.skey)
 			}
 			// Not the requests phase: a 2xx that arrived as the grace
 			// period ended is recorded all the same.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
-			err = r.dd.Record(ctx, keys...)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ph.requests), 10*time.Second)
+			err = s.dd.Record(ctx, keys...)
 			cancel()
 		}
 		if err != nil {
 			// The effect happened: calling the app again would surely
 			// duplicate it, so the messages are acked anyway.
-			r.m.dedupErrors.WithLabelValues("record").Add(float64(len(batch)))
+			s.m.dedupErrors.WithLabelValues("record").Add(float64(len(batch)))
 		}
 		for _, j := range batch {
 			if err != nil {
 				j.d.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
 			}
-			r.acked(j.d, j.took)
+			s.acked(j.d, j.took)
 			if b := j.d.records; b != nil {
 				j.d.records = nil
 				b.done()
@@ -88,6 +88,6 @@ func (r *Runner) recorder() {
 // keyWaits reports whether later messages of d's ordering key wait for d's
 // ack (order.go): the recorder then lets no batch gather, as each of them
 // would wait for it in turn.
-func (r *Runner) keyWaits(d *delivery) bool {
+func keyWaits(d *delivery) bool {
 	return d.ord != nil && d.okey != "" && d.ord.waitingBehind(d.okey) > 0
 }

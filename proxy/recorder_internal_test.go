@@ -74,7 +74,7 @@ func TestRecorderGathersSuccessiveMessages(t *testing.T) {
 	}
 	// Long enough for the app to answer every message, one at a time,
 	// before the first batch is recorded.
-	r.linger = 5 * time.Second
+	r.settle.linger = 5 * time.Second
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = r.Run(rctx); close(done) }()

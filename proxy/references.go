@@ -24,6 +24,8 @@ import (
 // dedup store too, under a key no idempotency key can be, where it
 // survives a restart and, in the shared store, is seen by every replica.
 // The mark is asked only on redeliveries: a first delivery pays nothing.
+// The settler (settle.go) marks an original when it stores its reference
+// dead letter, and gives its redeliveries back (referenced).
 
 // maxReferences bounds the marks kept in memory; the oldest is forgotten
 // first. Each original needs its mark only until JetStream's budget is
@@ -79,40 +81,55 @@ func (s *referenceSet) has(seq uint64) bool {
 	return ok
 }
 
-// referenceKey is the dedup store key of the mark of the message at seq.
-// The stream's creation time is in it, as in a derived key: a stream made
-// again starts its sequences over.
-func (r *Runner) referenceKey(seq uint64) string {
-	return referenceKeyPrefix + dlq.DerivedKey(r.o.Stream, r.o.StreamCreated, seq)
+// references are the marks of the originals of stored reference dead
+// letters: in memory (set), and in the dedup store when it can tell a key
+// without claiming it (store). Safe for concurrent use.
+type references struct {
+	set        *referenceSet
+	store      seer    // dd, when it can tell a key without claiming it; else nil
+	dd         Deduper // records a mark in the store, if store is not nil
+	stream     string
+	created    time.Time
+	maxPayload int64
+	termKeeps  bool // a Term keeps the message in its stream: no mark is needed
 }
 
-// markReference marks d's original as one whose reference dead letter is
-// stored. A mark the store cannot record is kept in memory only, and logged.
-func (r *Runner) markReference(ctx context.Context, d *delivery) {
+func newReferences(o Options, dd Deduper) *references {
+	rs := &references{set: newReferenceSet(), dd: dd, stream: o.Stream, created: o.StreamCreated,
+		maxPayload: o.MaxPayload, termKeeps: o.TermKeepsMessage}
+	if sr, ok := dd.(seer); ok {
+		rs.store = sr
+	}
+	return rs
+}
+
+// key is the dedup store key of the mark of the message at seq. The
+// stream's creation time is in it, as in a derived key: a stream made again
+// starts its sequences over.
+func (rs *references) key(seq uint64) string {
+	return referenceKeyPrefix + dlq.DerivedKey(rs.stream, rs.created, seq)
+}
+
+// mark marks d's original as one whose reference dead letter is stored. A
+// mark the store cannot record is kept in memory only, and logged.
+func (rs *references) mark(ctx context.Context, d *delivery) {
 	seq := d.meta.Sequence.Stream
-	r.refs.add(seq)
-	if r.refStore == nil {
+	rs.set.add(seq)
+	if rs.store == nil {
 		return
 	}
-	if err := r.dd.Record(ctx, r.referenceKey(seq)); err != nil {
+	if err := rs.dd.Record(ctx, rs.key(seq)); err != nil {
 		d.log.Warn("cannot record in the dedup store that the message's reference dead letter is stored; only this process remembers it",
 			"error", err)
 	}
 }
 
-// ReferenceStored reports whether the message at seq of the runner's stream
-// is the original of a reference dead letter this runner (or, through the
-// dedup store, an earlier run of courier or, with the shared store, any
-// replica) stored and left in its stream: it must not be delivered or
-// dead-lettered again. With dedup off only this process's marks are known.
-// An error means the dedup store could not answer. Safe for concurrent use,
-// also after Run has returned, as long as the dedup store is open: the
-// max-deliveries catch asks it (giveup.Options.ReferenceStored).
-func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) {
-	if r.refs.has(seq) {
+// stored is Runner.ReferenceStored.
+func (rs *references) stored(ctx context.Context, seq uint64) (bool, error) {
+	if rs.set.has(seq) {
 		return true, nil
 	}
-	if r.refStore == nil {
+	if rs.store == nil {
 		return false, nil
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -120,11 +137,21 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	ok, err := r.refStore.Seen(ctx, r.referenceKey(seq))
+	ok, err := rs.store.Seen(ctx, rs.key(seq))
 	if ok {
-		r.refs.add(seq)
+		rs.set.add(seq)
 	}
 	return ok, err
+}
+
+// marked reports whether d may be the original of a stored reference dead
+// letter (a redelivery, on a stream where a Term removes it, large enough)
+// and is marked as one. Only those ask the store.
+func (rs *references) marked(ctx context.Context, d *delivery) (bool, error) {
+	if d.attempt <= 1 || rs.termKeeps || !mayBeReference(d.m, rs.maxPayload) {
+		return false, nil
+	}
+	return rs.stored(ctx, d.meta.Sequence.Stream)
 }
 
 // referenced settles a redelivery of the original of a stored reference
@@ -132,8 +159,8 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 // when its dead letter was stored, without calling the app, until JetStream's
 // budget is spent. A store that cannot answer lets the delivery go on (the
 // dedup check that follows holds it while the store is down).
-func (r *Runner) referenced(d *delivery) bool {
-	ok, err := r.marked(d.wait, d)
+func (s *settler) referenced(d *delivery) bool {
+	ok, err := s.refs.marked(d.wait, d)
 	if err != nil {
 		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
 		return false
@@ -141,27 +168,17 @@ func (r *Runner) referenced(d *delivery) bool {
 	if !ok {
 		return false
 	}
-	r.giveBackReferenced(d)
+	s.giveBackReferenced(d)
 	return true
-}
-
-// marked reports whether d may be the original of a stored reference dead
-// letter (a redelivery, on a stream where a Term removes it, large enough)
-// and is marked as one. Only those ask the store.
-func (r *Runner) marked(ctx context.Context, d *delivery) (bool, error) {
-	if d.attempt <= 1 || r.o.TermKeepsMessage || !mayBeReference(d.m, r.o.MaxPayload) {
-		return false, nil
-	}
-	return r.ReferenceStored(ctx, d.meta.Sequence.Stream)
 }
 
 // giveBackReferenced NAKs the original of a stored reference dead letter
 // with BackoffMax; it was counted and logged when its dead letter was stored.
-func (r *Runner) giveBackReferenced(d *delivery) {
-	r.track.remove(d.m)
-	r.orderSettled(d) // its dead letter is stored: its key goes on
-	if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
-		r.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
+func (s *settler) giveBackReferenced(d *delivery) {
+	s.track.remove(d.m)
+	s.orderSettled(d) // its dead letter is stored: its key goes on
+	if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
+		s.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
 	}
 	d.log.Debug("original of a stored reference dead letter given back without calling the app")
 }

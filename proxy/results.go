@@ -11,42 +11,47 @@ import (
 	"github.com/courierhq/courier/success"
 )
 
-// publishSuccess stores the success record of a 2xx'd delivery, then calls
-// then (record the key, ack). If the record cannot be stored yet, the message
-// is held in progress and the record retried in the background, so that a
-// success stream that refuses records does not take the worker; the app is
-// not called again for it. If courier stops before it is stored, the message
+// succeeded settles a 2xx: the success record (if configured) is stored
+// before the key is recorded and the message acked (recorder.go). If the
+// record cannot be stored yet, the message is held in progress and the
+// record retried in the background, so that a success stream that refuses
+// records does not take the worker; the app is not called again for it. If courier stops before it is stored, the message
 // is given back without its key recorded: the record is not lost, the app
 // sees the message again (with the same Idempotency-Key).
-func (r *Runner) publishSuccess(d *delivery, a *apphttp.Answer, then func()) {
+func (s *settler) succeeded(d *delivery, a *apphttp.Answer, took time.Duration) {
+	if s.o.Success == nil {
+		s.recs <- recJob{d: d, took: took}
+		return
+	}
+	then := func() { s.recs <- recJob{d: d, took: took} }
 	rec := success.Record{
-		Subject: d.m.Subject(), Stream: d.meta.Stream, Consumer: r.o.Consumer,
+		Subject: d.m.Subject(), Stream: d.meta.Stream, Consumer: s.o.Consumer,
 		Sequence: d.meta.Sequence.Stream, Attempt: d.attempt, Key: d.key,
 	}
 	if a != nil {
 		rec.Status, rec.Header, rec.Body, rec.BodyCut, rec.BodySize = a.Status, a.Header, a.Body, a.Cut, a.Size
 	}
-	rec.Trace = r.recordTrace(d, a)
+	rec.Trace = recordTrace(d, a, s.o.Tracer != nil)
 	once := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		err := r.o.Success.Publish(ctx, rec)
+		err := s.o.Success.Publish(ctx, rec)
 		if err != nil {
-			r.m.successErrors.Inc()
-			r.successErr.Store(&err)
+			s.m.successErrors.Inc()
+			s.successErr.Store(&err)
 			d.log.Error("cannot store the success record; message held and tried again", "error", err)
 			return err
 		}
-		r.m.successRecords.Inc()
+		s.m.successRecords.Inc()
 		return nil
 	}
-	if once(context.WithoutCancel(r.ph.requests)) == nil {
+	if once(context.WithoutCancel(s.ph.requests)) == nil {
 		then()
 		return
 	}
-	r.inBackground(&r.pendingSuccess, once, then, func() {
-		r.unclaim(d)
-		r.release(d.m, "shutting down before its success record could be stored")
+	s.inBackground(&s.pendingSuccess, once, then, func() {
+		s.unclaim(d)
+		s.giveBack(d, nakNow, "shutting down before its success record could be stored")
 	})
 }
 
@@ -55,9 +60,9 @@ func (r *Runner) publishSuccess(d *delivery, a *apphttp.Answer, then func()) {
 // span's, which attempt put on the answer's headers (inject); with tracing
 // off, the message's own traceparent and tracestate, under the names the
 // publisher gave them. Nil when there is none.
-func (r *Runner) recordTrace(d *delivery, a *apphttp.Answer) nats.Header {
+func recordTrace(d *delivery, a *apphttp.Answer, traced bool) nats.Header {
 	src := map[string][]string(d.m.Headers())
-	if r.o.Tracer != nil {
+	if traced {
 		if a == nil {
 			return nil
 		}

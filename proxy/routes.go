@@ -1,9 +1,6 @@
 package proxy
 
-import (
-	"github.com/courierhq/courier/apphttp"
-	"github.com/courierhq/courier/internal/subject"
-)
+import "github.com/courierhq/courier/apphttp"
 
 // Routes (Options.Routes, COURIER_ROUTES): a message goes to the URL of the
 // first route whose subject pattern its subject matches (the subject it
@@ -36,14 +33,4 @@ func newTargets(o Options) []target {
 		out = append(out, target{ep: ep, err: err})
 	}
 	return out
-}
-
-// targetOf is the index of the target of a message on subj.
-func (r *Runner) targetOf(subj string) int {
-	for i, rt := range r.o.Routes {
-		if subject.Matches(rt.Pattern, subj) {
-			return i + 1
-		}
-	}
-	return 0
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -120,16 +121,16 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 	fc.batches <- b
 	m1, m2 := &fakeMsg{seq: 1}, &fakeMsg{seq: 2}
 	b.ch <- m1 // refused: the gate closes, m1 is held
-	waitUntil(t, "the app marked unavailable", func() bool { return !r.open() })
+	waitUntil(t, "the app marked unavailable", func() bool { return !r.hold.open() })
 	b.ch <- m2 // taken by the second worker while the app is down
-	waitUntil(t, "both messages held", func() bool { return r.parked.Load() == 2 })
+	waitUntil(t, "both messages held", func() bool { return r.hold.parked.Load() == 2 })
 	b.err = jetstream.ErrConsumerDeleted
 	close(b.ch)
 
 	select {
 	case err := <-done:
-		if err == nil {
-			t.Fatal("Run returned nil after the consumer was deleted")
+		if !errors.Is(err, ErrConsumerGone) {
+			t.Fatalf("Run returned %v after the consumer was deleted, want ErrConsumerGone", err)
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Run did not return after the consumer was deleted during an app outage")

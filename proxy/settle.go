@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,49 +17,214 @@ import (
 	"github.com/courierhq/courier/internal/retry"
 )
 
-// Settling: every delivery ends here, in exactly one of an ack after a 2xx
-// (acked), an ack of a duplicate (ackDuplicate), a NAK with a delay (nak), a
-// dead letter stored and the original terminated (deadLetter), or a message
-// given back without delay at shutdown (giveBack, release).
+// Settling: every delivery ends here, in exactly one of
+//
+//   - acked after its 2xx, once its success record is stored (results.go)
+//     and its key recorded (recorder.go): succeeded, acked;
+//   - acked as a duplicate, its key processed already: duplicate;
+//   - NAK'd with a delay, to be retried: retry;
+//   - dead-lettered, its dead letter stored and the original terminated
+//     (or, for a reference dead letter, kept: references.go): deadLetter;
+//   - given back, NAK'd without delay, for another delivery to take it at
+//     once (at shutdown, a partition handed on, a pin moved): giveBack.
+//
+// The settler is below the decision: it is given what it needs (the
+// tracker, the dedup store, the dead-letter store, the metrics) and told
+// the phases of shutdown when Run starts; it knows nothing of the runner,
+// the workers, batches or the breaker. Order per key hears how each
+// delivery ended through the delivery's keyLines.
+
+// settler settles deliveries. Its methods are safe for concurrent use once
+// start has run; stop waits for what it runs in the background.
+type settler struct {
+	o     Options
+	log   *slog.Logger
+	m     *metrics
+	track *tracker
+	// flights are the deliveries of each key running in this process
+	// (checkkey.go): a settled delivery ends its key's flight.
+	flights *flights
+	dd      Deduper // nil: dedup off
+	dl      DeadLetterer
+	refs    *references
+	gate    causeHolder
+	make    keyer
+	ph      *phases // set by start
+
+	// recs hands delivered messages to the recorder, which lets each batch
+	// gather for linger (recordLinger).
+	recs      chan recJob
+	linger    time.Duration
+	recorders sync.WaitGroup
+
+	released atomic.Int64 // messages given back (NAK'd without delay)
+
+	// Dead letters and success records the streams would not store yet,
+	// retried in the background (inBackground) while their messages are
+	// held in progress.
+	background     sync.WaitGroup
+	pendingDL      atomic.Int64
+	dlqErr         atomic.Pointer[error] // the last failure to store one
+	pendingSuccess atomic.Int64
+	successErr     atomic.Pointer[error]
+}
+
+// ending is how a delivery ends, as the decision (decide.go) says it
+// and end does it.
+type ending struct {
+	kind   endKind
+	mode   giveBackMode    // endGiveBack
+	why    string          // endGiveBack
+	f      failure         // endDeadLetter
+	err    error           // endRetry: the attempt's
+	answer *apphttp.Answer // endSucceeded
+	took   time.Duration   // endSucceeded
+}
+
+// endKind names the ways a delivery ends.
+type endKind int
+
+const (
+	endNone       endKind = iota // not ended: sent (again)
+	endSucceeded                 // a 2xx: succeeded
+	endRetry                     // retry
+	endDeadLetter                // deadLetter
+	endGiveBack                  // giveBack
+)
+
+func giveBackEnding(mode giveBackMode, why string) ending {
+	return ending{kind: endGiveBack, mode: mode, why: why}
+}
+
+func deadLetterEnding(f failure) ending { return ending{kind: endDeadLetter, f: f} }
+
+// end ends d as e says.
+func (s *settler) end(d *delivery, e ending) {
+	switch e.kind {
+	case endSucceeded:
+		s.succeeded(d, e.answer, e.took)
+	case endRetry:
+		s.retry(d, e.err)
+	case endDeadLetter:
+		s.deadLetter(d, e.f)
+	case endGiveBack:
+		s.giveBack(d, e.mode, e.why)
+	}
+}
+
+// causeHolder tells whether a cause holds deliveries (gate.go). Safe for
+// concurrent use.
+type causeHolder interface {
+	isHeld(c cause) bool
+}
+
+func newSettler(o Options, log *slog.Logger, m *metrics, track *tracker, dd Deduper, dl DeadLetterer, g causeHolder) *settler {
+	return &settler{
+		o: o, log: log, m: m, track: track, flights: newFlights(), dd: dd, dl: dl, gate: g,
+		refs:   newReferences(o, dd),
+		make:   keyer{header: o.IdempotencyHeader, stream: o.Stream, created: o.StreamCreated, log: log},
+		recs:   make(chan recJob, maxRecordBatch),
+		linger: recordLinger,
+	}
+}
+
+// start starts the recorder; ph are the phases of the Run it settles for.
+func (s *settler) start(ph *phases) {
+	s.ph = ph
+	s.recorders.Add(1)
+	go s.recorder()
+}
+
+// stop, once nothing more is settled but what runs in the background,
+// waits for the dead letters and success records still retried (they give
+// their messages back: fetching has ended), then for the recorder to
+// finish what it was given.
+func (s *settler) stop() {
+	s.background.Wait() // may still hand a delivery to the recorder
+	close(s.recs)
+	s.recorders.Wait()
+}
+
+// ready reports the dead letters and success records that cannot be
+// stored yet, if any.
+func (s *settler) ready() error {
+	if n := s.pendingDL.Load(); n > 0 {
+		return fmt.Errorf("%d dead letters cannot be stored (messages held, tried again): %s", n, lastErr(&s.dlqErr))
+	}
+	if n := s.pendingSuccess.Load(); n > 0 {
+		return fmt.Errorf("%d success records cannot be stored (messages held, tried again): %s", n, lastErr(&s.successErr))
+	}
+	return nil
+}
+
+func lastErr(p *atomic.Pointer[error]) string {
+	if e := p.Load(); e != nil {
+		return (*e).Error()
+	}
+	return "unknown error"
+}
 
 // acked acks a message the app answered 2xx (its key recorded, if dedup is
 // on), and ends its flight.
-func (r *Runner) acked(d *delivery, took time.Duration) {
-	r.track.remove(d.m)
+func (s *settler) acked(d *delivery, took time.Duration) {
+	s.track.remove(d.m)
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
 	}
 	if d.fl != nil {
-		r.flights.finish(d.skey, d.fl, true)
+		s.flights.finish(d.skey, d.fl, true)
 	}
-	r.orderSettled(d)
-	r.m.delivered.Inc()
+	s.orderSettled(d)
+	s.m.delivered.Inc()
 	if d.log.enabled(slog.LevelDebug) {
 		d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
 	}
 }
 
-// ackDuplicate acks a message whose key was already processed.
-func (r *Runner) ackDuplicate(d *delivery) {
-	r.track.remove(d.m)
+// duplicate acks a message whose key was already processed, and ends its
+// flight.
+func (s *settler) duplicate(d *delivery) {
+	s.flights.finish(d.skey, d.fl, true)
+	s.track.remove(d.m)
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
 	}
-	r.orderSettled(d)
-	r.m.duplicate.Inc()
+	s.orderSettled(d)
+	s.m.duplicate.Inc()
 	d.log.Debug("duplicate acked without calling the app")
+}
+
+// retry NAKs d for redelivery after the app's Retry-After, capped, else
+// full-jitter backoff at JetStream's delivery count; err is its attempt's.
+func (s *settler) retry(d *delivery, err error) {
+	delay, fromApp := s.retryDelay(err, d.attempt)
+	s.orderRetrying(d, delay)
+	s.track.remove(d.m)
+	var nerr error
+	if delay > 0 {
+		nerr = d.m.NakWithDelay(delay)
+	} else {
+		nerr = d.m.Nak()
+	}
+	if nerr != nil {
+		s.log.Warn("NAK failed; the message comes back after the ack wait", "subject", d.m.Subject(), "error", nerr)
+	}
+	s.m.retried.Inc()
+	s.m.retryDelay.Observe(delay.Seconds())
+	d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
+		"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
 }
 
 // retryDelay is the app's Retry-After, capped, else full-jitter backoff at
 // JetStream's delivery count.
-func (r *Runner) retryDelay(err error, attempt int) (time.Duration, bool) {
+func (s *settler) retryDelay(err error, attempt int) (time.Duration, bool) {
 	var ae *apphttp.AppError
 	if errors.As(err, &ae) && ae.RetryAfter != "" {
-		if d, ok := apphttp.RetryAfter(ae.RetryAfter, r.o.Now(), r.o.RetryAfterMax); ok {
+		if d, ok := apphttp.RetryAfter(ae.RetryAfter, s.o.Now(), s.o.RetryAfterMax); ok {
 			return d, true
 		}
 	}
-	return Delay(attempt, r.o.BackoffInitial, r.o.BackoffMax, r.o.BackoffMultiplier, rand.Int64N), false
+	return Delay(attempt, s.o.BackoffInitial, s.o.BackoffMax, s.o.BackoffMultiplier, rand.Int64N), false
 }
 
 // retryAfterOf is the app's Retry-After of a failed request, if any.
@@ -70,81 +236,88 @@ func retryAfterOf(err error) string {
 	return ""
 }
 
-// nak gives m back for redelivery after delay.
-func (r *Runner) nak(m jetstream.Msg, delay time.Duration) {
-	r.track.remove(m)
-	var err error
-	if delay > 0 {
-		err = m.NakWithDelay(delay)
-	} else {
-		err = m.Nak()
-	}
-	if err != nil {
-		r.log.Warn("NAK failed; the message comes back after the ack wait", "subject", m.Subject(), "error", err)
-	}
-	r.m.retried.Inc()
-	r.m.retryDelay.Observe(delay.Seconds())
-}
+// giveBackMode says when a delivery is given back, and whether its last
+// allowed delivery is dead-lettered instead.
+type giveBackMode int
 
-// giveBack returns a message courier will not start or finish, once fetching
-// has stopped (a NAK'd message could otherwise come straight back to the
-// open pull and spend another delivery). A NAK spends the delivery: on the
-// message's last allowed one JetStream would give up on it without the app
-// having seen it, so such a message is dead-lettered instead, saying so.
-func (r *Runner) giveBack(d *delivery, why string) {
-	<-r.ph.fetched.Done()
-	r.giveBackDelivery(d, why)
-}
+const (
+	// afterLastPull gives the delivery back once fetching has stopped (a
+	// message NAK'd before could come straight back to the open pull and
+	// spend another delivery). A NAK spends the delivery: on the message's
+	// last allowed one JetStream would give up on it without the app
+	// having seen it, so such a message is dead-lettered instead, saying
+	// so.
+	afterLastPull giveBackMode = iota
+	// unpulled is afterLastPull for a message no pull can bring back (its
+	// partition no longer fetches): nothing is waited for.
+	unpulled
+	// nakNow NAKs the message at once, whatever delivery it is on.
+	nakNow
+	// pinMoved is nakNow for a key's head admitted before the durable's
+	// pin moved away (orderer.outdated): its lines then await it as a
+	// retried head (orderer.gaveBack), should the pin come back.
+	pinMoved
+)
 
-// giveBackDelivery is giveBack once no pull can bring the message back.
-func (r *Runner) giveBackDelivery(d *delivery, why string) {
-	if !d.last(r.o.MaxDeliver) {
-		r.release(d.m, why)
+// giveBack gives d back without delay, so that another delivery (another
+// courier's, or this one's after a restart) can take it at once, as mode
+// says; why is for the log.
+func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
+	if mode == afterLastPull {
+		<-s.ph.fetched.Done()
+	}
+	if (mode == afterLastPull || mode == unpulled) && d.last(s.o.MaxDeliver) && s.deadLetterUnsent(d, why) {
 		return
 	}
+	s.track.remove(d.m)
+	if err := d.m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		s.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", d.m.Subject(), "error", err)
+	}
+	s.m.released.Inc()
+	s.released.Add(1)
+	s.log.Debug("message released", "subject", d.m.Subject(), "why", why)
+	if mode == pinMoved {
+		d.ord.gaveBack(d.okey, d.oseq)
+	}
+}
+
+// deadLetterUnsent tries once to dead-letter d, on its last allowed
+// delivery and given back unsent, and reports whether it did.
+func (s *settler) deadLetterUnsent(d *delivery, why string) bool {
 	reason := dlq.ReasonNotAttempted
-	if r.gate.isHeld(causeApp) {
+	if s.gate.isHeld(causeApp) {
 		reason = dlq.ReasonAppUnavailable
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.stopping), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ph.stopping), 5*time.Second)
 	defer cancel()
-	if r.deadLetterOnce(ctx, d, failure{reason: reason,
-		err: fmt.Errorf("not sent to the app: %s, on the message's last allowed delivery", why)}) {
-		return
-	}
-	r.release(d.m, why)
+	return s.deadLetterOnce(ctx, d, failure{reason: reason,
+		err: fmt.Errorf("not sent to the app: %s, on the message's last allowed delivery", why)})
 }
 
-// giveBackMsg is giveBack for a message no worker has started, with its
-// metadata as m.Metadata returned it.
-func (r *Runner) giveBackMsg(m jetstream.Msg, meta *jetstream.MsgMetadata, err error, why string) {
-	if err != nil {
-		<-r.ph.fetched.Done()
-		r.release(m, why)
-		return
-	}
-	r.giveBack(r.newDelivery(m, meta, r.ph.lane0(), r.ph.noStart), why)
+// nakNow is giveBack for a message no worker took, NAK'd at once: what
+// the fetcher is given, to give back what it holds (fetch.go, pin.go).
+func (s *settler) nakNow(m jetstream.Msg, why string) {
+	s.giveBack(s.make.message(m), nakNow, why)
 }
 
-// giveBackNow is giveBackMsg for a message of a partition that no longer
-// fetches (partition.go): nothing waits for the last pull.
-func (r *Runner) giveBackNow(m jetstream.Msg, meta *jetstream.MsgMetadata, err error, why string) {
-	if err != nil {
-		r.release(m, why)
+// unclaim ends the delivery's flight and its claim in the store after an
+// outcome other than a 2xx, so that the next delivery of the key goes ahead.
+func (s *settler) unclaim(d *delivery) {
+	if d.fl == nil {
 		return
 	}
-	r.giveBackDelivery(r.newDelivery(m, meta, r.ph.lane0(), r.ph.noStart), why)
-}
-
-// release NAKs m without delay so another instance can take it at once.
-func (r *Runner) release(m jetstream.Msg, why string) {
-	r.track.remove(m)
-	if err := m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		r.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", m.Subject(), "error", err)
+	s.flights.finish(d.skey, d.fl, false)
+	d.fl = nil
+	if !d.claimed {
+		return
 	}
-	r.m.released.Inc()
-	r.released.Add(1)
-	r.log.Debug("message released", "subject", m.Subject(), "why", why)
+	d.claimed = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ph.requests), 5*time.Second)
+	defer cancel()
+	if err := s.dd.Release(ctx, d.skey); err != nil {
+		// The claim lapses by itself after about the ack wait.
+		d.log.Warn("cannot release the key's claim; it lapses by itself", "error", err)
+	}
 }
 
 // failure is why a message is dead-lettered.
@@ -156,25 +329,25 @@ type failure struct {
 // deadLetter stores the message's dead letter, then terminates it. If the
 // dead letter cannot be stored, the message is held in progress and the
 // store is retried in the background, so that a dead-letter stream that
-// refuses letters does not take the worker; at shutdown it is released
+// refuses letters does not take the worker; at shutdown it is given back
 // instead, never dropped.
-func (r *Runner) deadLetter(d *delivery, f failure) {
+func (s *settler) deadLetter(d *delivery, f failure) {
 	// Not bounded by the grace period: a dead letter due at shutdown (a
 	// request abandoned on its last delivery) is still stored.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ph.requests), 10*time.Second)
-	ok := r.deadLetterOnce(ctx, d, f)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ph.requests), 10*time.Second)
+	ok := s.deadLetterOnce(ctx, d, f)
 	cancel()
 	if ok {
 		return
 	}
-	r.inBackground(&r.pendingDL, func(ctx context.Context) error {
+	s.inBackground(&s.pendingDL, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if r.deadLetterOnce(ctx, d, f) {
+		if s.deadLetterOnce(ctx, d, f) {
 			return nil
 		}
 		return errors.New("not stored")
-	}, nil, func() { r.release(d.m, "shutting down before its dead letter could be stored") })
+	}, nil, func() { s.giveBack(d, nakNow, "shutting down before its dead letter could be stored") })
 }
 
 // backgroundRetry is the schedule on which a dead letter or a success
@@ -184,15 +357,15 @@ var backgroundRetry = retry.Policy{Initial: 200 * time.Millisecond, Max: 30 * ti
 
 // inBackground tries store again on backgroundRetry while the message is
 // held (pending counts it, for /readyz), until it succeeds (then stored runs,
-// if not nil) or courier stops fetching (then gaveUp runs). Run waits for it
-// (background) before it hands the last deliveries to the recorder.
-func (r *Runner) inBackground(pending *atomic.Int64, store func(context.Context) error, stored, gaveUp func()) {
+// if not nil) or courier stops fetching (then gaveUp runs). stop waits for
+// it before it hands the last deliveries to the recorder.
+func (s *settler) inBackground(pending *atomic.Int64, store func(context.Context) error, stored, gaveUp func()) {
 	pending.Add(1)
-	r.background.Add(1)
+	s.background.Add(1)
 	go func() {
-		defer r.background.Done()
+		defer s.background.Done()
 		defer pending.Add(-1)
-		if retry.Do(r.ph.fetched, backgroundRetry, store, nil) != nil {
+		if retry.Do(s.ph.fetched, backgroundRetry, store, nil) != nil {
 			gaveUp()
 			return
 		}
@@ -205,16 +378,16 @@ func (r *Runner) inBackground(pending *atomic.Int64, store func(context.Context)
 // deadLetterOnce tries once to store the message's dead letter and terminate
 // the message. The original of a reference dead letter stored before is
 // given back again instead: its one dead letter is stored.
-func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) bool {
-	if ok, _ := r.marked(ctx, d); ok {
-		r.giveBackReferenced(d)
+func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bool {
+	if ok, _ := s.refs.marked(ctx, d); ok {
+		s.giveBackReferenced(d)
 		return true
 	}
 	l := dlq.Letter{
 		Subject: d.m.Subject(), Data: d.m.Data(), Header: d.m.Headers(),
-		Stream: d.meta.Stream, StreamCreated: r.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
-		Published: d.meta.Timestamp, Consumer: r.o.Consumer,
-		Reason: f.reason, Attempts: d.attempt, FailedAt: r.o.Now(),
+		Stream: d.meta.Stream, StreamCreated: s.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
+		Published: d.meta.Timestamp, Consumer: s.o.Consumer,
+		Reason: f.reason, Attempts: d.attempt, FailedAt: s.o.Now(),
 		OrderKey: d.okey,
 	}
 	if d.okey != "" && d.ord != nil {
@@ -227,16 +400,16 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 			l.Status = ae.Status
 		}
 	}
-	err := r.dl.DeadLetter(ctx, l)
+	err := s.dl.DeadLetter(ctx, l)
 	if !dlq.Stored(err) {
-		r.m.dlqErrors.Inc()
-		r.dlqErr.Store(&err)
-		r.log.Error("cannot store dead letter; message kept and tried again",
+		s.m.dlqErrors.Inc()
+		s.dlqErr.Store(&err)
+		s.log.Error("cannot store dead letter; message kept and tried again",
 			"subject", l.Subject, "seq", l.Sequence, "reason", f.reason, "error", err)
 		return false
 	}
-	r.track.remove(d.m)
-	if errors.Is(err, dlq.ErrBodyOmitted) && !r.o.TermKeepsMessage {
+	s.track.remove(d.m)
+	if errors.Is(err, dlq.ErrBodyOmitted) && !s.o.TermKeepsMessage {
 		// The dead letter refers to the original, too large to copy: a
 		// Term would remove it from a work-queue or interest stream. It is
 		// marked (references.go) and given back with a long delay until
@@ -244,17 +417,17 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		// the stream; its redeliveries are given back unsent.
 		d.log.Warn("dead letter stored without the body (too large to copy); the original stays in its stream, not terminated, and is not sent to the app again",
 			"reason", f.reason)
-		r.markReference(ctx, d)
-		if err := d.m.NakWithDelay(r.o.BackoffMax); err != nil {
-			r.log.Warn("cannot NAK the original of a reference dead letter", "subject", l.Subject, "error", err)
+		s.refs.mark(ctx, d)
+		if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
+			s.log.Warn("cannot NAK the original of a reference dead letter", "subject", l.Subject, "error", err)
 		}
 	} else if err := d.m.TermWithReason(f.reason); err != nil {
 		// The dead letter is stored; if the original comes back, its dead
 		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
-		r.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
+		s.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
 	}
-	r.m.deadLettered.Inc()
-	if n := r.orderSettled(d); n > 0 {
+	s.m.deadLettered.Inc()
+	if n := s.orderSettled(d); n > 0 {
 		d.log.Info("dead letter lets its key go on", "order_key", d.okey, "waiting", n)
 	}
 	if errors.Is(err, dlq.ErrDuplicate) {
@@ -262,13 +435,35 @@ func (r *Runner) deadLetterOnce(ctx context.Context, d *delivery, f failure) boo
 		d.log.Debug("dead letter was stored already", "reason", f.reason)
 		return true
 	}
-	r.m.deadLetters.WithLabelValues(f.reason).Inc()
+	s.m.deadLetters.WithLabelValues(f.reason).Inc()
 	attrs := []any{"reason", f.reason}
 	if f.err != nil {
 		attrs = append(attrs, statusAttr(f.err), "error", f.err.Error())
 	}
 	d.log.Info("dead-lettered", attrs...)
 	return true
+}
+
+// orderSettled lets d's key go on after d was settled for good (acked, a
+// duplicate, dead-lettered), and returns how many of its key's messages
+// waited behind it.
+func (s *settler) orderSettled(d *delivery) int {
+	if d.ord == nil || d.okey == "" {
+		return 0
+	}
+	return d.ord.settled(d.okey, d.oseq)
+}
+
+// orderRetrying notes that d is NAK'd for a retry in delay: its key waits
+// for its redelivery (or, while its partition is handed on, its key's later
+// messages are given back, in stream order).
+func (s *settler) orderRetrying(d *delivery, delay time.Duration) {
+	if d.ord == nil || d.okey == "" {
+		return
+	}
+	for _, q := range d.ord.retrying(d.okey, d.oseq, delay) {
+		s.giveBack(s.make.message(q.m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
+	}
 }
 
 func statusAttr(err error) slog.Attr {

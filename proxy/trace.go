@@ -25,6 +25,19 @@ import (
 // Without a Tracer none of this runs: traceparent passes through as any
 // other header.
 
+// tracing makes the spans of attempts and of batch requests; its zero
+// value (no tracer) makes none.
+type tracing struct {
+	tracer   trace.Tracer // Options.Tracer; nil: tracing off
+	prop     propagation.TextMapPropagator
+	consumer string
+	stream   string
+}
+
+func newTracing(o Options) *tracing {
+	return &tracing{tracer: o.Tracer, prop: o.Propagator, consumer: o.Consumer, stream: o.Stream}
+}
+
 // natsCarrier reads a message's headers for a propagator: NATS header names
 // are case-sensitive, and publishers write "traceparent" in lower case.
 type natsCarrier nats.Header
@@ -46,18 +59,18 @@ type attemptSpan struct {
 	outcome string
 }
 
-// startSpan starts d's span and puts its traceparent on h, the request's
+// start starts d's span and puts its traceparent on h, the request's
 // headers. It returns nil when tracing is off.
-func (r *Runner) startSpan(d *delivery, h http.Header) *attemptSpan {
-	if r.o.Tracer == nil {
+func (t *tracing) start(d *delivery, h http.Header) *attemptSpan {
+	if t.tracer == nil {
 		return nil
 	}
-	parent := r.propagator().Extract(context.Background(), natsCarrier(d.m.Headers()))
+	parent := t.propagator().Extract(context.Background(), natsCarrier(d.m.Headers()))
 	start := d.arrived
 	if start.IsZero() {
 		start = time.Now()
 	}
-	ctx, span := r.o.Tracer.Start(parent, "process "+d.meta.Stream,
+	ctx, span := t.tracer.Start(parent, "process "+d.meta.Stream,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(start),
 		trace.WithAttributes(
@@ -65,7 +78,7 @@ func (r *Runner) startSpan(d *delivery, h http.Header) *attemptSpan {
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.destination.name", d.m.Subject()),
-			attribute.String("messaging.consumer.group.name", r.o.Consumer),
+			attribute.String("messaging.consumer.group.name", t.consumer),
 			attribute.String("messaging.message.id", d.key),
 			attribute.Int("messaging.message.body.size", len(d.m.Data())),
 			attribute.Int("courier.delivery.attempt", d.attempt),
@@ -76,7 +89,7 @@ func (r *Runner) startSpan(d *delivery, h http.Header) *attemptSpan {
 	// The app's request carries this span's context, not the publisher's.
 	h.Del("Traceparent")
 	h.Del("Tracestate")
-	r.propagator().Inject(ctx, propagation.HeaderCarrier(h))
+	t.propagator().Inject(ctx, propagation.HeaderCarrier(h))
 	return &attemptSpan{span: span, ctx: ctx}
 }
 
@@ -112,7 +125,7 @@ func (s *attemptSpan) end(err error) {
 }
 
 // inject puts the span's context on h (a success record's headers).
-func (r *Runner) inject(s *attemptSpan, h http.Header) http.Header {
+func (t *tracing) inject(s *attemptSpan, h http.Header) http.Header {
 	if s == nil {
 		return h
 	}
@@ -120,15 +133,45 @@ func (r *Runner) inject(s *attemptSpan, h http.Header) http.Header {
 	if h == nil {
 		h = http.Header{}
 	}
-	r.propagator().Inject(s.ctx, propagation.HeaderCarrier(h))
+	t.propagator().Inject(s.ctx, propagation.HeaderCarrier(h))
 	return h
 }
 
-func (r *Runner) propagator() propagation.TextMapPropagator {
-	if r.o.Propagator != nil {
-		return r.o.Propagator
+func (t *tracing) propagator() propagation.TextMapPropagator {
+	if t.prop != nil {
+		return t.prop
 	}
 	return propagation.TraceContext{}
+}
+
+// startBatch starts the span of a batch request when tracing is on: a
+// client span linked to each entry's attempt span, each of them linked to
+// it in turn, whose context the request carries (traceparent on h). It
+// returns nil when tracing is off.
+func (t *tracing) startBatch(entries []*batchEntry, h http.Header) *attemptSpan {
+	if t.tracer == nil {
+		return nil
+	}
+	links := make([]trace.Link, 0, len(entries))
+	for _, e := range entries {
+		if e.span != nil {
+			links = append(links, trace.LinkFromContext(e.span.ctx))
+		}
+	}
+	ctx, span := t.tracer.Start(context.Background(), "send "+t.stream+" batch",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.Int("messaging.batch.message_count", len(entries)),
+			attribute.String("courier.stream", t.stream),
+		))
+	for _, e := range entries {
+		if e.span != nil {
+			e.span.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
+		}
+	}
+	t.propagator().Inject(ctx, propagation.HeaderCarrier(h))
+	return &attemptSpan{span: span, ctx: ctx}
 }
 
 // statusOf is the app's HTTP status in err, or 0.

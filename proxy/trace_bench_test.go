@@ -20,17 +20,17 @@ func BenchmarkAttemptSpan(b *testing.B) {
 	d := &delivery{m: msg, meta: meta, attempt: 1, key: "k", arrived: time.Now()}
 	for _, tc := range []struct {
 		name string
-		r    *Runner
+		t    *tracing
 	}{
-		{"off", &Runner{}},
-		{"on", &Runner{o: Options{Consumer: "c", Tracer: sdktrace.NewTracerProvider(
-			sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder())).Tracer("bench")}}},
+		{"off", &tracing{}},
+		{"on", &tracing{consumer: "c", tracer: sdktrace.NewTracerProvider(
+			sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder())).Tracer("bench")}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := http.Header{}
 			b.ReportAllocs()
 			for b.Loop() {
-				s := tc.r.startSpan(d, h)
+				s := tc.t.start(d, h)
 				s.request()
 				s.setOutcome("delivered")
 				s.end(nil)

@@ -1,9 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"time"
-
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -25,17 +22,17 @@ func (r *Runner) worker() {
 	}
 	defer ln.timer.close()
 	for {
-		r.takePlace()
-		q, ok := r.next()
+		r.batcher.takePlace()
+		q, ok := r.src.next()
 		if !ok {
-			r.givePlace()
+			r.batcher.givePlace()
 			return
 		}
 		switch r.take(q, ln) {
 		case endedDetached:
 			return // a new worker has this one's place
 		case endedHere:
-			r.givePlace()
+			r.batcher.givePlace()
 		}
 		// Handed off: its place is its batch entry's until it is settled.
 	}
@@ -46,8 +43,8 @@ func (r *Runner) worker() {
 func (r *Runner) take(q queued, ln lane) ended {
 	meta, merr := q.m.Metadata()
 	probe := false
-	if r.ph.noStart.Err() == nil && !r.open() {
-		r.countHeld(func() { probe = r.waitToSend(r.ph.noStart, merr == nil && meta.NumDelivered == 1) })
+	if r.ph.noStart.Err() == nil && !r.hold.open() {
+		probe = r.hold.hold(r.ph.noStart, merr == nil && meta.NumDelivered == 1)
 	}
 	if r.ph.noStart.Err() == nil {
 		return r.deliver(q, meta, merr, ln, ln.noStart, probe)
@@ -55,95 +52,14 @@ func (r *Runner) take(q queued, ln lane) ended {
 	// Stopping. A message on its last allowed delivery is sent within
 	// the grace period rather than given back: a NAK would make
 	// JetStream give up on it without the app having seen it.
-	if r.open() && lastDelivery(meta, r.o.MaxDeliver) {
+	if r.hold.open() && lastDelivery(meta, r.o.MaxDeliver) {
 		return r.deliver(q, meta, merr, ln, ln.requests, false)
 	}
-	r.giveBackMsg(q.m, meta, merr, "shutting down")
+	if merr != nil {
+		meta = nil
+	}
+	r.settle.giveBack(r.settle.make.delivery(q.m, meta, lane{}, nil), afterLastPull, "shutting down")
 	return endedHere
-}
-
-// next returns the next message for a worker: one its key's line released
-// (order.go), else one from the fetch queue; false once the queue is
-// closed and nothing released is left.
-func (r *Runner) next() (queued, bool) {
-	if r.rel == nil {
-		q, ok := <-r.queue
-		if ok && r.took != nil {
-			r.took(q)
-		}
-		return q, ok
-	}
-	for {
-		if q, ok := r.rel.pop(); ok {
-			return q, true
-		}
-		select {
-		case <-r.rel.wake:
-		case q, ok := <-r.queue:
-			if !ok {
-				return r.rel.pop()
-			}
-			if r.took != nil {
-				r.took(q)
-			}
-			return q, true
-		}
-	}
-}
-
-// orderSettled lets d's key go on after d was settled for good (acked, a
-// duplicate, dead-lettered), and returns how many of its key's messages
-// waited behind it.
-func (r *Runner) orderSettled(d *delivery) int {
-	if d.ord == nil || d.okey == "" {
-		return 0
-	}
-	return d.ord.settled(d.okey, streamSeq(d.m, d.meta))
-}
-
-// orderRetrying notes that d was NAK'd for a retry in delay: its key waits
-// for its redelivery (or, while its partition is handed on, its key's later
-// messages are given back, in stream order).
-func (r *Runner) orderRetrying(d *delivery, delay time.Duration) {
-	if d.ord == nil || d.okey == "" {
-		return
-	}
-	for _, q := range d.ord.retrying(d.okey, streamSeq(d.m, d.meta), delay) {
-		meta, err := q.m.Metadata()
-		r.giveBackNow(q.m, meta, err, "its partition is handed to another courier, and an earlier message of its key is retried")
-	}
-}
-
-// waitToSend waits until the gate opens or stop ends. While the breaker
-// alone holds deliveries, the message goes as a probe when the breaker picks
-// it (fresh: on its first delivery, which it picks first); waitToSend then
-// reports true. Any message may be a probe: a failed probe on a message's
-// last allowed delivery is held again rather than dead-lettered (attempt),
-// so a probe never spends that delivery, and a breaker whose workers all
-// hold such messages still probes.
-func (r *Runner) waitToSend(stop context.Context, fresh bool) (probe bool) {
-	r.probers.Add(1)
-	defer r.probers.Add(-1)
-	if fresh {
-		r.freshProbers.Add(1)
-		defer r.freshProbers.Add(-1)
-	}
-	for {
-		t := r.breaker.enlist(fresh)
-		select {
-		case <-r.gate.Up():
-			r.breaker.leave(t)
-			return false
-		case <-stop.Done():
-			r.breaker.leave(t)
-			return false
-		case <-t.ahead:
-			if r.gate.onlyHeld(causeBreaker) {
-				return true
-			}
-			r.breaker.retryProbe()
-		}
-	}
 }
 
 // lastDelivery reports whether a message with metadata meta (nil: none) is
@@ -152,23 +68,12 @@ func lastDelivery(meta *jetstream.MsgMetadata, maxDeliver int) bool {
 	return meta != nil && int(meta.NumDelivered) >= maxDeliver
 }
 
-// open reports whether the gate lets deliveries go.
-func (r *Runner) open() bool { return r.gate.open.Load() }
-
-// countHeld runs wait counted among the held messages
-// (courier_held_messages).
-func (r *Runner) countHeld(wait func()) {
-	r.parked.Add(1)
-	defer r.parked.Add(-1)
-	wait()
-}
-
 // heldMessages is what courier holds for the app: messages waiting in
 // workers, and, while the gate is closed, those queued behind them.
 func (r *Runner) heldMessages() float64 {
-	n := r.parked.Load()
-	if !r.open() {
-		n += int64(r.queued())
+	n := r.hold.parked.Load()
+	if !r.hold.open() {
+		n += int64(r.src.queued())
 	}
 	return float64(n)
 }
@@ -179,13 +84,13 @@ func (r *Runner) heldMessages() float64 {
 // failing could otherwise take every worker while the breaker is open, and
 // leave no worker to take a fresh message, the probe that tells a healthy
 // app: the fetcher pulls for one while no fresh message is held
-// (Runner.freshProbers). Requests stay bounded by the in-flight limit (inflight.go).
+// (holder.noProbe). Requests stay bounded by the in-flight limit (inflight.go).
 //
 // With batches, the place d held (handoff.go) is given back; d handed off
 // to a batch has no worker waiting on it, so none is started.
 func (r *Runner) detach(d *delivery) {
 	d.detached = true
-	r.givePlace()
+	r.batcher.givePlace()
 	if d.handedOff {
 		d.log.Debug("held for the next probe apart from the workers: its place is given back")
 		return

@@ -1,0 +1,72 @@
+// Package proxy owns one message's life in courier: its dedup key, the dedup
+// check, the HTTP request to the app, the classification of the answer, and
+// the ack / NAK-with-delay / dead-letter decision; plus the fetch loop and the
+// bounded worker pool around it, which hold what they have while the app (or
+// the dedup store) is unavailable. It knows nothing of Badger, of the shared
+// bucket or of how dead letters are stored: it declares Deduper,
+// DeadLetterer, SuccessPublisher and OrderMarks and is given
+// implementations. What it writes through them is its own, though: besides
+// idempotency keys, references.go records the marks of reference dead
+// letters in the Deduper, under keys no idempotency key can be.
+//
+// # A message's route
+//
+// A message travels through the files in this order:
+//
+//  1. source.go: where a worker's next message comes from. fetch.go pulls
+//     it, tracks it (tracker.go keeps it in progress) and queues it
+//     (sourced.go: its original subject with partitions); with order per
+//     key, order.go holds it behind an earlier message of its key
+//     (ordermarks.go: that order across restarts and takeovers; pin.go: a
+//     priority group's pin; partition.go: partitions and their hand-over).
+//  2. worker.go: a worker takes it; hold.go holds it while the gate is
+//     closed (gate.go: the app or the dedup store unavailable, the consumer
+//     paused; breaker.go: the breaker open, and which held message goes as
+//     its probe).
+//  3. decide.go: the decision over one delivery (delivery.go: what
+//     travels, its key resolved by request.go): its max age, checkkey.go
+//     (the dedup check and the claim), the request's headers (request.go)
+//     and span (trace.go); then what the answer makes of the delivery
+//     (decide) and the ending it calls for (endingOf), or a hold and
+//     another attempt.
+//  4. send.go: the one path of every request to the app: the grace period,
+//     the rate limit, a slot of the in-flight limit (inflight.go, package
+//     limit), the timeout (timeout.go), the signature, the POST to its
+//     target (routes.go); the HTTP exchange and what an answer means are
+//     apphttp's. With batches, batcher.go gathers entries into one request
+//     sent the same way, and handoff.go lets a worker hand its delivery to
+//     the batch, which settles it.
+//  5. settle.go: how the delivery ends, the settler: acked once its success
+//     record is stored (results.go) and its key recorded (recorder.go),
+//     acked as a duplicate, NAK'd for a retry, dead-lettered (references.go:
+//     the originals of reference dead letters, not sent again), or given
+//     back.
+//
+// proxy.go wires these parts (New) and runs them (Run); phases.go names the
+// steps of shutdown; metrics.go, summary.go and log.go say what happened.
+// The parts below the decision (the settler, the sender, the limit) are
+// given what they need and know nothing of those above them.
+//
+// # Words
+//
+//   - delivery: one delivery of a message, from a worker taking it to its
+//     settling; its attempt is JetStream's delivery count.
+//   - settle: end a delivery for good on the server: ack, NAK or Term.
+//   - give back: settle a delivery with a NAK without delay, so that another
+//     delivery takes the message at once (at shutdown, a partition handed
+//     on). Counted as released (courier_messages_total{result="released"},
+//     Runner.Released).
+//   - retry: settle with a NAK with a delay; JetStream's delivery count is
+//     the one retry counter.
+//   - hold: keep a message in progress, spending none of its deliveries,
+//     while the gate is closed.
+//   - claim: a dedup store's hold on a key while one delivery of it runs
+//     (Deduper.Check takes it, Deduper.Release gives it up); in this
+//     process, a key's flight (tracker.go).
+//   - slot: a request's place in the in-flight limit (package limit).
+//   - place: with batches, a message a worker holds or an entry handed to a
+//     batch (handoff.go).
+//   - line: the messages of one ordering key, in stream order (order.go);
+//     its head is the one being delivered.
+//   - target: where a request goes: the app's URL or a route's (routes.go).
+package proxy

@@ -3,9 +3,9 @@ package proxy
 // The dedup check of a delivery's key (deliver calls check): another
 // delivery of the key in this process is waited for, the store asked
 // (processed, new and now claimed, or claimed by another replica), and a
-// store that cannot answer holds deliveries until it can. A duplicate is
-// settled here (acked); a delivery that cannot be checked before courier
-// stops is given back.
+// store that cannot answer holds deliveries until it can. check returns the
+// ending of a duplicate (acked) or of a delivery that cannot be checked
+// before courier stops (given back); the settler carries it out.
 
 import (
 	"context"
@@ -41,14 +41,14 @@ type checker struct {
 	gate  *gate
 	m     *metrics
 	hold  *holder
-	// settle acks a duplicate, gives back what cannot be checked, and
-	// owns the flights of the keys in this process.
-	settle  *settler
+	// flights are the deliveries of each key running in this process,
+	// owned by the settler, which ends them.
+	flights *flights
 	breaker *breaker
 }
 
-func newChecker(dd Deduper, g *gate, m *metrics, h *holder, s *settler, b *breaker) *checker {
-	c := &checker{dd: dd, gate: g, m: m, hold: h, settle: s, breaker: b}
+func newChecker(dd Deduper, g *gate, m *metrics, h *holder, fls *flights, b *breaker) *checker {
+	c := &checker{dd: dd, gate: g, m: m, hold: h, flights: fls, breaker: b}
 	if qc, ok := dd.(quickChecker); ok {
 		c.quick = qc.QuickCheck()
 	}
@@ -103,16 +103,16 @@ func (c *checker) again(d *delivery) (v verdict.Verdict, err error) {
 	return v, err
 }
 
-// check settles a duplicate, and reports whether the delivery goes on to
-// the app. A delivery of the same key already running in this process is
+// check returns no ending if the delivery goes on to the app; else the
+// ending of a duplicate, or of a delivery given back because courier stopped
+// while it waited. A delivery of the same key already running in this process is
 // waited for; so is another replica's claim. While the store cannot answer,
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
-func (c *checker) check(d *delivery) bool {
-	fl, dup, err := c.settle.flights.claim(d.wait, d.skey, &d.own, func() { c.yieldProbe(d) })
+func (c *checker) check(d *delivery) ending {
+	fl, dup, err := c.flights.claim(d.wait, d.skey, &d.own, func() { c.yieldProbe(d) })
 	if err != nil {
-		c.settle.giveBack(d, afterLastPull, "shutting down while a delivery of the same key ran")
-		return false
+		return giveBackEnding(afterLastPull, "shutting down while a delivery of the same key ran")
 	}
 	d.fl = fl
 	if !dup {
@@ -124,18 +124,16 @@ func (c *checker) check(d *delivery) bool {
 			v, err = c.again(d)
 		}
 		if err != nil {
-			c.settle.flights.finish(d.skey, fl, false)
-			c.settle.giveBack(d, afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
-			return false
+			c.flights.finish(d.skey, fl, false)
+			return giveBackEnding(afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
 		}
 		dup = v == verdict.Processed
 		d.claimed = v == verdict.New
 	}
 	if dup {
-		c.settle.duplicate(d)
-		return false
+		return ending{kind: endDuplicate}
 	}
-	return true
+	return ending{}
 }
 
 // yieldProbe hands d's go-ahead as the breaker's probe on to another held

@@ -27,11 +27,14 @@ import (
 func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) (how ended) {
 	m := q.m
 	if err != nil {
-		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
-		r.settle.giveBack(r.settle.make.delivery(m, nil, ln, wait), nakNow, "no metadata")
-		return
+		meta = nil // a delivery without metadata is only given back
 	}
 	d := r.settle.make.delivery(m, meta, ln, wait)
+	if err != nil {
+		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
+		r.settle.end(d, giveBackEnding(nakNow, "no metadata"))
+		return
+	}
 	d.probe, d.arrived, d.okey, d.oepoch, d.oseq = probe, q.at, q.okey, q.epoch, q.seq
 	if q.ord != nil { // a nil *orderer is not a nil keyLines
 		d.ord = q.ord
@@ -49,20 +52,30 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 			how = endedDetached
 		}
 	}()
-	if r.settle.referenced(d) {
-		return
-	}
-	if f, expired := r.expired(d); expired {
-		r.settle.end(d, deadLetterEnding(f))
-		return
-	}
-	if r.check != nil && !r.check.check(d) {
+	if e := r.unsent(d); e.kind != endNone {
+		r.settle.end(d, e)
 		return
 	}
 	if r.attempt(d) {
 		how = endedHandedOff
 	}
 	return
+}
+
+// unsent returns d's ending if it ends before it is sent: the original of a
+// stored reference dead letter, a message over its max age, a duplicate, or
+// one given back while its key was checked. No ending: d goes to the app.
+func (r *Runner) unsent(d *delivery) ending {
+	if r.settle.referenced(d) {
+		return ending{kind: endReferenced}
+	}
+	if f, expired := r.expired(d); expired {
+		return deadLetterEnding(f)
+	}
+	if r.check != nil {
+		return r.check.check(d)
+	}
+	return ending{}
 }
 
 // probeDone ends d's turn as the breaker's probe if it reached no app.
@@ -155,12 +168,6 @@ type answered struct {
 func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
 	var lastErr error
 	delivered := false
-	defer func() {
-		span.end(lastErr)
-		if !delivered {
-			r.settle.unclaim(d)
-		}
-	}()
 	var end ending
 	for end.kind == endNone {
 		var a answered
@@ -179,6 +186,12 @@ func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *a
 		end = r.endingOf(d, span, a.out, a.res.err, a.res.answer, a.res.took)
 	}
 	r.settle.end(d, end)
+	span.end(lastErr)
+	if !delivered {
+		// After any ending but a 2xx's (whose key the recorder records),
+		// the key's next delivery goes ahead.
+		r.settle.unclaim(d)
+	}
 }
 
 // mayStart returns no ending if d may be sent now: the gate is open, d is

@@ -116,7 +116,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	r.hold = &holder{gate: r.gate, breaker: r.breaker}
 	if dd != nil {
-		r.check = newChecker(dd, r.gate, r.m, r.hold, r.settle, r.breaker)
+		r.check = newChecker(dd, r.gate, r.m, r.hold, r.settle.flights, r.breaker)
 	}
 	registerInflightMetrics(o.Registerer, send.inflight)
 	if o.BatchMax > 1 {

@@ -154,8 +154,8 @@ func (rs *references) marked(ctx context.Context, d *delivery) (bool, error) {
 	return rs.stored(ctx, d.meta.Sequence.Stream)
 }
 
-// referenced settles a redelivery of the original of a stored reference
-// dead letter, and reports whether it did: given back with BackoffMax, as
+// referenced reports a redelivery of the original of a stored reference
+// dead letter: it ends as endReferenced, given back with BackoffMax, as
 // when its dead letter was stored, without calling the app, until JetStream's
 // budget is spent. A store that cannot answer lets the delivery go on (the
 // dedup check that follows holds it while the store is down).
@@ -165,11 +165,7 @@ func (s *settler) referenced(d *delivery) bool {
 		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
 		return false
 	}
-	if !ok {
-		return false
-	}
-	s.giveBackReferenced(d)
-	return true
+	return ok
 }
 
 // giveBackReferenced NAKs the original of a stored reference dead letter

@@ -87,6 +87,8 @@ type endKind int
 const (
 	endNone       endKind = iota // not ended: sent (again)
 	endSucceeded                 // a 2xx: succeeded
+	endDuplicate                 // its key processed already: duplicate
+	endReferenced                // a stored reference dead letter's original: giveBackReferenced
 	endRetry                     // retry
 	endDeadLetter                // deadLetter
 	endGiveBack                  // giveBack
@@ -103,6 +105,10 @@ func (s *settler) end(d *delivery, e ending) {
 	switch e.kind {
 	case endSucceeded:
 		s.succeeded(d, e.answer, e.took)
+	case endDuplicate:
+		s.duplicate(d)
+	case endReferenced:
+		s.giveBackReferenced(d)
 	case endRetry:
 		s.retry(d, e.err)
 	case endDeadLetter:

@@ -58,7 +58,7 @@ func (r *Runner) take(q queued, ln lane) ended {
 	if merr != nil {
 		meta = nil
 	}
-	r.settle.giveBack(r.settle.make.delivery(q.m, meta, lane{}, nil), afterLastPull, "shutting down")
+	r.settle.end(r.settle.make.delivery(q.m, meta, lane{}, nil), giveBackEnding(afterLastPull, "shutting down"))
 	return endedHere
 }
 

@@ -66,7 +66,7 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 // stored reference dead letter, a message over its max age, a duplicate, or
 // one given back while its key was checked. No ending: d goes to the app.
 func (r *Runner) unsent(d *delivery) ending {
-	if r.settle.referenced(d) {
+	if r.settle.refs.referenced(d) {
 		return ending{kind: endReferenced}
 	}
 	if f, expired := r.expired(d); expired {

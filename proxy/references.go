@@ -25,7 +25,8 @@ import (
 // survives a restart and, in the shared store, is seen by every replica.
 // The mark is asked only on redeliveries: a first delivery pays nothing.
 // The settler (settle.go) marks an original when it stores its reference
-// dead letter, and gives its redeliveries back (referenced).
+// dead letter, and gives back its redeliveries (giveBackReferenced), which
+// the decision recognises (referenced).
 
 // maxReferences bounds the marks kept in memory; the oldest is forgotten
 // first. Each original needs its mark only until JetStream's budget is
@@ -159,24 +160,13 @@ func (rs *references) marked(ctx context.Context, d *delivery) (bool, error) {
 // when its dead letter was stored, without calling the app, until JetStream's
 // budget is spent. A store that cannot answer lets the delivery go on (the
 // dedup check that follows holds it while the store is down).
-func (s *settler) referenced(d *delivery) bool {
-	ok, err := s.refs.marked(d.wait, d)
+func (rs *references) referenced(d *delivery) bool {
+	ok, err := rs.marked(d.wait, d)
 	if err != nil {
 		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
 		return false
 	}
 	return ok
-}
-
-// giveBackReferenced NAKs the original of a stored reference dead letter
-// with BackoffMax; it was counted and logged when its dead letter was stored.
-func (s *settler) giveBackReferenced(d *delivery) {
-	s.track.remove(d.m)
-	s.orderSettled(d) // its dead letter is stored: its key goes on
-	if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
-		s.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
-	}
-	d.log.Debug("original of a stored reference dead letter given back without calling the app")
 }
 
 // referenceMargin bounds what a dead letter adds to its original: the

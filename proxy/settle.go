@@ -326,6 +326,17 @@ func (s *settler) unclaim(d *delivery) {
 	}
 }
 
+// giveBackReferenced NAKs the original of a stored reference dead letter
+// with BackoffMax; it was counted and logged when its dead letter was stored.
+func (s *settler) giveBackReferenced(d *delivery) {
+	s.track.remove(d.m)
+	s.orderSettled(d) // its dead letter is stored: its key goes on
+	if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
+		s.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
+	}
+	d.log.Debug("original of a stored reference dead letter given back without calling the app")
+}
+
 // failure is why a message is dead-lettered.
 type failure struct {
 	reason string

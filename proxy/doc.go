@@ -38,9 +38,9 @@
 //     the batch, which settles it.
 //  5. settle.go: how the delivery ends, the settler: acked once its success
 //     record is stored (results.go) and its key recorded (recorder.go),
-//     acked as a duplicate, NAK'd for a retry, dead-lettered (references.go:
-//     the originals of reference dead letters, not sent again), or given
-//     back.
+//     acked as a duplicate, NAK'd for a retry (backoff.go: its delay),
+//     dead-lettered (references.go: the originals of reference dead
+//     letters, not sent again), or given back.
 //
 // proxy.go wires these parts (New) and runs them (Run); phases.go names the
 // steps of shutdown; metrics.go, summary.go and log.go say what happened.

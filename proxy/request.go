@@ -97,14 +97,3 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 // ownHeaders are the headers BuildHeaders sets, by index.
 var ownHeaders = [...]string{HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence,
 	HeaderPublished, "Content-Type"}
-
-// Delay returns the full-jitter backoff before attempt+1: a random duration
-// in [0, min(max, initial*multiplier^(attempt-1))]. rnd(n) returns a value in
-// [0, n).
-func Delay(attempt int, initial, max time.Duration, multiplier float64, rnd func(n int64) int64) time.Duration {
-	ceil := scheduleAt(attempt, initial, max, multiplier)
-	if ceil <= 0 {
-		return 0
-	}
-	return time.Duration(rnd(int64(ceil) + 1))
-}

@@ -495,19 +495,7 @@ func (rep *report) printAdaptive(w io.Writer) {
 func (rep *report) adaptiveAnomalies(w io.Writer) int {
 	n := 0
 	for _, r := range rep.adaptive {
-		var notes []string
-		if r.err != nil {
-			notes = append(notes, r.err.Error())
-		}
-		if dups := r.requests - r.strays - r.distinct; dups > 0 {
-			notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
-		}
-		if r.strays > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", r.strays))
-		}
-		if r.logs.warns > 0 {
-			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", r.logs.warns, strings.Join(r.logs.head, " | ")))
-		}
+		notes := drainNotes(r.err, r.requests, r.strays, r.distinct, r.logs.warns, r.logs.head)
 		if len(notes) > 0 {
 			n++
 			fmt.Fprintf(w, "  %s, round %d: %s\n", adaptiveApps[r.app].variantName(r.limit), r.round+1, strings.Join(notes, "; "))

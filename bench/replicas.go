@@ -217,19 +217,7 @@ func (rep *report) printReplicasOf(w io.Writer, ordered bool) {
 func (rep *report) replicasAnomalies(w io.Writer) int {
 	n := 0
 	for _, r := range rep.replicas {
-		var notes []string
-		if r.err != nil {
-			notes = append(notes, r.err.Error())
-		}
-		if dups := r.requests - r.strays - r.distinct; dups > 0 {
-			notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
-		}
-		if r.strays > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", r.strays))
-		}
-		if r.logLines > 0 {
-			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", r.logLines, strings.Join(r.logHead, " | ")))
-		}
+		notes := drainNotes(r.err, r.requests, r.strays, r.distinct, r.logLines, r.logHead)
 		if len(notes) > 0 {
 			n++
 			name := replicasName

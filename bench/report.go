@@ -335,19 +335,7 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintln(w, "\nAnomalies")
 	n := 0
 	for _, d := range rep.drains {
-		var notes []string
-		if d.err != nil {
-			notes = append(notes, d.err.Error())
-		}
-		if dups := d.requests - d.strays - d.distinct; dups > 0 {
-			notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
-		}
-		if d.strays > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", d.strays))
-		}
-		if d.logs.warns > 0 {
-			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", d.logs.warns, strings.Join(d.logs.head, " | ")))
-		}
+		notes := drainNotes(d.err, d.requests, d.strays, d.distinct, d.logs.warns, d.logs.head)
 		if len(notes) > 0 {
 			n++
 			fmt.Fprintf(w, "  drain %s at %d in flight: %s\n", d.v, d.inflight, strings.Join(notes, "; "))
@@ -413,4 +401,24 @@ func (t *table) write(w io.Writer) {
 		}
 		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 	}
+}
+
+// drainNotes is what went wrong in one drain, for the anomalies: its
+// error, duplicate requests, requests of another drain, courier's
+// warn/error log lines (warns of them, head the first).
+func drainNotes(err error, requests, strays, distinct int64, warns int, head []string) []string {
+	var notes []string
+	if err != nil {
+		notes = append(notes, err.Error())
+	}
+	if dups := requests - strays - distinct; dups > 0 {
+		notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
+	}
+	if strays > 0 {
+		notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", strays))
+	}
+	if warns > 0 {
+		notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", warns, strings.Join(head, " | ")))
+	}
+	return notes
 }

@@ -265,19 +265,7 @@ func (rep *report) printSubscriptions(w io.Writer) {
 func (rep *report) subscriptionsAnomalies(w io.Writer) int {
 	n := 0
 	for _, r := range rep.subs {
-		var notes []string
-		if r.err != nil {
-			notes = append(notes, r.err.Error())
-		}
-		if dups := r.requests - r.strays - r.distinct; dups > 0 {
-			notes = append(notes, fmt.Sprintf("%d duplicate requests", dups))
-		}
-		if r.strays > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests with a body not from this drain", r.strays))
-		}
-		if r.logLines > 0 {
-			notes = append(notes, fmt.Sprintf("%d warn/error log lines, first: %s", r.logLines, strings.Join(r.logHead, " | ")))
-		}
+		notes := drainNotes(r.err, r.requests, r.strays, r.distinct, r.logLines, r.logHead)
 		if len(notes) > 0 {
 			n++
 			fmt.Fprintf(w, "  %s: %d couriers: %s\n", subsName, r.k, strings.Join(notes, "; "))

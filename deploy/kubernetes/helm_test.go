@@ -188,21 +188,7 @@ func TestHelmChart(t *testing.T) {
 			t.Fatal("no Deployment orders with courier")
 		}
 		subs := cfg.Subscriptions()
-		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
-			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
-		}
-		o, p := subs[0].Config, subs[1].Config
-		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
-			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
-		}
-		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
-			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
-		}
-		for _, sub := range subs {
-			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
-				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
-			}
-		}
+		checkShipping(t, subs)
 		if src := subs[0].Source["COURIER_STREAM"]; src != "COURIER_STREAM" {
 			t.Errorf("orders' stream comes from %s, want the plain COURIER_STREAM of values.yaml", src)
 		}
@@ -874,4 +860,27 @@ func schemaTakes(t *testing.T, defs map[string]map[string]any, s map[string]any,
 		}
 	}
 	return true
+}
+
+// checkShipping checks the subscriptions courier reads from the shipping
+// example (Helm's shipping-values.yaml, kustomize's shipping overlay):
+// orders in order per key with two routes, payments in batches of 50 on
+// its own consumer and path, both with the shared auto:32.
+func checkShipping(t *testing.T, subs []config.Subscription) {
+	t.Helper()
+	if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
+		t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
+	}
+	o, p := subs[0].Config, subs[1].Config
+	if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
+		t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
+	}
+	if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
+		t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
+	}
+	for _, sub := range subs {
+		if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
+			t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
+		}
+	}
 }

@@ -51,21 +51,7 @@ func TestKustomizeComponent(t *testing.T) {
 	t.Run("two subscriptions", func(t *testing.T) {
 		got, _ := render(t, "../kustomize/shipping")
 		subs := got.configs["orders"].Subscriptions()
-		if len(subs) != 2 || subs[0].Name != "orders" || subs[1].Name != "payments" {
-			t.Fatalf("courier reads subscriptions %+v, want orders and payments", subs)
-		}
-		o, p := subs[0].Config, subs[1].Config
-		if o.Stream != "ORDERS" || o.OrderKey != "subject:2" || len(o.Routes) != 2 || o.BatchMax != 1 {
-			t.Errorf("orders: stream %q, order key %q, routes %v, batch max %d: want ORDERS, subject:2, two routes, no batches", o.Stream, o.OrderKey, o.Routes, o.BatchMax)
-		}
-		if p.Stream != "PAYMENTS" || p.Consumer != "shipping-payments" || p.BatchMax != 50 || p.OrderKey != "" || p.AppURL != "http://127.0.0.1:8080/payments" {
-			t.Errorf("payments: stream %q, consumer %q, batch max %d, order key %q, app URL %q: want PAYMENTS, shipping-payments, 50, none, its own path", p.Stream, p.Consumer, p.BatchMax, p.OrderKey, p.AppURL)
-		}
-		for _, sub := range subs {
-			if !sub.Config.InflightAuto || sub.Config.MaxInflight != 32 {
-				t.Errorf("%s: in-flight limit %d (automatic %v), want the shared auto:32", sub.Name, sub.Config.MaxInflight, sub.Config.InflightAuto)
-			}
-		}
+		checkShipping(t, subs)
 	})
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/textproto"
 	"strconv"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // DefaultPublishTimeout bounds Publisher.Publish when its context has no
@@ -212,7 +212,7 @@ func (p *Publisher) publishError(err error) error {
 func fit(subject string, l Letter, limit int64) (*nats.Msg, bool, error) {
 	h := Envelope(l)
 	fits := func(h nats.Header, body []byte) bool {
-		return limit <= 0 || headerSize(h)+int64(len(body)) <= limit
+		return limit <= 0 || int64(natshdr.Size(h)+len(body)) <= limit
 	}
 	if fits(h, l.Data) {
 		return &nats.Msg{Subject: subject, Header: h, Data: l.Data}, false, nil
@@ -240,20 +240,5 @@ func fit(subject string, l Letter, limit int64) (*nats.Msg, bool, error) {
 	if fits(h, nil) {
 		return &nats.Msg{Subject: subject, Header: h}, true, nil
 	}
-	return nil, false, fmt.Errorf("%w (%d bytes of headers, the server accepts %d)", ErrTooLarge, headerSize(h), limit)
-}
-
-// headerSize is the size of h as nats.go encodes it on the wire (its
-// Msg.headerSize), which the server's max_payload counts with the body.
-func headerSize(h nats.Header) int64 {
-	if len(h) == 0 {
-		return 0
-	}
-	n := len("NATS/1.0\r\n") + len("\r\n")
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(textproto.TrimString(v)) + 4 // ": " and CRLF
-		}
-	}
-	return int64(n)
+	return nil, false, fmt.Errorf("%w (%d bytes of headers, the server accepts %d)", ErrTooLarge, natshdr.Size(h), limit)
 }

@@ -13,13 +13,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/courierhq/courier/internal/retry"
 )
 
 // publishMsg publishes m, retrying until the deadline, and returns the
 // answer; reqCtx tells whether the caller went away.
 func (s *Server) publishMsg(reqCtx context.Context, deadline time.Time, m *nats.Msg, generated bool, maxPayload int64) result {
-	if size := int64(len(m.Data) + headerSize(m.Header)); size > maxPayload {
+	if size := int64(len(m.Data) + natshdr.Size(m.Header)); size > maxPayload {
 		return fail(refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge,
 			"the message is %d bytes with its headers, more than the server's max_payload (%d bytes)", size, maxPayload))
 	}

@@ -43,6 +43,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natshdr"
 )
 
 // BatchPath is where batches are served: POST BatchPath, or BatchPath +
@@ -392,7 +394,7 @@ func (s *Server) entryMsg(r *http.Request, e *batchEntry, pathSubj string) (pend
 // max_payload, headers included, before any entry is published.
 func checkSizes(entries []pending, maxPayload int64) error {
 	for i, p := range entries {
-		if size := int64(len(p.m.Data) + headerSize(p.m.Header)); size > maxPayload {
+		if size := int64(len(p.m.Data) + natshdr.Size(p.m.Header)); size > maxPayload {
 			return refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge,
 				"entry %d (entryId %q): the message is %d bytes with its headers, more than the server's max_payload (%d bytes)", i, p.id, size, maxPayload)
 		}

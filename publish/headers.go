@@ -139,21 +139,6 @@ func carried(name string, vs []string) error {
 	return nil
 }
 
-// headerSize is the size of h as NATS sends it ("NATS/1.0\r\n", a line per
-// value, a blank line), which counts toward max_payload.
-func headerSize(h nats.Header) int {
-	if len(h) == 0 {
-		return 0
-	}
-	n := len("NATS/1.0\r\n") + len("\r\n")
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(": ") + len(v) + len("\r\n")
-		}
-	}
-	return n
-}
-
 // refusal is a publish refused for good: the status to answer, the outcome
 // to count and why, for the caller.
 type refusal struct {

@@ -90,15 +90,3 @@ func TestMessageHeadersCarried(t *testing.T) {
 		}
 	}
 }
-
-// TestHeaderSize: the size counted against max_payload is what NATS sends.
-func TestHeaderSize(t *testing.T) {
-	h := nats.Header{"A": {"1", "22"}}
-	// NATS/1.0\r\n A: 1\r\n A: 22\r\n \r\n
-	if got, want := headerSize(h), 10+6+7+2; got != want {
-		t.Errorf("headerSize = %d, want %d", got, want)
-	}
-	if headerSize(nil) != 0 {
-		t.Error("no headers count")
-	}
-}

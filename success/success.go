@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/courierhq/courier/internal/subject"
 )
 
@@ -189,7 +190,7 @@ func Fit(subj string, r Record, max int) *nats.Msg {
 	for name, vs := range appHeaders(r) {
 		f := field{name: name}
 		for _, v := range vs {
-			f.size += headerSize(name, v)
+			f.size += natshdr.LineSize(name, v)
 		}
 		fields = append(fields, f)
 	}
@@ -200,7 +201,7 @@ func Fit(subj string, r Record, max int) *nats.Msg {
 	}
 	// What the record costs beside the app's headers, with the longest
 	// list of omitted names it can carry.
-	reserve := headerSize(HeaderOmittedHeaders, strings.Repeat("x", omittedListMax))
+	reserve := natshdr.LineSize(HeaderOmittedHeaders, strings.Repeat("x", omittedListMax))
 	if !r.BodyCut {
 		base := size(m) - all + reserve
 		if base <= max {
@@ -241,20 +242,8 @@ func omit(fields []field, base, max int) []string {
 	return names
 }
 
-// headerSize is what one header value costs in a NATS message
-// ("name: value\r\n").
-func headerSize(name, value string) int { return len(name) + len(value) + 4 }
-
 // size is what a message counts against max_payload.
-func size(m *nats.Msg) int {
-	n := len(m.Data)
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			n += headerSize(k, v)
-		}
-	}
-	return n + 16
-}
+func size(m *nats.Msg) int { return len(m.Data) + natshdr.Size(m.Header) }
 
 // Publisher publishes success records to one subject. Safe for concurrent
 // use.

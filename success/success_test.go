@@ -6,7 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/natstest"
 )
 
 func TestMessage(t *testing.T) {
@@ -85,5 +89,38 @@ func TestFit(t *testing.T) {
 	small.Header = http.Header{"X-Small": {"1"}}
 	if m := Fit("ok.orders", small, max); m.Header.Get(HeaderOmittedHeaders) != "" || string(m.Data) != "answer" {
 		t.Errorf("a record that fits changed: %q %v", m.Data, m.Header)
+	}
+}
+
+// TestFitOnTheWire: a record as large as the server's max_payload is kept
+// whole, and one byte larger loses something (here the body: the headers
+// and the room for naming omitted ones leave it no place), each published
+// for real.
+func TestFitOnTheWire(t *testing.T) {
+	const max = 8192
+	s := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = max }})
+	nc, _ := natstest.Connect(t, s)
+	r := Record{
+		Status: 200, Header: http.Header{"X-Small": {"1"}, "X-Padded": {"  value  "}},
+		Subject: "orders.created", Stream: "ORDERS", Consumer: "c", Sequence: 7, Attempt: 1, Key: "k",
+	}
+	whole := Fit("ok.orders", r, 0)
+	r.Body = []byte(strings.Repeat("b", max-natshdr.Size(whole.Header)))
+
+	m := Fit("ok.orders", r, max)
+	if m.Header.Get(HeaderOmittedHeaders) != "" || len(m.Data) != len(r.Body) {
+		t.Errorf("a record of max_payload lost %q and %d bytes of body", m.Header.Get(HeaderOmittedHeaders), len(r.Body)-len(m.Data))
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		t.Errorf("publishing a record of max_payload: %v", err)
+	}
+
+	r.Body = append(r.Body, 'b')
+	m = Fit("ok.orders", r, max)
+	if m.Header.Get(HeaderBody) != BodyOmitted || len(m.Data) != 0 {
+		t.Errorf("a record one byte over max_payload kept its body: %d bytes, headers %v", len(m.Data), m.Header)
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		t.Errorf("publishing a record fitted to max_payload: %v", err)
 	}
 }

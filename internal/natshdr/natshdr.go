@@ -1,6 +1,8 @@
 // Package natshdr reads NATS message headers the way courier needs: NATS
 // header names are case-sensitive, but publishers write them in any case
 // ("traceparent", "content-type") and HTTP, where they end up, ignores case.
+// It also counts what headers cost on the wire (Size), which the server's
+// max_payload counts with the body.
 package natshdr
 
 import (

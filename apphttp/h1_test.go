@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Requests one after another share one keep-alive connection, and the app
@@ -109,7 +111,7 @@ func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
 	if _, _, err := h1Post(t, c, app.URL+"/?close=1", "x"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
+	poll.Until(t, 15*time.Second, "the app to see the connection closed", func() bool { return cc.closed.Load() == 1 })
 
 	resp, err, _ := exchange(context.Background(), c, c.Transport, app.URL+"/", http.Header{}, []byte("x"))
 	if err != nil {
@@ -120,7 +122,7 @@ func TestH1ClosesConnectionsThatCannotBeReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close() // 90 bytes unread
-	waitUntil(t, "the connection of an answer not read whole closed", func() bool { return cc.closed.Load() == 2 })
+	poll.Until(t, 15*time.Second, "the connection of an answer not read whole closed", func() bool { return cc.closed.Load() == 2 })
 	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +196,7 @@ func TestH1ContextEndsRequest(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("reading a body whose context ended: %v, want context.Canceled", err)
 	}
-	waitUntil(t, "both connections closed", func() bool { return cc.closed.Load() == 2 })
+	poll.Until(t, 15*time.Second, "both connections closed", func() bool { return cc.closed.Load() == 2 })
 }
 
 // The context ends a request whose body the app does not read: the write

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // An idle connection the app has closed (its keep-alive timeout, a restart)
@@ -66,14 +68,14 @@ func TestH1ClosesIdleConnections(t *testing.T) {
 	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the idle connection closed after the idle timeout", func() bool { return cc.closed.Load() == 1 })
+	poll.Until(t, 15*time.Second, "the idle connection closed after the idle timeout", func() bool { return cc.closed.Load() == 1 })
 
 	c = NewClient(ClientOptions{MaxConns: 2})
 	if _, _, err := h1Post(t, c, app.URL+"/", "x"); err != nil {
 		t.Fatal(err)
 	}
 	c.CloseIdleConnections()
-	waitUntil(t, "the idle connection closed by CloseIdleConnections", func() bool { return cc.closed.Load() == 2 })
+	poll.Until(t, 15*time.Second, "the idle connection closed by CloseIdleConnections", func() bool { return cc.closed.Load() == 2 })
 }
 
 // Concurrent requests each get a connection of their own; the pool keeps
@@ -114,7 +116,7 @@ func TestH1ConcurrentRequests(t *testing.T) {
 	if most.Load() < 2 {
 		t.Errorf("at most %d requests at the app at once: the requests did not run concurrently", most.Load())
 	}
-	waitUntil(t, "at most MaxConns (4) connections left open", func() bool {
+	poll.Until(t, 15*time.Second, "at most MaxConns (4) connections left open", func() bool {
 		return cc.opened.Load()-cc.closed.Load() <= 4
 	})
 }

@@ -8,15 +8,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/courierhq/courier/internal/poll"
 )
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, 15*time.Second, what, cond)
-}
 
 func retryable(s int) bool { return s == 408 || s == 429 || s == 500 || (s >= 502 && s <= 599) }
 

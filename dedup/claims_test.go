@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // The claim TTL of the renewal tests, and how long the answers to the
@@ -60,7 +61,7 @@ func lateRenewalAck(t *testing.T, addr string, jsB jetstream.JetStream, o Shared
 	case <-time.After(4 * renewClaimTTL):
 		t.Fatal("A sent no renewal")
 	}
-	eventually(t, 4*renewClaimTTL, "A's renewal given up unanswered", func() bool { return renewFailures(a) >= 1 })
+	poll.Until(t, 4*renewClaimTTL, "A's renewal given up unanswered", func() bool { return renewFailures(a) >= 1 })
 	checkFor(t, b, "late", Claimed, 3*renewClaimTTL, "A's claim lapsed while A lived and renewed it")
 	if err := a.Release(context.Background(), "late"); err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ func TestSharedReleaseAfterLateRenewalAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.holdAnswersAfter(bk, renewHold)
-	eventually(t, 4*renewClaimTTL, "A's renewal given up unanswered", func() bool { return renewFailures(a) >= 1 })
+	poll.Until(t, 4*renewClaimTTL, "A's renewal given up unanswered", func() bool { return renewFailures(a) >= 1 })
 	if err := a.Release(context.Background(), "release"); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestSharedClaimLapsesWhenHolderCutOff(t *testing.T) {
 
 	mustCheck(t, a, "cut", New)
 	p.cutOff(3 * o.ClaimTTL)
-	eventually(t, 10*o.ClaimTTL, "the claim of A, cut off, lapses", func() bool {
+	poll.Until(t, 10*o.ClaimTTL, "the claim of A, cut off, lapses", func() bool {
 		v, err := b.Check(context.Background(), "cut")
 		if err != nil {
 			t.Fatal(err)
@@ -127,7 +128,7 @@ func TestSharedClaimLapsesWhenHolderCutOff(t *testing.T) {
 	if !p.holding() {
 		t.Log("the claim was taken over after the cut-off ended (a slow machine)")
 	}
-	eventually(t, 10*o.ClaimTTL, "A notices it lost the claim", func() bool { return logs.count("level=WARN", "claim lost") > 0 })
+	poll.Until(t, 10*o.ClaimTTL, "A notices it lost the claim", func() bool { return logs.count("level=WARN", "claim lost") > 0 })
 	mustCheck(t, c, "cut", Claimed) // B's, not overwritten by A's renewal
 	if err := a.Release(context.Background(), "cut"); err != nil {
 		t.Fatal(err)

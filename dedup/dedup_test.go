@@ -63,12 +63,6 @@ func mustRecord(t *testing.T, s *Store, key string) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, within, what, cond)
-}
-
 func TestRecordThenSeen(t *testing.T) {
 	s := openStore(t, t.TempDir(), Options{Scope: "c"})
 	mustSeen(t, s, "order-1", false)
@@ -173,7 +167,7 @@ func TestKeyExpires(t *testing.T) {
 	s := openStore(t, t.TempDir(), Options{TTL: 2 * time.Second})
 	mustRecord(t, s, "k")
 	mustSeen(t, s, "k", true)
-	eventually(t, 5*time.Second, "key forgotten after its TTL", func() bool {
+	poll.Until(t, 5*time.Second, "key forgotten after its TTL", func() bool {
 		seen, err := s.Seen(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)
@@ -200,7 +194,7 @@ func TestRecordAgainAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, Options{TTL: hour})
-	eventually(t, 5*time.Second, "first record expired", func() bool {
+	poll.Until(t, 5*time.Second, "first record expired", func() bool {
 		seen, err := s.Seen(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)
@@ -228,7 +222,7 @@ func TestExpiredKeysAreDropped(t *testing.T) {
 	if err := s.Record(context.Background(), keys...); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "keys expired", func() bool {
+	poll.Until(t, 5*time.Second, "keys expired", func() bool {
 		seen, err := s.Seen(context.Background(), keys[0])
 		if err != nil {
 			t.Fatal(err)
@@ -382,7 +376,7 @@ func TestCloseFlushesPending(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, 15*time.Second, "records flowing", func() bool {
+	poll.Until(t, 15*time.Second, "records flowing", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(recorded) >= 500
@@ -438,13 +432,13 @@ func TestCloseStopsGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRecord(t, s, "k")
-	eventually(t, 15*time.Second, "GC ran", func() bool {
+	poll.Until(t, 15*time.Second, "GC ran", func() bool {
 		return metricstest.Value(t, reg, "courier_dedup_gc_runs_total") >= 2
 	})
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "goroutines stopped", func() bool {
+	poll.Until(t, 15*time.Second, "goroutines stopped", func() bool {
 		return runtime.NumGoroutine() <= before
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // TestDiskLow fakes the free space (a full disk cannot be made in a test):
@@ -34,7 +35,7 @@ func TestDiskLow(t *testing.T) {
 	}
 
 	free.Store(10 << 20)
-	eventually(t, 15*time.Second, "Healthy reports the low disk", func() bool {
+	poll.Until(t, 15*time.Second, "Healthy reports the low disk", func() bool {
 		return errors.Is(s.Healthy(), ErrDiskLow)
 	})
 	t.Logf("Healthy: %v", s.Healthy())
@@ -52,7 +53,7 @@ func TestDiskLow(t *testing.T) {
 	}
 
 	free.Store(1 << 30)
-	eventually(t, 15*time.Second, "Healthy again", func() bool { return s.Healthy() == nil })
+	poll.Until(t, 15*time.Second, "Healthy again", func() bool { return s.Healthy() == nil })
 	mustSeen(t, s, "during", false)
 	if v, err := s.Check(ctx, "during"); err != nil || v != New {
 		t.Errorf("Check after recovery: %v %v, want new", v, err)
@@ -87,7 +88,7 @@ func TestDirRemovedUnderStore(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "Healthy reports the removed directory", func() bool {
+	poll.Until(t, 15*time.Second, "Healthy reports the removed directory", func() bool {
 		return errors.Is(s.Healthy(), ErrDiskLow)
 	})
 	t.Logf("Healthy: %v", s.Healthy())

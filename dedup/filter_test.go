@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // TestFilterAnswersNewKeys: once loaded, the filter answers checks of new
@@ -142,7 +143,7 @@ func TestFilterNotTrustedBeforeLoad(t *testing.T) {
 
 func waitFilterReady(t *testing.T, s *Store) {
 	t.Helper()
-	eventually(t, 10*time.Second, "key filter loaded", s.filter.ready.Load)
+	poll.Until(t, 10*time.Second, "key filter loaded", s.filter.ready.Load)
 }
 
 // BenchmarkSeen checks new keys (the common case) in a store holding

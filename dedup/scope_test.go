@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // deliveryStore is what the delivery loop asks of a store (proxy's Deduper
@@ -239,7 +240,7 @@ func TestStoreScopeTTL(t *testing.T) {
 	}
 	// Badger keeps expiry in whole seconds: a key of a 2s TTL lives
 	// between 1s and 2s.
-	eventually(t, 5*time.Second, "the short scope's key forgotten", func() bool {
+	poll.Until(t, 5*time.Second, "the short scope's key forgotten", func() bool {
 		seen, err := short.Seen(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)

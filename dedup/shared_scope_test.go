@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // sharedScoped returns scope of s, failing the test on error.
@@ -90,7 +91,7 @@ func TestSharedScopeClaimTTL(t *testing.T) {
 	if err := a.Close(); err != nil { // the courier dies holding the claim
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the claim lapses after the scope's claim TTL, not the store's 30s", func() bool {
+	poll.Until(t, 10*time.Second, "the claim lapses after the scope's claim TTL, not the store's 30s", func() bool {
 		v, err := bFast.Check(context.Background(), "held")
 		if err != nil {
 			t.Fatal(err)
@@ -126,7 +127,7 @@ func TestSharedScopeTTL(t *testing.T) {
 	}
 	mustCheck(t, bShort, "k", Processed)
 	for _, v := range []*SharedScope{aShort, bShort} {
-		eventually(t, 10*time.Second, "the key forgotten after the scope's TTL", func() bool {
+		poll.Until(t, 10*time.Second, "the key forgotten after the scope's TTL", func() bool {
 			got, err := v.Check(ctx, "k")
 			if err != nil {
 				t.Fatal(err)

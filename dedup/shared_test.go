@@ -16,6 +16,7 @@ import (
 
 	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // openShared opens a shared store on js with a fresh local cache, closed
@@ -200,7 +201,7 @@ func claimLapses(t *testing.T, jsA, jsB jetstream.JetStream) {
 	}
 	began := time.Now()
 	mustCheck(t, b, "dies", Claimed)
-	eventually(t, 10*time.Second, "the claim lapses", func() bool {
+	poll.Until(t, 10*time.Second, "the claim lapses", func() bool {
 		v, err := b.Check(context.Background(), "dies")
 		if err != nil {
 			t.Fatal(err)
@@ -246,7 +247,7 @@ func TestSharedKeysExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCheck(t, b, "brief", Processed)
-	eventually(t, 10*time.Second, "the key is forgotten", func() bool {
+	poll.Until(t, 10*time.Second, "the key is forgotten", func() bool {
 		v, err := b.Check(context.Background(), "brief")
 		if err != nil {
 			t.Fatal(err)

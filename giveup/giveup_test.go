@@ -40,12 +40,6 @@ func ctx(t *testing.T, d time.Duration) context.Context {
 	return c
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, timeout, what, cond)
-}
-
 // env is a server with stream ORDERS, its durable "courier" (ack wait 1s,
 // two deliveries) and a DLQ stream.
 type env struct {
@@ -300,8 +294,8 @@ func TestGiveUpCatcherDeadLetters(t *testing.T) {
 			seq := e.publish("orders.created", `{"id":7}`, hdr)
 			e.exhaust()
 
-			waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-			waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+			poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+			poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 			dl := e.deadLetters()[0]
 			checkLetter(t, e, dl, seq, `{"id":7}`, hdr)
 			if got := e.originalExists(seq); got == tt.removed {
@@ -364,14 +358,14 @@ func TestGiveUpCatcherAdvisoryFiredWhileDown(t *testing.T) {
 	c := e.newCatcher(nil) // set up (capturing), not running
 	seq := e.publish("orders.created", "late", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the advisory captured", func() bool { return e.captured() == 1 })
+	poll.Until(t, 15*time.Second, "the advisory captured", func() bool { return e.captured() == 1 })
 	if n := len(e.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters before the catcher ran", n)
 	}
 	c.run(t)
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	checkLetter(t, e, e.deadLetters()[0], seq, "late", nil)
-	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+	poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 }
 
 func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
@@ -386,14 +380,14 @@ func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
 	e.sendAdvisory(adv)
 	e.sendAdvisory(adv)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "three advisories handled", func() bool {
+	poll.Until(t, 15*time.Second, "three advisories handled", func() bool {
 		total := 0
 		for _, c := range []*catcher{a, b} {
 			total += c.handled(giveup.ResultDeadLettered) + c.handled(giveup.ResultDuplicate)
 		}
 		return total == 3
 	})
-	waitFor(t, 15*time.Second, "the advisories acked", e.settled)
+	poll.Until(t, 15*time.Second, "the advisories acked", e.settled)
 	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
@@ -412,8 +406,8 @@ func TestGiveUpCatcherNothingToDeadLetter(t *testing.T) {
 	// again, and the sequence is another message.
 	seq := e.publish("orders.created", "newer", nil)
 	e.sendAdvisory(advisoryJSON(seq, 2, time.Now().Add(-time.Hour)))
-	waitFor(t, 10*time.Second, "two advisories gone", func() bool { return c.handled(giveup.ResultGone) == 2 })
-	waitFor(t, 15*time.Second, "the advisories acked", e.settled)
+	poll.Until(t, 10*time.Second, "two advisories gone", func() bool { return c.handled(giveup.ResultGone) == 2 })
+	poll.Until(t, 15*time.Second, "the advisories acked", e.settled)
 	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
@@ -430,8 +424,8 @@ func TestGiveUpCatcherMalformed(t *testing.T) {
 	for _, data := range [][]byte{[]byte("not json"), wrongType, wrongConsumer, noSeq} {
 		e.sendAdvisory(data)
 	}
-	waitFor(t, 10*time.Second, "four advisories terminated", func() bool { return c.handled(giveup.ResultMalformed) == 4 })
-	waitFor(t, 15*time.Second, "the advisories settled", e.settled)
+	poll.Until(t, 10*time.Second, "four advisories terminated", func() bool { return c.handled(giveup.ResultMalformed) == 4 })
+	poll.Until(t, 15*time.Second, "the advisories settled", e.settled)
 	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
@@ -449,8 +443,8 @@ func TestGiveUpCatcherTooLargeKeepsOriginal(t *testing.T) {
 	seq := e.publish("orders.created", strings.Repeat("x", 8000), nats.Header{"Content-Type": {"text/plain"}})
 	e.exhaust()
 
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 	dl := e.deadLetters()[0]
 	if len(dl.Data) != 0 || dl.Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge || dl.Header.Get(dlq.HeaderSequence) != strconv.FormatUint(seq, 10) {
 		t.Errorf("dead letter: %d bytes of body, %s=%q, %s=%q; want a reference to sequence %d", len(dl.Data),
@@ -485,8 +479,8 @@ func TestGiveUpCatcherRetriesUntilStored(t *testing.T) {
 	c := e.newCatcher(f).run(t)
 	seq := e.publish("orders.created", "kept", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
-	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 	if n := c.handled(giveup.ResultRetry); n != 3 {
 		t.Errorf("retry = %d, want 3", n)
 	}
@@ -503,7 +497,7 @@ func TestGiveUpCatcherKeepsOriginalUntilStored(t *testing.T) {
 	c := e.newCatcher(f).run(t)
 	seq := e.publish("orders.created", "kept", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "a few failed tries", func() bool { return c.handled(giveup.ResultRetry) >= 3 })
+	poll.Until(t, 15*time.Second, "a few failed tries", func() bool { return c.handled(giveup.ResultRetry) >= 3 })
 	c.stop()
 	if !e.originalExists(seq) {
 		t.Errorf("original removed although its dead letter was never stored")
@@ -589,7 +583,7 @@ func TestGiveUpCatcherAckDenied(t *testing.T) {
 	e.publish("orders.created", "x", nil)
 	e.exhaust()
 	want := "grant courier's user publish to $JS.ACK." + giveup.StreamName("ORDERS", consumer) + ".>"
-	waitFor(t, 15*time.Second, "the error naming the grant", func() bool { return strings.Contains(logs.String(), want) })
+	poll.Until(t, 15*time.Second, "the error naming the grant", func() bool { return strings.Contains(logs.String(), want) })
 	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
@@ -635,5 +629,5 @@ func TestGiveUpCatcherRecreatesConsumer(t *testing.T) {
 	})
 	e.publish("orders.created", "after", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 }

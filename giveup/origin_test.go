@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -47,7 +48,7 @@ func TestGiveUpCatcherWorkStream(t *testing.T) {
 
 	hdr := nats.Header{"Content-Type": {"application/json"}, "Nats-Msg-Id": {"order-7"}}
 	seq := e.publish("orders.created", `{"id":7}`, hdr)
-	waitFor(t, 10*time.Second, "the message copied into the work stream", func() bool {
+	poll.Until(t, 10*time.Second, "the message copied into the work stream", func() bool {
 		info, err := work.Info(ctx(t, 5*time.Second))
 		return err == nil && info.State.Msgs == 1
 	})
@@ -64,9 +65,9 @@ func TestGiveUpCatcherWorkStream(t *testing.T) {
 			t.Fatalf("fetch %d got %d messages, want %d", i+1, n, want)
 		}
 	}
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	checkLetter(t, e, e.deadLetters()[0], seq, `{"id":7}`, hdr)
-	waitFor(t, 15*time.Second, "the copy removed from the work stream", func() bool {
+	poll.Until(t, 15*time.Second, "the copy removed from the work stream", func() bool {
 		info, err := work.Info(ctx(t, 5*time.Second))
 		return err == nil && info.State.Msgs == 0
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // envelopeSize is the wire size of h as nats.go encodes it.
@@ -47,10 +48,10 @@ func TestGiveUpCatcherDuplicateOfReferenceKeepsOriginal(t *testing.T) {
 
 	c := e.newCatcher(nil).run(t)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
+	poll.Until(t, 15*time.Second, "the advisory handled", func() bool {
 		return c.handled(giveup.ResultDuplicate)+c.handled(giveup.ResultDeadLettered) > 0
 	})
-	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+	poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 
 	dls := e.deadLetters()
 	if len(dls) != 1 || dls[0].Header.Get(dlq.HeaderBody) != dlq.BodyOmittedTooLarge {
@@ -96,10 +97,10 @@ func TestGiveUpCatcherMarkedReferenceNoSecondLetter(t *testing.T) {
 		o.OnDeadLetter = func() { stored.Add(1) }
 	}).run(t)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
+	poll.Until(t, 15*time.Second, "the advisory handled", func() bool {
 		return c.handled(giveup.ResultDuplicate)+c.handled(giveup.ResultDeadLettered) > 0
 	})
-	waitFor(t, 15*time.Second, "the advisory acked", e.settled)
+	poll.Until(t, 15*time.Second, "the advisory acked", e.settled)
 
 	if got := c.handled(giveup.ResultRetry); got != 1 {
 		t.Errorf("advisory handled again %d times after the mark could not be read, want 1", got)

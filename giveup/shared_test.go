@@ -9,6 +9,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Two couriers with the same consumer name (the default, "courier") on two
@@ -58,7 +59,7 @@ func TestGiveUpCatcherSharedCaptureTwoStreamsSameConsumer(t *testing.T) {
 
 	seq := e.publish("orders.created", "lost?", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "ORDERS' dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "ORDERS' dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	checkLetter(t, e, e.deadLetters()[0], seq, "lost?", nil)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 func TestGiveUpNames(t *testing.T) {
@@ -141,7 +142,7 @@ func TestGiveUpCatcherSetupCaptureInExistingStream(t *testing.T) {
 	(&catcher{Catcher: c, reg: reg}).run(t)
 	seq := e.publish("orders.created", "audit", nil)
 	e.exhaust()
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	checkLetter(t, e, e.deadLetters()[0], seq, "audit", nil)
 }
 

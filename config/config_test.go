@@ -874,15 +874,19 @@ func TestWriteTable(t *testing.T) {
 		{Name: "A", Meaning: "first", Default: "1", Value: "1"},
 		{Name: "LONGER_NAME", Meaning: "second", Default: "unset", Value: ""},
 		{Name: "C", Meaning: "third", Default: "x", Value: "a\tb"},
+		{Name: "D", Meaning: "fourth", Default: "  ", Value: "\x1b[2Jwiped\r\n"},
 	}
 	if err := WriteTable(&out, vars); err != nil {
 		t.Fatal(err)
 	}
+	// A tab, a line break or a terminal escape would break the table or
+	// the terminal: each becomes a space.
 	want := "" +
-		"VARIABLE     VALUE   DEFAULT  MEANING\n" +
-		"A            1       1        first\n" +
-		"LONGER_NAME  -       unset    second\n" +
-		"C            \"a\\tb\"  x        third\n"
+		"VARIABLE     VALUE     DEFAULT  MEANING\n" +
+		"A            1         1        first\n" +
+		"LONGER_NAME  -         unset    second\n" +
+		"C            a b       x        third\n" +
+		"D            [2Jwiped  -        fourth\n"
 	if out.String() != want {
 		t.Errorf("WriteTable:\n%s\nwant:\n%s", out.String(), want)
 	}

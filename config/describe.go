@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"unicode"
+
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // Var describes one environment variable for `courier config`.
@@ -173,12 +174,11 @@ func WriteTable(w io.Writer, vars []Var) error {
 	return tw.Flush()
 }
 
+// cell makes s one printable line for the table, "-" when nothing is left
+// of it.
 func cell(s string) string {
-	if s == "" {
+	if s = printable.Line(s, 0); s == "" {
 		return "-"
-	}
-	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
-		return strconv.Quote(s)
 	}
 	return s
 }

@@ -116,6 +116,7 @@ func TestEnvelopeError(t *testing.T) {
 		{"newlines", "line one\r\nline two\n", "line one  line two"},
 		{"control", "a\x00b\tc\x7fd", "a b c d"},
 		{"invalid utf8", "bad\xffbyte", "bad\uFFFDbyte"},
+		{"bidirectional override", "ok \u202ekcatta", "ok  kcatta"},
 		{"exactly the limit", strings.Repeat("x", dlq.MaxErrorLen), strings.Repeat("x", dlq.MaxErrorLen)},
 		{"long ascii", strings.Repeat("x", 5000), strings.Repeat("x", dlq.MaxErrorLen-3) + "..."},
 		// "é" is 2 bytes, "€" 3: the cut must fall between runes.
@@ -128,7 +129,7 @@ func TestEnvelopeError(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("Courier-Error = %q (%d bytes), want %q (%d bytes)", got, len(got), tt.want, len(tt.want))
 			}
-			if len(got) > dlq.MaxErrorLen || !utf8.ValidString(got) || strings.ContainsFunc(got, unicode.IsControl) {
+			if len(got) > dlq.MaxErrorLen || !utf8.ValidString(got) || strings.ContainsFunc(got, func(r rune) bool { return !unicode.IsPrint(r) }) {
 				t.Errorf("Courier-Error is not a bounded, valid header value: %q", got)
 			}
 		})

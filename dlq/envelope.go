@@ -13,10 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // Header names of the dead-letter envelope. Every header of a dead letter
@@ -45,8 +45,10 @@ const (
 	HeaderSubject = "Courier-Subject"
 	// HeaderSubjectBase64 is the original's exact subject, base64 (standard
 	// encoding, padded), present only when HeaderSubject differs from it: a
-	// subject that is not valid UTF-8 or holds control characters, which a
-	// header value cannot carry as they are. Replay publishes to this one.
+	// subject that is not valid UTF-8 or holds what is not printable
+	// (control or format characters, spaces other than U+0020), which a
+	// header value cannot carry, or a terminal show, as they are. Replay
+	// publishes to this one.
 	HeaderSubjectBase64 = "Courier-Subject-Base64"
 	// HeaderStream is the stream the original was consumed from.
 	HeaderStream = "Courier-Stream"
@@ -194,29 +196,29 @@ func Envelope(l Letter) nats.Header {
 	if reason == "" {
 		reason = ReasonUnknown
 	}
-	h.Set(HeaderReason, cleanValue(reason, MaxErrorLen))
+	h.Set(HeaderReason, printable.Line(reason, MaxErrorLen))
 	if l.Status != 0 {
 		h.Set(HeaderStatus, strconv.Itoa(l.Status))
 	}
 	if l.Error != "" {
-		h.Set(HeaderError, cleanValue(l.Error, MaxErrorLen))
+		h.Set(HeaderError, printable.Line(l.Error, MaxErrorLen))
 	}
 	h.Set(HeaderAttempts, strconv.Itoa(l.Attempts))
 	if l.OrderKey != "" {
 		h.Set(HeaderOrderKey, l.OrderKey)
 		h.Set(HeaderOrderWaiting, strconv.Itoa(l.OrderWaiting))
 	}
-	subject := cleanValue(l.Subject, 0)
+	subject := printable.Line(l.Subject, 0)
 	h.Set(HeaderSubject, subject)
 	if subject != l.Subject {
 		h.Set(HeaderSubjectBase64, base64.StdEncoding.EncodeToString([]byte(l.Subject)))
 	}
-	h.Set(HeaderStream, cleanValue(l.Stream, 0))
+	h.Set(HeaderStream, printable.Line(l.Stream, 0))
 	if !l.StreamCreated.IsZero() {
 		h.Set(HeaderStreamCreated, formatTime(l.StreamCreated))
 	}
 	h.Set(HeaderSequence, strconv.FormatUint(l.Sequence, 10))
-	h.Set(HeaderConsumer, cleanValue(l.Consumer, 0))
+	h.Set(HeaderConsumer, printable.Line(l.Consumer, 0))
 	if !l.FailedAt.IsZero() {
 		h.Set(HeaderFailedAt, formatTime(l.FailedAt))
 	}
@@ -307,31 +309,4 @@ func hasPrefixFold(s, prefix string) bool {
 
 func formatTime(t time.Time) string {
 	return t.UTC().Format(time.RFC3339Nano)
-}
-
-// truncMark ends a value cut short by cleanValue.
-const truncMark = "..."
-
-// cleanValue makes s a valid header value: invalid UTF-8 replaced, control
-// characters (newlines above all, which would end the header) replaced by
-// spaces, surrounding space trimmed (the NATS header parser trims it anyway),
-// and, when limit > 0, cut to at most limit bytes on a rune boundary, ending
-// in truncMark.
-func cleanValue(s string, limit int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	s = strings.TrimSpace(s)
-	if limit <= 0 || len(s) <= limit {
-		return s
-	}
-	cut := limit - len(truncMark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return strings.TrimRightFunc(s[:cut], unicode.IsSpace) + truncMark
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // DefaultPublishTimeout bounds Publisher.Publish when its context has no
@@ -218,7 +219,7 @@ func fit(subject string, l Letter, limit int64) (*nats.Msg, bool, error) {
 		return &nats.Msg{Subject: subject, Header: h, Data: l.Data}, false, nil
 	}
 	if l.Error != "" {
-		h.Set(HeaderError, cleanValue(l.Error, ShortErrorLen))
+		h.Set(HeaderError, printable.Line(l.Error, ShortErrorLen))
 	}
 	if fits(h, l.Data) {
 		return &nats.Msg{Subject: subject, Header: h, Data: l.Data}, false, nil
@@ -232,7 +233,7 @@ func fit(subject string, l Letter, limit int64) (*nats.Msg, bool, error) {
 	bare.Header = nil
 	h = Envelope(bare)
 	if l.Error != "" {
-		h.Set(HeaderError, cleanValue(l.Error, ShortErrorLen))
+		h.Set(HeaderError, printable.Line(l.Error, ShortErrorLen))
 	}
 	h.Set(HeaderBody, BodyOmittedTooLarge)
 	h.Set(HeaderBodySize, strconv.Itoa(len(l.Data)))

@@ -31,11 +31,11 @@ func TestReasons(t *testing.T) {
 	}
 }
 
-// An original's subject need not be valid UTF-8 nor free of control
-// characters: Courier-Subject shows it readably, and Subject recovers it
+// An original's subject need not be valid UTF-8 nor printable (control
+// characters, a bidirectional override): Courier-Subject shows it readably, and Subject recovers it
 // exactly (issue #17.7).
 func TestEnvelopeKeepsExactSubject(t *testing.T) {
-	for _, subject := range []string{"orders.created", "orders.caf\xe9", "orders.a\x01b", "orders.café"} {
+	for _, subject := range []string{"orders.created", "orders.caf\xe9", "orders.a\x01b", "orders.\u202eredro", "orders.café"} {
 		l := letter()
 		l.Subject = subject
 		h := dlq.Envelope(l)
@@ -43,7 +43,7 @@ func TestEnvelopeKeepsExactSubject(t *testing.T) {
 			t.Errorf("Subject(Envelope(%q)) = %q", subject, got)
 		}
 		readable := h.Get(dlq.HeaderSubject)
-		if !utf8.ValidString(readable) || strings.ContainsFunc(readable, unicode.IsControl) {
+		if !utf8.ValidString(readable) || strings.ContainsFunc(readable, func(r rune) bool { return !unicode.IsPrint(r) }) {
 			t.Errorf("%s = %q, want a readable value", dlq.HeaderSubject, readable)
 		}
 		if _, ok := h[dlq.HeaderSubjectBase64]; ok != (readable != subject) {

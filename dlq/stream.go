@@ -91,21 +91,10 @@ func StreamConfig(subject string, replicas int) jetstream.StreamConfig {
 // removing dead letters, each with what to change.
 func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 	name := cfg.Name
-	var refusals []string
-	if cfg.Retention == jetstream.InterestPolicy {
-		refusals = append(refusals, "uses interest retention, which stores nothing while no consumer is interested and removes what all consumers acked (use a stream with limits retention)")
-	}
-	if cfg.Storage == jetstream.MemoryStorage {
-		refusals = append(refusals, "uses memory storage, which loses dead letters when the server restarts (use a stream with file storage; storage cannot be changed on an existing stream)")
-	}
-	if cfg.NoAck {
-		refusals = append(refusals, "has no_ack set, so no publish to it is ever acknowledged (set no_ack to false)")
-	}
-	if cfg.Sealed {
-		refusals = append(refusals, "is sealed and accepts no new messages (capture the subject in another stream)")
-	}
-	if len(refusals) > 0 {
-		err = fmt.Errorf("%w: stream %q %s", ErrUnsuitableStream, name, strings.Join(refusals, "; it "))
+	// Courier publishes dead letters and waits for the stream's ack, and
+	// they stay until replayed or removed, whoever consumes them.
+	if why := jsutil.Unsuitable(cfg, jsutil.Keeping{What: "dead letters", Acked: true, WithoutInterest: true}); why != nil {
+		err = fmt.Errorf("%w: %w", ErrUnsuitableStream, why)
 	}
 
 	warn := func(format string, args ...any) {

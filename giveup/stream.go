@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -143,15 +142,11 @@ func StreamConfig(stream, consumer string, replicas int, maxAge time.Duration) j
 // advisories in such a stream until it acks them.
 func CheckStream(cfg jetstream.StreamConfig) (warnings []string, err error) {
 	name := cfg.Name
-	var refusals []string
-	if cfg.Storage == jetstream.MemoryStorage {
-		refusals = append(refusals, "uses memory storage, which loses advisories when the server restarts (use a stream with file storage)")
-	}
-	if cfg.Sealed {
-		refusals = append(refusals, "is sealed and accepts no new messages (capture the subject in another stream)")
-	}
-	if len(refusals) > 0 {
-		err = fmt.Errorf("%w: stream %q %s", ErrUnsuitableStream, name, strings.Join(refusals, "; it "))
+	// The server publishes advisories, waiting for no ack, and courier's
+	// durable consumer keeps them until it acks them, whatever the
+	// retention.
+	if why := jsutil.Unsuitable(cfg, jsutil.Keeping{What: "advisories"}); why != nil {
+		err = fmt.Errorf("%w: %w", ErrUnsuitableStream, why)
 	}
 	warn := func(format string, args ...any) {
 		warnings = append(warnings, fmt.Sprintf("stream %q ", name)+fmt.Sprintf(format, args...))

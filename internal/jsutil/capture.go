@@ -1,8 +1,9 @@
 // Package jsutil holds the JetStream set-up helpers that more than one of
 // courier's packages needs: making sure a stream captures a subject and will
-// keep what it receives (Unsuitable says why one would not), explaining a set-up request the server refused
-// (no permission, JetStream not enabled) with what to create by hand, and
-// making stream names from arbitrary text. It imports nothing of courier's.
+// keep what it receives (Unsuitable says why one would not), explaining a
+// set-up request the server refused (no permission, JetStream not enabled)
+// with what to create by hand, and making stream names from arbitrary text.
+// It imports nothing of courier's.
 package jsutil
 
 import (

@@ -672,3 +672,19 @@ func TestBatchBeforeConnect(t *testing.T) {
 		t.Errorf("connected while it waited: %d %q %+v", r.status, r.Error, r.Entries)
 	}
 }
+
+// checkSizes counts a message as nats.go sends it: the spaces around a
+// header value, which nats.go trims, do not count against max_payload.
+func TestCheckSizesCountsWhatIsSent(t *testing.T) {
+	const maxPayload = 1024
+	h := nats.Header{"X-Padded": {"  value  "}, "Nats-Msg-Id": {"a"}}
+	sent := (&nats.Msg{Header: h}).Size() // nats.go's count of its header block
+	m := &nats.Msg{Subject: "orders.x", Header: h, Data: make([]byte, maxPayload-sent)}
+	if err := checkSizes([]pending{{id: "a", m: m}}, maxPayload); err != nil {
+		t.Errorf("a message of max_payload as sent: %v", err)
+	}
+	m.Data = append(m.Data, 'x')
+	if err := checkSizes([]pending{{id: "a", m: m}}, maxPayload); err == nil {
+		t.Error("a message one byte over max_payload passed")
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -53,7 +52,7 @@ func ensurePartitions(ctx context.Context, js jetstream.JetStream, cfg config.Co
 
 // setUpPartitions sets up the work stream and the partitions' consumers
 // (ensurePartitions), and joins the membership, kept until the stop
-// signal (runMembers).
+// signal (partition.Members.Start).
 func (p *path) setUpPartitions(ctx context.Context) error {
 	parts := &partitions{marks: p.marks}
 	err := retrySetup(ctx, p.log, "the partitions' work stream and consumers", func(ctx context.Context) error {
@@ -73,7 +72,7 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 		return err
 	}
 	p.parts = parts
-	p.stopMembers = runMembers(ctx, parts.members)
+	p.stopMembers = parts.members.Start(ctx)
 	p.log.Info("sharing the durable's partitions with the other couriers", "partitions", p.cfg.OrderPartitions,
 		"instance", parts.members.Instance(), "work_stream", parts.Work.CachedInfo().Config.Name)
 	return nil
@@ -101,16 +100,6 @@ func joinMembers(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 			return nil
 		},
 	})
-}
-
-// runMembers keeps the membership until ctx ends (the stop signal), then
-// leaves it; the returned stop, for close, waits for that (and ends it if
-// start-up failed first). It may be called more than once.
-func runMembers(ctx context.Context, m *partition.Members) (stop func()) {
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); m.Run(mctx) }()
-	return sync.OnceFunc(func() { cancel(); <-done })
 }
 
 // runnerPartitions is the runner's view of the partitions; nil without.

@@ -20,6 +20,7 @@ import (
 
 // Durable is a partitioned durable on the server: its work stream and one
 // durable consumer per partition, as read when Ensure or Find returned it.
+// Its methods only read it: they are safe for concurrent use.
 type Durable struct {
 	// Work is the work stream (StreamName).
 	Work jetstream.Stream

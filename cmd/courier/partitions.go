@@ -23,7 +23,9 @@ import (
 // A durable split into partitions by its ordering key
 // (COURIER_ORDER_PARTITIONS; package partition, README "Order per key"):
 // its set-up beside the stream, the membership each courier keeps while it
-// runs, and what status, pause and cleanup do with it.
+// runs, and what status, pause and cleanup do with it. Package partition
+// (durable.go, members.go) holds how; here the configuration becomes its
+// options, and the commands print what it found.
 
 // partitioned reports whether cfg splits the durable into partitions.
 func partitioned(cfg config.Config) bool { return cfg.OrderPartitions >= 2 }

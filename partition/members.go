@@ -76,7 +76,7 @@ type Options struct {
 }
 
 // Members is this courier's membership. Create it with Join, then call Run
-// once; Assigned and Instance are safe for concurrent use.
+// once (or Start); Assigned and Instance are safe for concurrent use.
 type Members struct {
 	o   Options
 	kv  jetstream.KeyValue
@@ -244,6 +244,18 @@ func (m *Members) Run(ctx context.Context) {
 			m.reassign()
 		}
 	}
+}
+
+// Start runs Run in a goroutine of its own until ctx ends (the stop
+// signal), and returns stop, which ends it if ctx has not and waits until
+// it has left the membership: whoever called Start must call stop (at
+// close, or when a start-up step after Join failed). stop may be called
+// more than once.
+func (m *Members) Start(ctx context.Context) (stop func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(rctx) }()
+	return sync.OnceFunc(func() { cancel(); <-done })
 }
 
 func (m *Members) put(ctx context.Context) error {

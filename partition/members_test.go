@@ -3,7 +3,6 @@ package partition
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,11 +36,7 @@ func TestMembers(t *testing.T) {
 		if !run {
 			return running{m: m, stop: m.stopWatch}
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() { defer wg.Done(); m.Run(ctx) }()
-		stop := sync.OnceFunc(func() { cancel(); wg.Wait() })
+		stop := m.Start(context.Background())
 		t.Cleanup(stop)
 		return running{m: m, stop: stop}
 	}

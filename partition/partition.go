@@ -6,9 +6,11 @@
 // consumer per partition on it, each pinned to one courier at a time (a
 // priority group with the pinned policy); and the membership that shares
 // the partitions out among the live replicas by rendezvous hashing
-// (members.go). The pin, which the server enforces, is what lets one
-// courier at a time deliver a partition; membership only balances them.
-// The consumed stream is read, never changed.
+// (members.go). durable.go sets a partitioned durable up on the server
+// and finds it again for the commands beside the sidecar. The pin, which
+// the server enforces, is what lets one courier at a time deliver a
+// partition; membership only balances them. The consumed stream is read,
+// never changed.
 package partition
 
 import (
@@ -102,8 +104,8 @@ func StreamConfig(o StreamOptions) (jetstream.StreamConfig, error) {
 	}
 	return jetstream.StreamConfig{
 		Name: StreamName(src.Name, o.Consumer),
-		Description: fmt.Sprintf("courier: consumer %s of stream %s in %d partitions by subject token %d (COURIER_ORDER_PARTITIONS); each message until it is settled",
-			o.Consumer, src.Name, o.Partitions, o.Token),
+		Description: fmt.Sprintf("courier: consumer %s of stream %s in %d partitions by subject token %d %s; each message until it is settled",
+			o.Consumer, src.Name, o.Partitions, o.Token, streamDescriptionMark),
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     src.Storage,
 		Replicas:    max(src.Replicas, 1),

@@ -337,7 +337,7 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 // key and no partitions (pinwatch.go); a partitioned durable's is found by
 // planPartitions.
 func planPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
-	if work, _, err := partitionsOf(ctx, js, cfg); err != nil || work != nil {
+	if d, err := partition.Find(ctx, js, cfg.Stream, cfg.Consumer); err != nil || d != nil {
 		return nil, err
 	}
 	name := partition.MembersBucket(cfg.Stream, cfg.Consumer)

@@ -163,14 +163,14 @@ func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		deadLetters = fmt.Sprint(n)
 	}
 	if partitioned(cfg) {
-		work, consumers, err := partitionsOf(ctx, js, cfg)
+		d, err := partition.Find(ctx, js, cfg.Stream, cfg.Consumer)
 		if err != nil {
 			return err
 		}
-		if work == nil {
+		if d == nil {
 			return missingConsumer(ctx, js, cfg)
 		}
-		return printPartitionStatus(ctx, js, cfg, work, consumers, deadLetters, stdout)
+		return printPartitionStatus(ctx, js, cfg, d, deadLetters, stdout)
 	}
 	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	if err != nil {

@@ -117,5 +117,5 @@ func (p *path) joinPinHolders(ctx context.Context) {
 		}
 		return
 	}
-	p.stopMembers = runMembers(ctx, m)
+	p.stopMembers = m.Start(ctx)
 }

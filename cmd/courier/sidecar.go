@@ -352,7 +352,7 @@ func (p *path) setUp(ctx context.Context) error {
 		if err := p.setUpPartitions(ctx); err != nil {
 			return err
 		}
-		consumers = p.parts.consumers
+		consumers = p.parts.Consumers
 	}
 	depth, err := dlq.NewDepthCollector(p.js, p.cfg.DLQSubject, dlq.DepthOptions{})
 	if err != nil {

@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/courierhq/courier/config"
 )
@@ -143,7 +141,7 @@ func writeWrapped(w io.Writer, vars []config.Var, width int) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-*s%s\n", col, "VARIABLE", "VALUE")
 	for _, v := range vars {
-		value := configCell(v.Value)
+		value := cell(v.Value, 0)
 		if len(v.Problems) > 0 && v.Value != "" {
 			value += " (invalid)"
 		}
@@ -180,7 +178,7 @@ func writeSubscriptions(w io.Writer, list string, subs []config.SubscriptionVars
 	for _, s := range subs {
 		fmt.Fprintf(&b, "\nsubscription %s\n%-*s%-*s%s\n", s.Name, col, "VARIABLE", from+2, "FROM", "VALUE")
 		for _, v := range s.Vars {
-			value := configCell(v.Value)
+			value := cell(v.Value, 0)
 			if len(v.Problems) > 0 && v.Value != "" {
 				value += " (invalid)"
 			}
@@ -189,18 +187,6 @@ func writeSubscriptions(w io.Writer, list string, subs []config.SubscriptionVars
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-// configCell is a value as a table shows it: "-" when empty, quoted when it
-// would break the layout.
-func configCell(s string) string {
-	if s == "" {
-		return "-"
-	}
-	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
-		return strconv.Quote(s)
-	}
-	return s
 }
 
 // wrap breaks text into lines of at most width bytes at spaces; a word

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // dlqList writes the selected dead letters as a table, or as JSON lines.
@@ -54,21 +55,11 @@ func dlqList(ctx context.Context, q *dlq.Queue, sel dlq.Selection, asJSON bool, 
 	return listErr
 }
 
-// cell makes s fit a table cell: valid UTF-8, no tabs or control
-// characters, at most n runes, "-" when empty.
+// cell makes s fit a table cell: one printable line (printable.Line) of
+// at most n bytes (n <= 0: any length), "-" when empty.
 func cell(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if s == "" {
+	if s = printable.Line(s, n); s == "" {
 		return "-"
-	}
-	if utf8.RuneCountInString(s) > n {
-		s = string([]rune(s)[:n-1]) + "…"
 	}
 	return s
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Connection security: each way of authenticating (and TLS) against an
@@ -54,8 +55,8 @@ func TestAuthMethods(t *testing.T) {
 				a := newApp(t, nil)
 				c := start(t, h.env(a.URL, tc.good...))
 				h.publish("orders.auth", "hello "+tc.name, nil)
-				waitFor(t, 15*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
-				waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
+				poll.Until(t, 15*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
+				poll.Until(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
 				if err := c.stop(); err != nil {
 					t.Fatalf("courier stopped with %v\nlogs:\n%s", err, c.logs.String())
 				}

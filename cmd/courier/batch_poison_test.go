@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // poisonApp answers every batch holding a poison message with 500, as an
@@ -99,7 +100,7 @@ func TestBatchPoisonThroughAKill(t *testing.T) {
 	second := startChild(t, env())
 	waitReady(t, first.asCourier())
 	waitReady(t, second.asCourier())
-	waitFor(t, 30*time.Second, "deliveries under way", func() bool {
+	poll.Until(t, 30*time.Second, "deliveries under way", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.calls >= 15
@@ -107,7 +108,7 @@ func TestBatchPoisonThroughAKill(t *testing.T) {
 	first.kill(t)
 	third := startChild(t, env())
 	waitReady(t, third.asCourier())
-	waitFor(t, 90*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 90*time.Second, "every message settled", func() bool { return h.settled("courier") })
 
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -98,7 +99,7 @@ func TestBatchesThroughAKill(t *testing.T) {
 	mu.Unlock()
 
 	c := start(t, env)
-	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)
 	}
@@ -206,7 +207,7 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 		futures = append(futures, f)
 	}
 	awaitAcks(t, futures)
-	waitFor(t, 20*time.Second, "batches under way", func() bool { return storedCount() >= 40 })
+	poll.Until(t, 20*time.Second, "batches under way", func() bool { return storedCount() >= 40 })
 	victim.kill(t)
 	t.Logf("killed one courier after %d keys stored", storedCount())
 	replacement := start(t, env(2))
@@ -218,7 +219,7 @@ func TestBatchesOnAClusterThroughAKillAndALeaderLoss(t *testing.T) {
 		keys[i] = fmt.Sprint("b-", i)
 		k.publishRetry("orders.batched", `{"n":`+fmt.Sprint(i)+`,"pad":"`+pad+`"}`, map[string]string{"Nats-Msg-Id": keys[i]})
 	}
-	waitFor(t, 90*time.Second, "every key stored and every message acked", func() bool {
+	poll.Until(t, 90*time.Second, "every key stored and every message acked", func() bool {
 		return storedCount() == total && k.drained()
 	})
 	mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // A courier killed while its request is at the app holds a claim on the
@@ -30,14 +32,14 @@ func TestClaimOfAKilledCourierLapsesWithTheAckWait(t *testing.T) {
 	first := startChild(t, env())
 	waitReady(t, first.asCourier())
 	h.publish("orders.created", "held", map[string]string{"Nats-Msg-Id": "held-1"})
-	waitFor(t, 10*time.Second, "the message at the app", func() bool { return calls.Load() == 1 })
+	poll.Until(t, 10*time.Second, "the message at the app", func() bool { return calls.Load() == 1 })
 	second := start(t, env())
 	waitReady(t, second)
 	first.kill(t)
 	killed := time.Now()
 	// The ack wait (2s) and the claim's 2s, with room for a loaded
 	// machine: far less than the minute the request timeout would give.
-	waitFor(t, 30*time.Second, "the message delivered by the courier left", func() bool { return done.Load() == 1 })
+	poll.Until(t, 30*time.Second, "the message delivered by the courier left", func() bool { return done.Load() == 1 })
 	t.Logf("delivered %s after the kill", time.Since(killed).Round(time.Millisecond))
 	if n := calls.Load(); n != 2 {
 		t.Errorf("app called %d times, want 2 (the killed courier's request, then one more)", n)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/ordermark"
 )
 
@@ -41,7 +42,7 @@ func TestCleanup(t *testing.T) {
 	a := newApp(t, func(w http.ResponseWriter, r *http.Request, n int) { w.WriteHeader(http.StatusUnprocessableEntity) })
 	h.publish("orders.created", "hopeless", nil)
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 && h.settled("courier") })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +117,12 @@ func TestCleanupKeepsWhatIsNotIdle(t *testing.T) {
 
 	a := newApp(t, nil)
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "courier pulling", func() bool {
+	poll.Until(t, 10*time.Second, "courier pulling", func() bool {
 		info := h.consumerInfo("courier")
 		return info != nil && info.NumWaiting > 0
 	})
 	var last string
-	waitFor(t, 10*time.Second, "cleanup seeing the live courier", func() bool {
+	poll.Until(t, 10*time.Second, "cleanup seeing the live courier", func() bool {
 		last, _ = h.cleanupRun(t, "--dry-run")
 		return strings.Contains(last, "a courier seems to be consuming it")
 	})
@@ -153,7 +154,7 @@ func TestCleanupOrderMarks(t *testing.T) {
 	a := newApp(t, nil)
 	h.publish("orders.created", "x", map[string]string{"Order": "o-1"})
 	c := start(t, h.env(a.URL, "COURIER_ORDER_KEY=header:Order"))
-	waitFor(t, 10*time.Second, "the message delivered, courier pulling", func() bool {
+	poll.Until(t, 10*time.Second, "the message delivered, courier pulling", func() bool {
 		info := h.consumerInfo("courier")
 		return h.settled("courier") && info != nil && info.NumWaiting > 0
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -140,7 +141,7 @@ func (k *cluster) replicas(stream string) int {
 func waitReady(t *testing.T, c *courier) string {
 	t.Helper()
 	admin := adminAddr(t, c)
-	waitFor(t, 30*time.Second, "courier ready", func() bool {
+	poll.Until(t, 30*time.Second, "courier ready", func() bool {
 		if err, done := c.exited(0); done {
 			t.Fatalf("courier exited while starting: %v", err)
 		}
@@ -222,7 +223,7 @@ func TestClusterStreamLeaderLost(t *testing.T) {
 		futures = append(futures, f)
 	}
 	awaitAcks(t, futures)
-	waitFor(t, 20*time.Second, "deliveries under way", func() bool { return a.count() >= 30 })
+	poll.Until(t, 20*time.Second, "deliveries under way", func() bool { return a.count() >= 30 })
 	leader := k.c.StreamLeader("ORDERS")
 	t.Logf("shutting down node %d, the stream's leader, after %d requests", leader, a.count())
 	k.c.Shutdown(leader)
@@ -232,7 +233,7 @@ func TestClusterStreamLeaderLost(t *testing.T) {
 		keys = append(keys, key)
 		k.publishRetry("orders.created", key, map[string]string{"Nats-Msg-Id": key})
 	}
-	waitFor(t, 60*time.Second, "every message delivered and acked", func() bool {
+	poll.Until(t, 60*time.Second, "every message delivered and acked", func() bool {
 		_, missing := duplicates(a, keys)
 		return len(missing) == 0 && k.drained()
 	})
@@ -329,7 +330,7 @@ func TestClusterReplacedOnEmptyDisk(t *testing.T) {
 		keys = append(keys, key)
 		k.publishRetry("orders.created", key, hdr)
 	}
-	waitFor(t, 20*time.Second, "the first courier's deliveries acked", func() bool {
+	poll.Until(t, 20*time.Second, "the first courier's deliveries acked", func() bool {
 		return a.count() == 10 && k.drained()
 	})
 	// Two more it holds claims on when it dies.
@@ -337,7 +338,7 @@ func TestClusterReplacedOnEmptyDisk(t *testing.T) {
 	for _, key := range held {
 		k.publishRetry("orders.created", key, map[string]string{"Nats-Msg-Id": key})
 	}
-	waitFor(t, 10*time.Second, "the held messages at the app", func() bool { return a.count() == 12 })
+	poll.Until(t, 10*time.Second, "the held messages at the app", func() bool { return a.count() == 12 })
 	first.kill(t)
 
 	second := start(t, k.env(a.URL, 1)) // a new, empty directory
@@ -351,7 +352,7 @@ func TestClusterReplacedOnEmptyDisk(t *testing.T) {
 		for h, v := range hdr {
 			m.Header[h] = []string{v}
 		}
-		waitFor(t, 10*time.Second, "the copy of "+key+" stored", func() bool {
+		poll.Until(t, 10*time.Second, "the copy of "+key+" stored", func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			ack, err := k.js.PublishMsg(ctx, m)
@@ -359,7 +360,7 @@ func TestClusterReplacedOnEmptyDisk(t *testing.T) {
 		})
 	}
 	// Claim TTL and ack wait are 5s here: the held messages come back.
-	waitFor(t, 30*time.Second, "every copy acked and the held messages delivered", func() bool {
+	poll.Until(t, 30*time.Second, "every copy acked and the held messages delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return completed["held-1"] == 1 && completed["held-2"] == 1 && k.drained()
@@ -409,7 +410,7 @@ func TestClusterRollout(t *testing.T) {
 		}
 	}()
 	for i, old := range olds {
-		waitFor(t, 20*time.Second, "messages flowing", func() bool { return a.count() >= (i+1)*60 })
+		poll.Until(t, 20*time.Second, "messages flowing", func() bool { return a.count() >= (i+1)*60 })
 		next := start(t, env(i+2))
 		waitReady(t, next)
 		if err := old.stop(); err != nil {
@@ -420,7 +421,7 @@ func TestClusterRollout(t *testing.T) {
 	if pubErr != nil {
 		t.Fatal(pubErr)
 	}
-	waitFor(t, 30*time.Second, "every message delivered and acked", func() bool {
+	poll.Until(t, 30*time.Second, "every message delivered and acked", func() bool {
 		_, missing := duplicates(a, keys)
 		return len(missing) == 0 && k.drained()
 	})
@@ -465,7 +466,7 @@ func TestClusterNodeRestartWhileClaimsHeld(t *testing.T) {
 	for _, key := range keys {
 		k.publishRetry("orders.created", key, map[string]string{"Nats-Msg-Id": key + "-0", "Idempotency-Key": key})
 	}
-	waitFor(t, 20*time.Second, "the slow requests at the app", func() bool { return a.count() == len(keys) })
+	poll.Until(t, 20*time.Second, "the slow requests at the app", func() bool { return a.count() == len(keys) })
 	// Copies until one lands on the courier not holding the claim and is
 	// held there (copies landing beside the claim wait in-process).
 	copies := 0
@@ -489,7 +490,7 @@ func TestClusterNodeRestartWhileClaimsHeld(t *testing.T) {
 		t.Errorf("app saw %d requests while the claims were held, want %d", n, len(keys))
 	}
 	close(release)
-	waitFor(t, 30*time.Second, "every copy acked", k.drained)
+	poll.Until(t, 30*time.Second, "every copy acked", k.drained)
 	for _, key := range keys {
 		if n := a.calls(key); n != 1 {
 			t.Errorf("app called %d times for %s, want 1", n, key)
@@ -620,7 +621,7 @@ func TestClusterConcurrentDuplicates(t *testing.T) {
 			k.publishRetry("orders.created", key+copy, map[string]string{"Nats-Msg-Id": key + copy, "Idempotency-Key": key})
 		}
 	}
-	waitFor(t, 30*time.Second, "every copy acked", func() bool { return a.count() >= pairs && k.drained() })
+	poll.Until(t, 30*time.Second, "every copy acked", func() bool { return a.count() >= pairs && k.drained() })
 	for _, key := range keys {
 		if n := a.calls(key); n != 1 {
 			t.Errorf("app called %d times for %s, want 1", n, key)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Every command of the table is in the help, and dispatched by its name.
@@ -121,7 +123,7 @@ func TestStopSignalLogged(t *testing.T) {
 		h.publish("orders.created", fmt.Sprint(i), nil)
 	}
 	c := start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=1", "COURIER_SHUTDOWN_GRACE=100ms"))
-	waitFor(t, 10*time.Second, "a request in flight", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "a request in flight", func() bool { return a.count() == 1 })
 	c.sigterm()
 	if err := c.stop(); err != nil {
 		t.Fatal(err)

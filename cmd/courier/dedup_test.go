@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 func TestSameKeyTwiceOneRequest(t *testing.T) {
@@ -19,7 +20,7 @@ func TestSameKeyTwiceOneRequest(t *testing.T) {
 	h.publish("orders.created", "again", map[string]string{"Idempotency-Key": "order-7"})
 	h.publish("orders.created", "other", map[string]string{"Idempotency-Key": "order-8"})
 	start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=1"))
-	waitFor(t, 10*time.Second, "all three acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "all three acked", func() bool { return h.settled("courier") })
 	if a.calls("order-7") != 1 || a.calls("order-8") != 1 {
 		t.Errorf("app calls: order-7 %d, order-8 %d; want 1 each", a.calls("order-7"), a.calls("order-8"))
 	}
@@ -35,7 +36,7 @@ func TestSameKeyConcurrentlyOneRequest(t *testing.T) {
 		h.publish("orders.created", fmt.Sprint(i), map[string]string{"Idempotency-Key": "same"})
 	}
 	start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=16"))
-	waitFor(t, 15*time.Second, "all acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 15*time.Second, "all acked", func() bool { return h.settled("courier") })
 	if n := a.calls("same"); n != 1 {
 		t.Errorf("app called %d times for one key, want 1", n)
 	}
@@ -54,7 +55,7 @@ func TestConcurrentDuplicateCallsAppIfFirstFailed(t *testing.T) {
 	h.publish("orders.created", "a", map[string]string{"Idempotency-Key": "k"})
 	h.publish("orders.created", "b", map[string]string{"Idempotency-Key": "k"})
 	start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=4"))
-	waitFor(t, 10*time.Second, "all acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "all acked", func() bool { return h.settled("courier") })
 	// First fails; the waiting second calls the app (2); the first's retry
 	// is then a duplicate.
 	if n := a.calls("k"); n != 2 {
@@ -91,7 +92,7 @@ func TestRedeliveryAfterLostAckNoSecondRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the duplicate acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the duplicate acked", func() bool { return h.settled("courier") })
 	if a.count() != 0 {
 		t.Errorf("app called %d times for a message already processed", a.count())
 	}
@@ -102,13 +103,13 @@ func TestKeysSurviveRestart(t *testing.T) {
 	a := newApp(t, nil)
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "persist"})
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "delivered", func() bool { return a.count() == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "delivered", func() bool { return a.count() == 1 && h.settled("courier") })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "persist"})
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the duplicate acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the duplicate acked", func() bool { return h.settled("courier") })
 	if a.calls("persist") != 1 {
 		t.Errorf("app called %d times across a restart, want 1", a.calls("persist"))
 	}
@@ -119,12 +120,12 @@ func TestKeyForgottenAfterTTL(t *testing.T) {
 	a := newApp(t, nil)
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "brief"})
 	start(t, h.env(a.URL, "COURIER_DEDUP_TTL=1s"))
-	waitFor(t, 10*time.Second, "delivered", func() bool { return a.count() == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "delivered", func() bool { return a.count() == 1 && h.settled("courier") })
 	// Badger's TTL is in whole wall-clock seconds: after two, the key is
 	// certainly gone. There is no condition to poll without calling the app.
 	time.Sleep(2100 * time.Millisecond)
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "brief"})
-	waitFor(t, 10*time.Second, "the expired key delivered again", func() bool { return a.calls("brief") == 2 })
+	poll.Until(t, 10*time.Second, "the expired key delivered again", func() bool { return a.calls("brief") == 2 })
 }
 
 func TestDedupOffEveryDeliveryReachesApp(t *testing.T) {
@@ -133,14 +134,14 @@ func TestDedupOffEveryDeliveryReachesApp(t *testing.T) {
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "k"})
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "k"})
 	start(t, h.env(a.URL, "COURIER_DEDUP_TTL=0"))
-	waitFor(t, 10*time.Second, "both delivered", func() bool { return a.calls("k") == 2 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "both delivered", func() bool { return a.calls("k") == 2 && h.settled("courier") })
 }
 
 func TestSecondCourierOnSameDirFails(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the first courier consuming", func() bool {
+	poll.Until(t, 10*time.Second, "the first courier consuming", func() bool {
 		return strings.Contains(c.logs.String(), `"msg":"consuming"`)
 	})
 	err := run(context.Background(), nil, h.env(a.URL), io.Discard, io.Discard)
@@ -170,7 +171,7 @@ func TestSharedKVStoreAcrossCouriers(t *testing.T) {
 		// One at a time, so each copy after the first finds its key
 		// recorded, on whichever courier it lands.
 		h.publish("orders.created", fmt.Sprint("copy ", i), map[string]string{"Idempotency-Key": fmt.Sprint("k", i%2)})
-		waitFor(t, 10*time.Second, "the copy acked", func() bool { return h.settled("courier") })
+		poll.Until(t, 10*time.Second, "the copy acked", func() bool { return h.settled("courier") })
 	}
 	if a.calls("k0") != 1 || a.calls("k1") != 1 {
 		t.Errorf("app calls: k0 %d, k1 %d; want 1 each", a.calls("k0"), a.calls("k1"))
@@ -183,7 +184,7 @@ func TestLockedStoreTouchesNothingOnTheServer(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the first courier consuming", func() bool {
+	poll.Until(t, 10*time.Second, "the first courier consuming", func() bool {
 		return strings.Contains(c.logs.String(), `"msg":"consuming"`)
 	})
 	err := run(context.Background(), nil, h.env(a.URL, "COURIER_CONSUMER=second"), io.Discard, io.Discard)

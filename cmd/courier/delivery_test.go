@@ -17,6 +17,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -34,8 +35,8 @@ func TestHappyPathHeadersAndBodyIntact(t *testing.T) {
 		"Idempotency-Key": "order-1",
 	})
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the app to receive the message", func() bool { return a.count() == 1 })
-	waitFor(t, 10*time.Second, "the message to be acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the app to receive the message", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "the message to be acked", func() bool { return h.settled("courier") })
 
 	r := a.requests()[0]
 	if r.Body != body {
@@ -75,7 +76,7 @@ func TestKeyFallsBackToMsgIDThenStreamPosition(t *testing.T) {
 	seqB := h.publish("orders.b", "b", nil)
 	h.publish("orders.c", "c", map[string]string{"X-Key": "custom-c", "Nats-Msg-Id": "id-c"})
 	start(t, h.env(a.URL, "COURIER_IDEMPOTENCY_HEADER=X-Key"))
-	waitFor(t, 10*time.Second, "three requests", func() bool { return a.count() == 3 })
+	poll.Until(t, 10*time.Second, "three requests", func() bool { return a.count() == 3 })
 	keys := map[string]string{}
 	for _, r := range a.requests() {
 		keys[r.Body] = r.Header.Get("Idempotency-Key")
@@ -99,8 +100,8 @@ func TestTransientThenSuccessAttempts(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "three attempts", func() bool { return a.count() == 3 })
-	waitFor(t, 10*time.Second, "ack", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "three attempts", func() bool { return a.count() == 3 })
+	poll.Until(t, 10*time.Second, "ack", func() bool { return h.settled("courier") })
 	for i, r := range a.requests() {
 		if got := r.Header.Get("Courier-Attempt"); got != strconv.Itoa(i+1) {
 			t.Errorf("request %d: Courier-Attempt %s", i+1, got)
@@ -132,7 +133,7 @@ func TestRetryAfterBothForms(t *testing.T) {
 			h.publish("orders.created", "x", nil)
 			// Backoff alone would retry within 200ms.
 			start(t, h.env(a.URL, "COURIER_BACKOFF_INITIAL=10ms", "COURIER_BACKOFF_MAX=20ms"))
-			waitFor(t, 10*time.Second, "the retry", func() bool { return a.count() == 2 })
+			poll.Until(t, 10*time.Second, "the retry", func() bool { return a.count() == 2 })
 			reqs := a.requests()
 			if gap := reqs[1].At.Sub(reqs[0].At); gap < 900*time.Millisecond {
 				t.Errorf("retry came %s after a Retry-After of about 1s", gap)
@@ -153,7 +154,7 @@ func TestRetryAfterCapped(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL, "COURIER_RETRY_AFTER_MAX=300ms"))
-	waitFor(t, 10*time.Second, "the capped retry", func() bool { return a.count() == 2 })
+	poll.Until(t, 10*time.Second, "the capped retry", func() bool { return a.count() == 2 })
 }
 
 func TestPermanentDeadLetteredWithEnvelope(t *testing.T) {
@@ -170,8 +171,8 @@ func TestPermanentDeadLetteredWithEnvelope(t *testing.T) {
 		"Nats-Rollup":                 "sub",
 	})
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-	waitFor(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
 	if a.count() != 1 {
 		t.Errorf("app saw %d requests, want 1 (no retry of a permanent failure)", a.count())
 	}
@@ -222,8 +223,8 @@ func TestExhaustedAfterMaxDeliver(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL, "COURIER_MAX_DELIVER=3"))
-	waitFor(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-	waitFor(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
 	if a.count() != 3 {
 		t.Errorf("app saw %d requests, want MaxDeliver=3", a.count())
 	}
@@ -243,7 +244,7 @@ func TestTimeoutReportedAsTimeout(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL, "COURIER_MAX_DELIVER=1", "COURIER_HTTP_TIMEOUT=200ms"))
-	waitFor(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "one dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
 	dl := h.deadLetters(dlqSubject)[0]
 	if e := dl.Header.Get(dlq.HeaderError); !strings.Contains(e, "timed out") {
 		t.Errorf("Courier-Error = %q, want a timeout", e)
@@ -262,7 +263,7 @@ func TestDLQUnavailableLosesNothing(t *testing.T) {
 	// Wait until courier created the DLQ stream, then take it away.
 	ctx := context.Background()
 	var name string
-	waitFor(t, 10*time.Second, "the DLQ stream", func() bool {
+	poll.Until(t, 10*time.Second, "the DLQ stream", func() bool {
 		n, err := h.js.StreamNameBySubject(ctx, dlqSubject)
 		name = n
 		return err == nil
@@ -271,7 +272,7 @@ func TestDLQUnavailableLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.publish("orders.created", "precious", nil)
-	waitFor(t, 10*time.Second, "a failed dead-letter attempt", func() bool {
+	poll.Until(t, 10*time.Second, "a failed dead-letter attempt", func() bool {
 		return strings.Contains(c.logs.String(), "cannot store dead letter")
 	})
 	if !strings.Contains(c.logs.String(), "cannot store dead letter") {
@@ -284,8 +285,8 @@ func TestDLQUnavailableLosesNothing(t *testing.T) {
 	if _, err := h.js.CreateStream(ctx, dlq.StreamConfig(dlqSubject, 1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-	waitFor(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
+	poll.Until(t, 20*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the original terminated", func() bool { return h.settled("courier") })
 	if string(h.deadLetters(dlqSubject)[0].Data) != "precious" {
 		t.Error("wrong dead letter body")
 	}
@@ -302,7 +303,7 @@ func TestSlowAppShortAckWaitOneRequest(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL, "COURIER_ACK_WAIT=1s"))
-	waitFor(t, 15*time.Second, "the ack", func() bool { return a.count() >= 1 && h.settled("courier") })
+	poll.Until(t, 15*time.Second, "the ack", func() bool { return a.count() >= 1 && h.settled("courier") })
 	if a.count() != 1 {
 		t.Errorf("app saw %d requests, want 1 (in-progress must stop redelivery)", a.count())
 	}
@@ -328,7 +329,7 @@ func TestBackoffDoesNotStallFreshMessages(t *testing.T) {
 	}
 	start(t, h.env(a.URL, "COURIER_MAX_INFLIGHT=2", "COURIER_MAX_ACK_PENDING=100"))
 	var good atomic.Int32
-	waitFor(t, 10*time.Second, "every fresh message", func() bool {
+	poll.Until(t, 10*time.Second, "every fresh message", func() bool {
 		good.Store(0)
 		for _, r := range a.requests() {
 			if r.Header.Get("Courier-Subject") == "orders.good" {
@@ -356,7 +357,7 @@ func TestSigtermDrainsInFlight(t *testing.T) {
 	go func() { stopped <- c.stop() }()
 	// The in-flight request finishes within the grace period and is acked:
 	// released once courier has taken the stop signal.
-	waitFor(t, 10*time.Second, "courier to take the stop signal", func() bool {
+	poll.Until(t, 10*time.Second, "courier to take the stop signal", func() bool {
 		return strings.Contains(c.logs.String(), "stopping: no more fetching")
 	})
 	close(release)
@@ -378,7 +379,7 @@ func TestSigtermDrainsInFlight(t *testing.T) {
 	// The second message was given back and goes to the next courier.
 	a2 := newApp(t, nil)
 	start(t, h.env(a2.URL))
-	waitFor(t, 10*time.Second, "the rest delivered", func() bool { return a2.count() == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the rest delivered", func() bool { return a2.count() == 1 && h.settled("courier") })
 	if a2.requests()[0].Body != "two" {
 		t.Errorf("next courier got %q", a2.requests()[0].Body)
 	}
@@ -391,14 +392,14 @@ func TestSigtermGraceOverNaks(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	c := start(t, h.env(a.URL, "COURIER_SHUTDOWN_GRACE=300ms", "COURIER_HTTP_TIMEOUT=30s"))
-	waitFor(t, 10*time.Second, "the request", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "the request", func() bool { return a.count() == 1 })
 	if err := c.stop(); err != nil {
 		t.Fatalf("run returned %v", err)
 	}
 	// NAK'd, not left to the ack wait: it is redelivered at once.
 	a2 := newApp(t, nil)
 	start(t, h.env(a2.URL, "COURIER_ACK_WAIT=30s"))
-	waitFor(t, 5*time.Second, "prompt redelivery", func() bool { return a2.count() == 1 })
+	poll.Until(t, 5*time.Second, "prompt redelivery", func() bool { return a2.count() == 1 })
 	if got := a2.requests()[0].Header.Get("Courier-Attempt"); got != "2" {
 		t.Errorf("attempt %s, want 2", got)
 	}
@@ -438,7 +439,7 @@ func TestHeadersHTTPCannotCarryAreDropped(t *testing.T) {
 	a := newApp(t, nil)
 	h.rawPublish("orders.created", []string{"X(Odd)@: v", "X-Ctl: a\x01b", "X-Fine: ok"}, "x")
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the ack", func() bool { return a.count() == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the ack", func() bool { return a.count() == 1 && h.settled("courier") })
 	r := a.requests()[0]
 	if r.Header.Get("X-Fine") != "ok" {
 		t.Error("valid header lost")
@@ -463,7 +464,7 @@ func TestRedirectIsTheAnswer(t *testing.T) {
 	})
 	h.publish("orders.created", "x", nil)
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
 	if gets.Load() != 0 || a.count() != 1 {
 		t.Errorf("redirect followed: %d requests, %d non-POST", a.count(), gets.Load())
 	}
@@ -484,7 +485,7 @@ func TestDroppedConnectionNoSilentSecondCopy(t *testing.T) {
 	})
 	h.publish("orders.created", "x", map[string]string{"Idempotency-Key": "k1"})
 	start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the retry succeeds", func() bool { return a.count() == 2 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the retry succeeds", func() bool { return a.count() == 2 && h.settled("courier") })
 	reqs := a.requests()
 	if reqs[0].Header.Get("Courier-Attempt") != "1" || reqs[1].Header.Get("Courier-Attempt") != "2" {
 		t.Errorf("attempts %s, %s: the second copy must be a counted retry, not a silent resend",

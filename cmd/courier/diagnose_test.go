@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -38,7 +39,7 @@ func TestToolsSayWhatExists(t *testing.T) {
 	}
 	c := start(t, h.env(a.URL, partitioned...))
 	work := partition.StreamName("ORDERS", "courier")
-	waitFor(t, 20*time.Second, "every message delivered", func() bool {
+	poll.Until(t, 20*time.Second, "every message delivered", func() bool {
 		return a.count() == 3 && h.streamExists(work) && h.streamMsgsOf(work) == 0
 	})
 	if err := c.stop(); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // cliResult is what one `courier dlq ...` run printed and its exit status.
@@ -86,8 +87,8 @@ func (h *harness) deadLettered(n, status int, extra ...string) *app {
 	h.t.Helper()
 	a := newApp(h.t, func(w http.ResponseWriter, r *http.Request, _ int) { w.WriteHeader(status) })
 	c := start(h.t, h.env(a.URL, extra...))
-	waitFor(h.t, 15*time.Second, strconv.Itoa(n)+" dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == n })
-	waitFor(h.t, 15*time.Second, "the originals terminated", func() bool { return h.settled("courier") })
+	poll.Until(h.t, 15*time.Second, strconv.Itoa(n)+" dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == n })
+	poll.Until(h.t, 15*time.Second, "the originals terminated", func() bool { return h.settled("courier") })
 	if err := c.stop(); err != nil {
 		h.t.Fatalf("courier: %v", err)
 	}
@@ -139,8 +140,8 @@ func TestDLQReplayRestoresWhatTheAppGets(t *testing.T) {
 
 	accepting := newApp(t, nil)
 	start(t, h.env(accepting.URL))
-	waitFor(t, 15*time.Second, "the replayed messages at the app", func() bool { return accepting.count() == 2 })
-	waitFor(t, 15*time.Second, "the replayed messages acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 15*time.Second, "the replayed messages at the app", func() bool { return accepting.count() == 2 })
+	poll.Until(t, 15*time.Second, "the replayed messages acked", func() bool { return h.settled("courier") })
 	second := accepting.requests()
 
 	for _, want := range first {
@@ -195,7 +196,7 @@ func TestDLQListShowBesideLiveSidecar(t *testing.T) {
 	h.publish("orders.eu.paid", "eu", nil)
 	h.publish("orders.us.paid", "us", nil)
 	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVER=2"))
-	waitFor(t, 15*time.Second, "3 dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == 3 })
+	poll.Until(t, 15*time.Second, "3 dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == 3 })
 	// Another consumer's dead letter on the same subject is not ours.
 	if _, err := dlq.NewPublisher(h.js, dlqSubject).Publish(context.Background(), dlq.Letter{
 		Subject: "orders.created", Stream: "ORDERS", Sequence: 99, Consumer: "other", Reason: dlq.ReasonRejected,
@@ -368,7 +369,7 @@ func TestDLQReplayAfterInterruptedReplay(t *testing.T) {
 
 	a := newApp(t, nil)
 	start(t, h.env(a.URL))
-	waitFor(t, 15*time.Second, "the copies delivered", func() bool { return h.settled("courier") && a.count() >= 2 })
+	poll.Until(t, 15*time.Second, "the copies delivered", func() bool { return h.settled("courier") && a.count() >= 2 })
 	var bodies []string
 	for _, r := range a.requests() {
 		bodies = append(bodies, r.Body)
@@ -407,7 +408,7 @@ func TestDLQPurge(t *testing.T) {
 		w.WriteHeader(http.StatusBadRequest)
 	})
 	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVER=1"))
-	waitFor(t, 15*time.Second, "2 dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == 2 })
+	poll.Until(t, 15*time.Second, "2 dead letters", func() bool { return len(h.deadLetters(dlqSubject)) == 2 })
 	c.stop()
 
 	res := h.dlq("purge")
@@ -468,12 +469,12 @@ func TestDLQDepthGauge(t *testing.T) {
 	a := newApp(t, func(w http.ResponseWriter, r *http.Request, _ int) { w.WriteHeader(http.StatusBadRequest) })
 	c := start(t, h.env(a.URL))
 	admin := adminAddr(t, c)
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 0", func() bool { return deadLettersStored(t, admin) == 0 })
+	poll.Until(t, 15*time.Second, "courier_dead_letters_stored 0", func() bool { return deadLettersStored(t, admin) == 0 })
 	h.publish("orders.created", "a", nil)
 	h.publish("orders.created", "b", nil)
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 2", func() bool { return deadLettersStored(t, admin) == 2 })
+	poll.Until(t, 15*time.Second, "courier_dead_letters_stored 2", func() bool { return deadLettersStored(t, admin) == 2 })
 	h.dlq("purge", "--yes", "--limit", "1").want(t, 0, "purged 1, failed 0")
-	waitFor(t, 15*time.Second, "courier_dead_letters_stored 1", func() bool { return deadLettersStored(t, admin) == 1 })
+	poll.Until(t, 15*time.Second, "courier_dead_letters_stored 1", func() bool { return deadLettersStored(t, admin) == 1 })
 }
 
 // A long replay reports progress on stderr, besides its line per dead

@@ -14,6 +14,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Messages JetStream gives up on outside courier's sight (README,
@@ -33,7 +34,7 @@ func giveUpEnv(h *harness, appURL string, extra ...string) []string {
 func primeGiveUp(t *testing.T, h *harness, environ []string) {
 	t.Helper()
 	c := start(t, environ)
-	waitFor(t, 10*time.Second, "the advisory consumer", func() bool { return h.advisoryConsumer() != nil })
+	poll.Until(t, 10*time.Second, "the advisory consumer", func() bool { return h.advisoryConsumer() != nil })
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)
 	}
@@ -185,14 +186,14 @@ func TestGiveUpAdvisoryFiredWhileCourierDown(t *testing.T) {
 	if n := h.pullAndDrop(3 * time.Second); n != 0 {
 		t.Fatalf("pulled %d messages after the last delivery, want none", n)
 	}
-	waitFor(t, 10*time.Second, "the advisory captured", func() bool { return h.advisoriesCaptured() == 1 })
+	poll.Until(t, 10*time.Second, "the advisory captured", func() bool { return h.advisoriesCaptured() == 1 })
 	if n := len(h.deadLetters(dlqSubject)); n != 0 {
 		t.Fatalf("%d dead letters while courier was down", n)
 	}
 
 	c := start(t, environ)
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-	waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
 	checkMaxDeliveries(t, h, seq)
 	if n := a.count(); n != 0 {
 		t.Errorf("the app received %d requests, want none", n)
@@ -233,14 +234,14 @@ func TestGiveUpWhileCourierRuns(t *testing.T) {
 			seq := h.publish("orders.created", giveUpBody, giveUpHeaders)
 			h.killEveryAttempt()
 			start(t, environ)
-			waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-			waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+			poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+			poll.Until(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
 			checkMaxDeliveries(t, h, seq)
 			if n := a.count(); n != 0 {
 				t.Errorf("the app received %d requests, want none", n)
 			}
 			if tt.removed {
-				waitFor(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
+				poll.Until(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
 			} else if !h.original(seq) {
 				t.Errorf("original removed from a %s stream", tt.name)
 			}
@@ -248,7 +249,7 @@ func TestGiveUpWhileCourierRuns(t *testing.T) {
 			// The catch does not stop the delivery loop: a fresh message
 			// still reaches the app.
 			h.publish("orders.created", "fresh", nil)
-			waitFor(t, 10*time.Second, "the fresh message delivered", func() bool { return a.count() == 1 })
+			poll.Until(t, 10*time.Second, "the fresh message delivered", func() bool { return a.count() == 1 })
 		})
 	}
 }
@@ -264,13 +265,13 @@ func TestGiveUpTwoCouriersOneDeadLetter(t *testing.T) {
 	c1 := start(t, giveUpEnv(h, a.URL, "COURIER_DEDUP_DIR="+t.TempDir()))
 	c2 := start(t, giveUpEnv(h, a.URL, "COURIER_DEDUP_DIR="+t.TempDir()))
 	for _, c := range []*courier{c1, c2} {
-		waitFor(t, 10*time.Second, "both couriers catching advisories", func() bool {
+		poll.Until(t, 10*time.Second, "both couriers catching advisories", func() bool {
 			return len(logLines(c, "catching max-deliveries advisories")) == 1
 		})
 	}
-	waitFor(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
-	waitFor(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
-	waitFor(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool { return len(h.deadLetters(dlqSubject)) == 1 })
+	poll.Until(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+	poll.Until(t, 15*time.Second, "the original removed", func() bool { return !h.original(seq) })
 	checkMaxDeliveries(t, h, seq)
 
 	var total float64
@@ -307,7 +308,7 @@ func TestGiveUpReferenceDeadLetterNotStoredTwice(t *testing.T) {
 	// The largest body the server accepts, less a little: any envelope
 	// pushes its dead letter over max_payload.
 	seq := h.publish("orders.created", strings.Repeat("x", int(h.nc.MaxPayload())-64), nil)
-	waitFor(t, 15*time.Second, "the advisory handled", func() bool {
+	poll.Until(t, 15*time.Second, "the advisory handled", func() bool {
 		info := h.advisoryConsumer()
 		return info != nil && info.Delivered.Consumer >= 1 && info.NumPending == 0 && info.NumAckPending == 0
 	})

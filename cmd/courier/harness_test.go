@@ -222,12 +222,6 @@ func (h *harness) settledNow(name string) bool {
 	return info != nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, timeout, what, cond)
-}
-
 // metrics reads the /metrics of the courier whose admin server is at
 // admin, as a registry is read (internal/metricstest).
 func metrics(admin string) prometheus.Gatherer {
@@ -310,7 +304,7 @@ func (h *harness) rawPublish(subject string, headerLines []string, body string) 
 	if _, err := io.WriteString(conn, proto); err != nil {
 		h.t.Fatal(err)
 	}
-	waitFor(h.t, 5*time.Second, "the raw message stored", func() bool { return h.streamMsgs() > before })
+	poll.Until(h.t, 5*time.Second, "the raw message stored", func() bool { return h.streamMsgs() > before })
 }
 
 func (h *harness) streamMsgs() uint64 {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // Nothing leaks: secrets stay out of `courier config`, the logs and the
@@ -129,7 +130,7 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 				"COURIER_LOG_FORMAT=json",
 			}, tc.env...)
 			c := start(t, env)
-			waitFor(t, 10*time.Second, "an unreachable-server log line", func() bool {
+			poll.Until(t, 10*time.Second, "an unreachable-server log line", func() bool {
 				return len(logLines(c, "NATS unreachable")) > 0
 			})
 
@@ -142,8 +143,8 @@ func TestSecretsNotInSidecarLogs(t *testing.T) {
 			h.nc, h.js = connectWith(t, h.srv, tc.client)
 			createStream(t, h)
 			h.publish("orders.leak", "hello", nil)
-			waitFor(t, 15*time.Second, "the message delivered after a retry", func() bool { return a.count() >= 2 })
-			waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
+			poll.Until(t, 15*time.Second, "the message delivered after a retry", func() bool { return a.count() >= 2 })
+			poll.Until(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
 
 			admin := adminAddr(t, c)
 			var served strings.Builder
@@ -226,7 +227,7 @@ func TestSecretsNotInReplyLogs(t *testing.T) {
 			a := newApp(t, nil)
 			url := strings.Replace(a.URL, "http://", "http://app:"+leakAppPass+"@", 1) + "/quote"
 			c := start(t, h.env(a.URL, append(tc.env(url), "COURIER_REPLY_SUBJECTS=quote.get")...))
-			waitFor(t, 10*time.Second, "the reply service started", func() bool {
+			poll.Until(t, 10*time.Second, "the reply service started", func() bool {
 				return len(logLines(c, "answering requests")) > 0
 			})
 			if err := c.stop(); err != nil {

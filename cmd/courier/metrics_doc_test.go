@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // TestMetricsDocumented: every courier_* metric the sidecar serves is in the
@@ -20,7 +22,7 @@ func TestMetricsDocumented(t *testing.T) {
 	// The publish API on too, so that its metrics are served.
 	c := start(t, h.env(a.URL, "COURIER_PUBLISH_ADDR=127.0.0.1:0", "COURIER_PUBLISH_SUBJECTS=orders.>"))
 	admin := adminAddr(t, c)
-	waitFor(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the message acked", func() bool { return h.settled("courier") })
 
 	mfs, err := metrics(admin).Gather()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // selectorsFile lists every vector selector of the Grafana dashboard and the
@@ -55,13 +56,13 @@ func TestMonitoringUsesServedMetrics(t *testing.T) {
 	env := append(h.env(a.URL), "COURIER_REPLY_SUBJECTS=quotes.get", "COURIER_SUCCESS_SUBJECT=ok.orders")
 	c := start(t, append(env, publishEnv...))
 	admin := adminAddr(t, c)
-	waitFor(t, 10*time.Second, "courier ready", func() bool {
+	poll.Until(t, 10*time.Second, "courier ready", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == 200
 	})
 	// The dead-letter count is read from the server by a collector: there
 	// once it has answered.
-	waitFor(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
+	poll.Until(t, 10*time.Second, "courier_dead_letters_stored served", func() bool {
 		_, ok := metricstest.Lookup(t, metrics(admin), "courier_dead_letters_stored")
 		return ok
 	})

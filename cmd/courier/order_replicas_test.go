@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // keyedApp is the app of these tests. Message N of key k (subject
@@ -353,7 +354,7 @@ func publishRetrying(t *testing.T, k *cluster, keys, from, to int) {
 func moveConsumerLeader(t *testing.T, k *cluster, consumer string, node int) {
 	t.Helper()
 	req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, k.c.Node(node).Name())
-	waitFor(t, 20*time.Second, fmt.Sprint("node ", node, " leading the durable"), func() bool {
+	poll.Until(t, 20*time.Second, fmt.Sprint("node ", node, " leading the durable"), func() bool {
 		if k.c.ConsumerLeader("ORDERS", consumer) == node {
 			return true
 		}
@@ -361,7 +362,7 @@ func moveConsumerLeader(t *testing.T, k *cluster, consumer string, node int) {
 		if err != nil || !strings.Contains(string(resp.Data), `"success":true`) {
 			return false
 		}
-		waitFor(t, 20*time.Second, "a leader of the durable", func() bool { return k.c.ConsumerLeader("ORDERS", consumer) >= 0 })
+		poll.Until(t, 20*time.Second, "a leader of the durable", func() bool { return k.c.ConsumerLeader("ORDERS", consumer) >= 0 })
 		return k.c.ConsumerLeader("ORDERS", consumer) == node
 	})
 }
@@ -472,7 +473,7 @@ func (ch *child) term() error {
 func waitingIn(t *testing.T, ch *child) {
 	t.Helper()
 	admin := adminAddr(t, ch.asCourier())
-	waitFor(t, 10*time.Second, "messages waiting behind their keys", func() bool {
+	poll.Until(t, 10*time.Second, "messages waiting behind their keys", func() bool {
 		v, ok := metricstest.Lookup(t, metrics(admin), "courier_order_messages_waiting")
 		return ok && v > 0
 	})
@@ -521,7 +522,7 @@ func TestOrderReplicasThroughKills(t *testing.T) {
 		s.start(i)
 	}
 	for kill, after := range []int{200, 600} {
-		waitFor(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
+		poll.Until(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
 		i := s.active(a)
 		t.Logf("replica %d sends, %d messages delivered", i, a.delivered())
 		waitingIn(t, s.cs[i])
@@ -555,7 +556,7 @@ func TestOrderReplicasWithBatchesThroughKills(t *testing.T) {
 		s.start(i)
 	}
 	for kill, after := range []int{200, 600} {
-		waitFor(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
+		poll.Until(t, 60*time.Second, fmt.Sprint(after, " messages delivered"), func() bool { return a.delivered() >= after })
 		i := s.active(a)
 		t.Logf("kill %d: replica %d, after %d messages delivered", kill+1, i, a.delivered())
 		s.cs[i].kill(t)
@@ -579,7 +580,7 @@ func TestOrderReplicasRollingRestart(t *testing.T) {
 	stop := publisher(t, h.js, keys, 30, 500*time.Millisecond)
 	for i := range 3 {
 		at := a.delivered()
-		waitFor(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= at+keys })
+		poll.Until(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= at+keys })
 		t.Logf("replica %d stopped, after %d messages delivered", i, a.delivered())
 		s.term(i)
 		s.start(i)
@@ -599,18 +600,18 @@ func TestOrderReplicasScaling(t *testing.T) {
 	s := newReplicaSet(t, a.url, 3, func(url string, i int) []string { return orderEnv(h, url, i) })
 	s.start(0)
 	stop := publisher(t, h.js, keys, 30, 500*time.Millisecond)
-	waitFor(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= keys })
+	poll.Until(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= keys })
 	s.start(1)
 	s.start(2)
 	at := a.delivered()
-	waitFor(t, 30*time.Second, "messages flowing with three replicas", func() bool { return a.delivered() >= at+keys })
+	poll.Until(t, 30*time.Second, "messages flowing with three replicas", func() bool { return a.delivered() >= at+keys })
 	active := s.active(a)
 	other := (active + 1) % 3
 	t.Logf("stopping replicas %d (active) and %d, after %d messages delivered", active, other, a.delivered())
 	s.term(active)
 	s.term(other)
 	at = a.delivered()
-	waitFor(t, 30*time.Second, "the replica left delivering", func() bool { return a.delivered() >= at+keys })
+	poll.Until(t, 30*time.Second, "the replica left delivering", func() bool { return a.delivered() >= at+keys })
 	rounds := stop()
 	a.settledInOrder(t, h, keys, rounds, true)
 }
@@ -627,7 +628,7 @@ func TestOrderPinMovesFromALiveCourier(t *testing.T) {
 	publishRounds(t, h.js, keys, 0, before)
 	s := newReplicaSet(t, a.url, 2, func(url string, i int) []string { return orderEnv(h, url, i) })
 	s.start(0)
-	waitFor(t, 20*time.Second, "replica 0 delivering", func() bool { return a.delivered() >= keys })
+	poll.Until(t, 20*time.Second, "replica 0 delivering", func() bool { return a.delivered() >= keys })
 	s.start(1)
 	waitingIn(t, s.cs[0])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -650,7 +651,7 @@ func TestOrderPinMovesFromALiveCourier(t *testing.T) {
 		}
 		publishRounds(t, h.js, keys, n, n+1)
 		n++
-		waitFor(t, 10*time.Second, "a pin given", func() bool {
+		poll.Until(t, 10*time.Second, "a pin given", func() bool {
 			return pinned() || len(logLines(s.cs[0].asCourier(), "pinned to this courier")) > 0
 		})
 	}
@@ -680,7 +681,7 @@ func TestOrderReplicasClusterNodeLost(t *testing.T) {
 	for i := range 3 {
 		s.start(i)
 	}
-	waitFor(t, 60*time.Second, "messages delivered", func() bool { return a.delivered() >= keys })
+	poll.Until(t, 60*time.Second, "messages delivered", func() bool { return a.delivered() >= keys })
 	leader := k.c.StreamLeader("ORDERS")
 	if k.c.ConsumerLeader("ORDERS", "courier") != leader {
 		moveConsumerLeader(t, k, "courier", leader)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/ordermark"
 )
 
@@ -66,11 +67,11 @@ func TestOrderThroughAKill(t *testing.T) {
 	h.publish("orders.other", "x", map[string]string{"Order": "other", "N": "0"})
 	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_ACK_WAIT=2s", "COURIER_LOG_LEVEL=info")
 	ch := startChild(t, env)
-	waitFor(t, 30*time.Second, "k's first message retried, other delivered", func() bool {
+	poll.Until(t, 30*time.Second, "k's first message retried, other delivered", func() bool {
 		return retried() && len(a.delivered("other")) == 1
 	})
 	// Its later messages wait behind it, its mark written.
-	waitFor(t, 15*time.Second, "k's mark in the bucket", func() bool {
+	poll.Until(t, 15*time.Second, "k's mark in the bucket", func() bool {
 		kv, err := h.js.KeyValue(context.Background(), ordermark.BucketName("ORDERS", "courier"))
 		if err != nil {
 			return false
@@ -81,7 +82,7 @@ func TestOrderThroughAKill(t *testing.T) {
 	ch.kill(t)
 
 	c := start(t, env)
-	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
 	// courier status names the courier the durable is pinned to.
 	var out, errOut strings.Builder
 	if err := run(context.Background(), []string{"status"}, env, &out, &errOut); err != nil {
@@ -109,12 +110,12 @@ func TestOrderThroughASigterm(t *testing.T) {
 	h, a, url, retried := keyRetriedOnce(t, "2")
 	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info")
 	c := start(t, env)
-	waitFor(t, 30*time.Second, "k's first message retried", retried)
+	poll.Until(t, 30*time.Second, "k's first message retried", retried)
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)
 	}
 	c = start(t, env)
-	waitFor(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return h.settled("courier") })
 	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 2 3 4]" {
 		t.Errorf("k delivered in the order %v, want [0 1 2 3 4]", got)
 	}

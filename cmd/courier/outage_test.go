@@ -22,6 +22,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/metricstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 const outageDLQ = "dlq.ORDERS.courier"
@@ -69,7 +70,7 @@ func (l *lateApp) url() string { return "http://" + l.addr + "/orders" }
 func (l *lateApp) up() {
 	l.t.Helper()
 	var ln net.Listener
-	waitFor(l.t, 5*time.Second, "the app's address to be free", func() bool {
+	poll.Until(l.t, 5*time.Second, "the app's address to be free", func() bool {
 		var err error
 		ln, err = net.Listen("tcp", l.addr)
 		return err == nil
@@ -151,7 +152,7 @@ func checkOutageLoggedOnce(t *testing.T, c *courier) {
 func adminAddr(t *testing.T, c *courier) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 10*time.Second, "courier's start-up log line", func() bool {
+	poll.Until(t, 10*time.Second, "courier's start-up log line", func() bool {
 		if recs := logLines(c, "courier starting"); len(recs) > 0 {
 			addr, _ = recs[0]["admin"].(string)
 		}
@@ -226,7 +227,7 @@ func TestOutageAppStartsAfterCourier(t *testing.T) {
 	c := start(t, h.env(l.url(), "COURIER_ACK_WAIT=1s", "COURIER_MAX_DELIVER=2"))
 	admin := adminAddr(t, c)
 
-	waitFor(t, 10*time.Second, "courier to find the app missing", func() bool { return len(logLines(c, logAppGone)) > 0 })
+	poll.Until(t, 10*time.Second, "courier to find the app missing", func() bool { return len(logLines(c, logAppGone)) > 0 })
 	if code, body := get(t, "http://"+admin+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "app unavailable") {
 		t.Errorf("/readyz during the outage = %d %q, want 503 naming the app", code, body)
 	}
@@ -235,7 +236,7 @@ func TestOutageAppStartsAfterCourier(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond)
 	l.up()
 
-	waitFor(t, 15*time.Second, "every message delivered and acked", func() bool {
+	poll.Until(t, 15*time.Second, "every message delivered and acked", func() bool {
 		return l.count() == len(bodies) && h.settled("courier")
 	})
 	checkEachOnceFirstAttempt(t, l.requests(), bodies)
@@ -243,7 +244,7 @@ func TestOutageAppStartsAfterCourier(t *testing.T) {
 		t.Errorf("%d dead letters, want none", len(dls))
 	}
 	checkOutageLoggedOnce(t, c)
-	waitFor(t, 15*time.Second, "/readyz to pass", func() bool {
+	poll.Until(t, 15*time.Second, "/readyz to pass", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	})
@@ -278,9 +279,9 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the app never served its requests")
 	}
-	waitFor(t, 10*time.Second, "courier to notice the app is gone", func() bool { return len(logLines(c, logAppGone)) == 1 })
+	poll.Until(t, 10*time.Second, "courier to notice the app is gone", func() bool { return len(logLines(c, logAppGone)) == 1 })
 	outageStart := time.Now()
-	waitFor(t, 15*time.Second, "courier to hold what it fetched", func() bool {
+	poll.Until(t, 15*time.Second, "courier to hold what it fetched", func() bool {
 		info := h.consumerInfo("courier")
 		return info != nil && info.NumAckPending > 0 && metricstest.Value(t, metrics(admin), "courier_held_messages") == float64(info.NumAckPending)
 	})
@@ -298,7 +299,7 @@ func TestOutageLongerThanAckWaitTimesMaxDeliver(t *testing.T) {
 	time.Sleep(3500*time.Millisecond - time.Since(outageStart))
 	l.up()
 
-	waitFor(t, 20*time.Second, "every message delivered and acked", func() bool {
+	poll.Until(t, 20*time.Second, "every message delivered and acked", func() bool {
 		return l.count() == len(bodies) && h.settled("courier")
 	})
 	checkEachOnceFirstAttempt(t, l.requests(), bodies)
@@ -349,7 +350,7 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 
 	// Start-up: the consumer is bound, the health URL polled several times,
 	// and nothing fetched.
-	waitFor(t, 10*time.Second, "the health URL to be probed and fail a few times", func() bool {
+	poll.Until(t, 10*time.Second, "the health URL to be probed and fail a few times", func() bool {
 		return h.consumerInfo("courier") != nil && health.probes.Load() >= 4
 	})
 	code, body := get(t, "http://"+admin+"/readyz")
@@ -371,11 +372,11 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 	}
 
 	health.status.Store(http.StatusOK)
-	waitFor(t, 15*time.Second, "messages to flow once the health URL answers 200", func() bool {
+	poll.Until(t, 15*time.Second, "messages to flow once the health URL answers 200", func() bool {
 		return a.count() == len(first) && h.settled("courier")
 	})
 	checkEachOnceFirstAttempt(t, a.requests(), first)
-	waitFor(t, 15*time.Second, "/readyz to pass", func() bool {
+	poll.Until(t, 15*time.Second, "/readyz to pass", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	})
@@ -383,13 +384,13 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 	// Later: the health URL fails again (noticed within the default 5s
 	// health interval) and fetching pauses again.
 	health.status.Store(http.StatusServiceUnavailable)
-	waitFor(t, 15*time.Second, "/readyz to fail once the health URL does", func() bool {
+	poll.Until(t, 15*time.Second, "/readyz to fail once the health URL does", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusServiceUnavailable
 	})
 	probed := health.probes.Load()
 	later := publishN(h, "during", 3)
-	waitFor(t, 10*time.Second, "a few more failed probes", func() bool { return health.probes.Load() >= probed+3 })
+	poll.Until(t, 10*time.Second, "a few more failed probes", func() bool { return health.probes.Load() >= probed+3 })
 	if n := a.count(); n != len(first) {
 		t.Errorf("the app got %d new requests while its health URL answered 503", n-len(first))
 	}
@@ -401,7 +402,7 @@ func TestOutageHealthURL503PausesFetching(t *testing.T) {
 			info.NumPending, info.NumAckPending, metricstest.Value(t, metrics(admin), "courier_held_messages"))
 	}
 	health.status.Store(http.StatusOK)
-	waitFor(t, 15*time.Second, "messages to flow again", func() bool {
+	poll.Until(t, 15*time.Second, "messages to flow again", func() bool {
 		return a.count() == len(first)+len(later) && h.settled("courier")
 	})
 	checkEachOnceFirstAttempt(t, a.requests(), append(first, later...))
@@ -426,7 +427,7 @@ func TestOutageTimeoutAfterSendSpendsAttempt(t *testing.T) {
 	})
 	h.publish("orders.created", "slow", map[string]string{"Idempotency-Key": "slow-1"})
 	c := start(t, h.env(a.URL, "COURIER_HTTP_TIMEOUT=300ms"))
-	waitFor(t, 10*time.Second, "the retry to succeed", func() bool { return a.count() == 2 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the retry to succeed", func() bool { return a.count() == 2 && h.settled("courier") })
 	if got := attempts(a.requests(), "slow-1"); !slices.Equal(got, []string{"1", "2"}) {
 		t.Errorf("attempts %v, want [1 2]: a timeout after sending spends the attempt", got)
 	}
@@ -455,7 +456,7 @@ func TestOutageDroppedConnectionSpendsAttempt(t *testing.T) {
 	})
 	h.publish("orders.created", "crashy", map[string]string{"Idempotency-Key": "crashy-1"})
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "the retry to succeed", func() bool { return a.count() == 2 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the retry to succeed", func() bool { return a.count() == 2 && h.settled("courier") })
 	if got := attempts(a.requests(), "crashy-1"); !slices.Equal(got, []string{"1", "2"}) {
 		t.Errorf("attempts %v, want [1 2]: a dropped connection spends the attempt, and one attempt is one request", got)
 	}
@@ -483,7 +484,7 @@ func TestOutageSigtermExitsPromptlyLosesNothing(t *testing.T) {
 	runOutage := func(phase string, want int) {
 		t.Helper()
 		c := start(t, env)
-		waitFor(t, 10*time.Second, phase+": courier holding every message during the outage", func() bool {
+		poll.Until(t, 10*time.Second, phase+": courier holding every message during the outage", func() bool {
 			info := h.consumerInfo("courier")
 			return len(logLines(c, logAppGone)) == 1 && info != nil &&
 				info.NumPending == 0 && info.NumAckPending == want
@@ -531,7 +532,7 @@ func TestOutageSigtermExitsPromptlyLosesNothing(t *testing.T) {
 	// shutdown spent one), "last" never reaches the app again.
 	l.up()
 	start(t, env)
-	waitFor(t, 10*time.Second, "the remaining message delivered", func() bool { return l.count() == 1 && h.settled("courier") })
+	poll.Until(t, 10*time.Second, "the remaining message delivered", func() bool { return l.count() == 1 && h.settled("courier") })
 	if got := attempts(l.requests(), "other"); !slices.Equal(got, []string{"2"}) {
 		t.Errorf("attempts of the held message %v, want [2]", got)
 	}

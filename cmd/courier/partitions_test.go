@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
 )
@@ -113,14 +114,14 @@ func TestPartitionsThroughAKill(t *testing.T) {
 		}
 	}()
 	killed := startChild(t, env("killed"))
-	waitFor(t, 30*time.Second, "the first courier delivering", func() bool { return a.count("killed") > 0 })
+	poll.Until(t, 30*time.Second, "the first courier delivering", func() bool { return a.count("killed") > 0 })
 	c := start(t, env("other"))
 	// The partitions are shared out by the couriers' random ids: the first
 	// may keep all of them, or hand all on. Either way it is killed with
 	// what it holds under way.
-	waitFor(t, 30*time.Second, "both couriers members", func() bool { return len(logLines(c, "sharing the durable")) > 0 })
+	poll.Until(t, 30*time.Second, "both couriers members", func() bool { return len(logLines(c, "sharing the durable")) > 0 })
 	before := a.count("killed") + a.count("other")
-	waitFor(t, 30*time.Second, "deliveries going on", func() bool { return a.count("killed")+a.count("other") > before+20 })
+	poll.Until(t, 30*time.Second, "deliveries going on", func() bool { return a.count("killed")+a.count("other") > before+20 })
 	killed.kill(t)
 	<-published
 	allInOrder := func() bool {
@@ -223,7 +224,7 @@ func TestPartitionsPauseAndCleanup(t *testing.T) {
 	}
 	c := start(t, env)
 	work := partition.StreamName("ORDERS", "courier")
-	waitFor(t, 20*time.Second, "every message delivered and settled", func() bool {
+	poll.Until(t, 20*time.Second, "every message delivered and settled", func() bool {
 		return a.count() == 3 && h.streamExists(work) && h.streamMsgsOf(work) == 0
 	})
 	command := func(args ...string) string {

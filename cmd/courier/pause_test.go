@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // courier pause stops every courier of the durable at once; a courier that
@@ -24,7 +26,7 @@ func TestPauseSeenByReplicasAndKeptThroughRestart(t *testing.T) {
 	envB := h.env(app.URL, "COURIER_ACK_WAIT=1s", "COURIER_DEDUP_DIR="+t.TempDir())
 	a, b := start(t, envA), start(t, envB)
 	adminA, adminB := adminAddr(t, a), adminAddr(t, b)
-	waitFor(t, 10*time.Second, "both ready", func() bool {
+	poll.Until(t, 10*time.Second, "both ready", func() bool {
 		ca, _ := get(t, "http://"+adminA+"/readyz")
 		cb, _ := get(t, "http://"+adminB+"/readyz")
 		return ca == 200 && cb == 200
@@ -42,7 +44,7 @@ func TestPauseSeenByReplicasAndKeptThroughRestart(t *testing.T) {
 		t.Fatalf("pause said %q", out)
 	}
 	for _, admin := range []string{adminA, adminB} {
-		waitFor(t, 10*time.Second, "readiness to say paused on "+admin, func() bool {
+		poll.Until(t, 10*time.Second, "readiness to say paused on "+admin, func() bool {
 			code, body := get(t, "http://"+admin+"/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(body, "consumer paused")
 		})
@@ -54,7 +56,7 @@ func TestPauseSeenByReplicasAndKeptThroughRestart(t *testing.T) {
 	}
 	b = start(t, envB)
 	adminB = adminAddr(t, b)
-	waitFor(t, 10*time.Second, "the restarted courier to say paused", func() bool {
+	poll.Until(t, 10*time.Second, "the restarted courier to say paused", func() bool {
 		code, body := get(t, "http://"+adminB+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "consumer paused")
 	})
@@ -68,7 +70,7 @@ func TestPauseSeenByReplicasAndKeptThroughRestart(t *testing.T) {
 	if out := cli("resume"); !strings.Contains(out, "resumed") {
 		t.Fatalf("resume said %q", out)
 	}
-	waitFor(t, 10*time.Second, "delivery after resume", func() bool { return calls.Load() == 10 })
+	poll.Until(t, 10*time.Second, "delivery after resume", func() bool { return calls.Load() == 10 })
 }
 
 func TestPauseEnd(t *testing.T) {
@@ -103,7 +105,7 @@ func TestStartKeepsOperatorsConsumerSettings(t *testing.T) {
 	t.Cleanup(app.Close)
 	env := h.env(app.URL)
 	c := start(t, env)
-	waitFor(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
+	poll.Until(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +120,7 @@ func TestStartKeepsOperatorsConsumerSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	c = start(t, env)
-	waitFor(t, 10*time.Second, "ready again", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
+	poll.Until(t, 10*time.Second, "ready again", func() bool { code, _ := get(t, "http://"+adminAddr(t, c)+"/readyz"); return code == 200 })
 	info, err := h.js.Consumer(ctx, "ORDERS", "courier")
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +129,7 @@ func TestStartKeepsOperatorsConsumerSettings(t *testing.T) {
 		t.Errorf("after a restart the consumer has MaxRequestBatch %d, metadata %v: the operator's settings were removed", got.MaxRequestBatch, got.Metadata)
 	}
 	publishN(h, "limited", 10)
-	waitFor(t, 10*time.Second, "delivery within the limit", func() bool {
+	poll.Until(t, 10*time.Second, "delivery within the limit", func() bool {
 		i, err := info.Info(ctx)
 		return err == nil && i.NumPending == 0 && i.NumAckPending == 0
 	})

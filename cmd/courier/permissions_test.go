@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // TestDocumentedPermissions: a user granted exactly what docs/operations.md
@@ -42,8 +43,8 @@ func TestDocumentedPermissions(t *testing.T) {
 		"COURIER_DEDUP_STORE=shared", "COURIER_SUCCESS_SUBJECT=done.orders", "COURIER_REPLY_SUBJECTS=quote.get"))
 
 	h.publish("orders.created", "one", map[string]string{"Idempotency-Key": "k-1"})
-	waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
-	waitFor(t, 15*time.Second, "its success record stored", func() bool { return h.streamMsgsOf("COURIER_SUCCESS_DONE_ORDERS") == 1 })
+	poll.Until(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 15*time.Second, "its success record stored", func() bool { return h.streamMsgsOf("COURIER_SUCCESS_DONE_ORDERS") == 1 })
 	if _, err := h.nc.Request("quote.get", []byte("q"), 5*time.Second); err != nil {
 		t.Errorf("request on quote.get: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/jsutil"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -26,11 +27,11 @@ func TestStatusNamesThePinHolder(t *testing.T) {
 	env := h.env(a.URL, "COURIER_ORDER_KEY=subject:2")
 	h.publish("orders.k1.created", "x", nil)
 	c := start(t, env)
-	waitFor(t, 20*time.Second, "the message delivered", func() bool { return a.count() == 1 })
+	poll.Until(t, 20*time.Second, "the message delivered", func() bool { return a.count() == 1 })
 	host, _ := os.Hostname()
 	holder := regexp.MustCompile(`(?m)^pinned \(courier\)\s+(\S+) since `)
 	var out string
-	waitFor(t, 20*time.Second, "courier status naming the pin's holder", func() bool {
+	poll.Until(t, 20*time.Second, "courier status naming the pin's holder", func() bool {
 		var stdout, stderr bytes.Buffer
 		if err := run(context.Background(), []string{"status"}, env, &stdout, &stderr); err != nil {
 			t.Fatalf("courier status: %v\n%s", err, stderr.String())

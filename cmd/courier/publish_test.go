@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -25,7 +26,7 @@ var publishEnv = []string{"COURIER_PUBLISH_ADDR=127.0.0.1:0", "COURIER_PUBLISH_S
 func publishAddr(t *testing.T, c *courier) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 10*time.Second, "the publish API's start-up log line", func() bool {
+	poll.Until(t, 10*time.Second, "the publish API's start-up log line", func() bool {
 		if recs := logLines(c, "publish API listening"); len(recs) > 0 {
 			addr, _ = recs[0]["addr"].(string)
 		}
@@ -120,7 +121,7 @@ func TestPublishThroughCourier(t *testing.T) {
 	a := newApp(t, nil)
 	c := start(t, h.env(a.URL, publishEnv...))
 	admin := adminAddr(t, c)
-	waitFor(t, 20*time.Second, "courier ready", func() bool {
+	poll.Until(t, 20*time.Second, "courier ready", func() bool {
 		code, _ := get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	})
@@ -136,7 +137,7 @@ func TestPublishThroughCourier(t *testing.T) {
 	if err != nil || ans.status != 200 || ans.Stream != "ORDERS" {
 		t.Fatalf("publish: %+v %v", ans, err)
 	}
-	waitFor(t, 10*time.Second, "the published message delivered to the app", func() bool { return a.calls("paid-1") == 1 })
+	poll.Until(t, 10*time.Second, "the published message delivered to the app", func() bool { return a.calls("paid-1") == 1 })
 	if r := a.requests()[0]; r.Body != `{"order":1}` || r.Header.Get("Courier-Sequence") != fmt.Sprint(ans.Seq) {
 		t.Errorf("the app got %q, Courier-Sequence %s; published seq %d", r.Body, r.Header.Get("Courier-Sequence"), ans.Seq)
 	}
@@ -242,7 +243,7 @@ func TestPublishThroughSIGTERM(t *testing.T) {
 			mu.Unlock()
 		}
 	})
-	waitFor(t, 10*time.Second, "publishes stored", func() bool { mu.Lock(); defer mu.Unlock(); return len(answers) >= 50 })
+	poll.Until(t, 10*time.Second, "publishes stored", func() bool { mu.Lock(); defer mu.Unlock(); return len(answers) >= 50 })
 	signalled := time.Now()
 	c.cancel() // SIGTERM
 	err, ok := c.exited(30 * time.Second)

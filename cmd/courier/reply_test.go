@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
@@ -38,7 +39,7 @@ func TestReplyService(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			c := start(t, mode.env)
 			admin := adminAddr(t, c)
-			waitFor(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+			poll.Until(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
 			resp, err := h.nc.Request("svc.hello", []byte("world"), 5*time.Second)
 			if err != nil {
 				t.Fatal(err)

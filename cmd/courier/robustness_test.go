@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // A courier that starts while its JetStream cluster has lost quorum (two of
@@ -34,7 +35,7 @@ func TestStartWhileClusterHasNoQuorumRetries(t *testing.T) {
 	}
 	// It is retrying, not stuck: the retry helper says so for each try (the
 	// first once its first request has timed out).
-	waitFor(t, 30*time.Second, "courier to retry its start-up while the cluster has no quorum", func() bool {
+	poll.Until(t, 30*time.Second, "courier to retry its start-up while the cluster has no quorum", func() bool {
 		return strings.Contains(c.logs.String(), "JetStream not answering; retrying start-up")
 	})
 	k.c.Restart(1)
@@ -62,7 +63,7 @@ func TestSuccessRecordsOfTwoStreamsSameKeyBothKept(t *testing.T) {
 	c2 := start(t, h.env(a.URL, "COURIER_SUCCESS_SUBJECT=ok.results", "COURIER_STREAM=PAYMENTS", "COURIER_DEDUP_DIR="+t.TempDir()))
 	h.publish("orders.new", "order 42", map[string]string{"Idempotency-Key": "intent-42"})
 	h.publish("payments.new", "payment 42", map[string]string{"Idempotency-Key": "intent-42"})
-	waitFor(t, 15*time.Second, "both messages delivered and acked", func() bool {
+	poll.Until(t, 15*time.Second, "both messages delivered and acked", func() bool {
 		return a.count() >= 2 && h.settled("courier") && func() bool {
 			info := h.consumerInfoOn("PAYMENTS", "courier")
 			return info != nil && info.NumPending == 0 && info.NumAckPending == 0
@@ -95,7 +96,7 @@ func TestCredentialsRefusedWhileRunningExit1(t *testing.T) {
 	c := start(t, h.env(a.URL, "NATS_USER=u", "NATS_PASSWORD=p1"))
 	waitReady(t, c)
 	h.publish("orders.a", "a", nil)
-	waitFor(t, 10*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
+	poll.Until(t, 10*time.Second, "the message delivered", func() bool { return a.count() >= 1 })
 
 	changed := *opts
 	changed.Password = "p2"
@@ -128,7 +129,7 @@ func TestSuccessRecordIgnoresAppsNatsHeaders(t *testing.T) {
 	})
 	c := start(t, h.env(a.URL, "COURIER_SUCCESS_SUBJECT=ok.results"))
 	h.publish("orders.new", "order 42", nil)
-	waitFor(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 15*time.Second, "the message acked", func() bool { return h.settled("courier") })
 	recs := h.deadLetters("ok.results")
 	if len(recs) != 1 || recs[0].Header.Get("X-Order") != "42" {
 		t.Fatalf("%d records, want 1 with the app's X-Order", len(recs))
@@ -158,7 +159,7 @@ func TestReplySubjectCapturedByConsumedStreamRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the app called twice", func() bool { return a.count() >= 2 })
+	poll.Until(t, 5*time.Second, "the app called twice", func() bool { return a.count() >= 2 })
 	t.Errorf("courier started; the caller's reply was %q, and the app was called %d times for one request", resp.Data, a.count())
 }
 
@@ -188,7 +189,7 @@ func TestReplyNoGraceStopsPromptly(t *testing.T) {
 		m, err := h.nc.Request("svc.slow", []byte("q"), 20*time.Second)
 		got <- result{m, err}
 	}()
-	waitFor(t, 15*time.Second, "the request at the app", func() bool { return a.count() >= 1 })
+	poll.Until(t, 15*time.Second, "the request at the app", func() bool { return a.count() >= 1 })
 	began := time.Now()
 	_ = c.stop()
 	// Bounded below the app's own 15s, and far below the 25s default grace

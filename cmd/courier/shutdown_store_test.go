@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // With the dedup directory removed under a running courier (a volume gone),
@@ -18,7 +20,7 @@ func TestShutdownWithStoreDirectoryGone(t *testing.T) {
 	t.Cleanup(app.Close)
 	c := start(t, h.env(app.URL, "COURIER_SHUTDOWN_GRACE=1s"))
 	publishN(h, "before", 5)
-	waitFor(t, 10*time.Second, "delivered", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "delivered", func() bool { return h.settled("courier") })
 	if err := os.RemoveAll(h.dir); err != nil {
 		t.Fatal(err)
 	}

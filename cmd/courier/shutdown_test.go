@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -32,7 +33,7 @@ func TestSIGTERMWithPublishAPI(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	ch := startChild(t, h.env(a.URL, append(publishEnv, "COURIER_SHUTDOWN_GRACE=60s")...))
-	waitFor(t, 20*time.Second, "the child consuming", func() bool { return len(logLines(ch.asCourier(), "consuming")) > 0 })
+	poll.Until(t, 20*time.Second, "the child consuming", func() bool { return len(logLines(ch.asCourier(), "consuming")) > 0 })
 	if err := ch.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -224,7 +225,7 @@ func startSnippetApp(t *testing.T, s snippet, env ...string) *runningApp {
 			a.mu.Unlock()
 		}
 	})
-	waitFor(t, 20*time.Second, s.where+" listening", func() bool {
+	poll.Until(t, 20*time.Second, s.where+" listening", func() bool {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), time.Second)
 		if err == nil {
 			c.Close()
@@ -249,7 +250,7 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 // printed waits until the app has printed a line holding each of want.
 func (a *runningApp) printed(t *testing.T, want ...string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, fmt.Sprintf("the app printing %q", want), func() bool {
+	poll.Until(t, 30*time.Second, fmt.Sprintf("the app printing %q", want), func() bool {
 		lines := a.lines()
 		for _, w := range want {
 			if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, w) }) {
@@ -273,8 +274,8 @@ func runQuickstart(t *testing.T, s, shownApp, shownLs snippet) {
 	h.publish("orders.42.created", `{"order":42}`, nil)
 	h.publish("orders.43.created", "not json", nil)
 	a.printed(t, `orders.42.created ORDERS:`, `{"order":42}`, "orders.43.created ORDERS:", "not json")
-	waitFor(t, 20*time.Second, "one dead letter", func() bool { return len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
-	waitFor(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 20*time.Second, "one dead letter", func() bool { return len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
+	poll.Until(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
 	l := h.deadLetters("dlq.ORDERS.courier")[0]
 	if r, subj, st := l.Header.Get(dlq.HeaderReason), l.Header.Get(dlq.HeaderSubject), l.Header.Get(dlq.HeaderStatus); r != "rejected" || subj != "orders.43.created" || st != "422" {
 		t.Errorf("dead letter: reason %q, subject %q, status %q; want rejected, orders.43.created, 422", r, subj, st)
@@ -350,7 +351,7 @@ func runVerify(t *testing.T, s snippet) {
 		want = append(want, fmt.Sprintf("verified verify-%s %d bytes", name, len(body)))
 	}
 	a.printed(t, want...)
-	waitFor(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
 	if n := len(h.deadLetters("dlq.ORDERS.courier")); n != 0 {
 		t.Errorf("%d messages dead-lettered: the app refused what courier signed", n)
 	}
@@ -411,8 +412,8 @@ func runBatchApp(t *testing.T, s snippet) {
 	h.publish("orders.2", `{"order": 2}`, map[string]string{"Nats-Msg-Id": "no-content-type"})
 	h.publish("orders.3", "not json", map[string]string{"Nats-Msg-Id": "not-json"})
 	a.printed(t, "as-json {'order': 1}", "no-content-type {'order': 2}")
-	waitFor(t, 20*time.Second, "one dead letter", func() bool { return len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
-	waitFor(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 20*time.Second, "one dead letter", func() bool { return len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
+	poll.Until(t, 20*time.Second, "the consumer settled", func() bool { return h.settled("courier") })
 	if l := h.deadLetters("dlq.ORDERS.courier")[0]; l.Header.Get(dlq.HeaderReason) != "rejected" || string(l.Data) != "not json" {
 		t.Errorf("dead letter: reason %q, body %q; want rejected, not json", l.Header.Get(dlq.HeaderReason), l.Data)
 	}
@@ -451,7 +452,7 @@ func runPublishCurl(t *testing.T, snippets ...snippet) {
 			t.Errorf("%s answered\n%s\nthe page shows\n%s", s.where, out, want)
 		}
 	}
-	waitFor(t, 20*time.Second, "the published messages delivered", func() bool { return app.count() == 3 })
+	poll.Until(t, 20*time.Second, "the published messages delivered", func() bool { return app.count() == 3 })
 }
 
 // splitAnswer parses a snippet of one command followed by its answer, shown

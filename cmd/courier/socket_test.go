@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // An app that listens only on a Unix socket gets courier's messages, health
@@ -47,7 +49,7 @@ func TestSidecarAppOnUnixSocket(t *testing.T) {
 	for i := range 5 {
 		h.publish("orders.created", "m"+string(rune('0'+i)), nil)
 	}
-	waitFor(t, 10*time.Second, "5 messages delivered over the socket", func() bool {
+	poll.Until(t, 10*time.Second, "5 messages delivered over the socket", func() bool {
 		return a.count() == 5 && h.settled("courier")
 	})
 	select {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
@@ -123,15 +124,15 @@ func TestRotationWhileMessagesFlow(t *testing.T) {
 		}
 		return reqs[len(reqs)-1]
 	}
-	waitFor(t, 15*time.Second, "requests signed with the old secret", func() bool { return signers(t, last(), oldS, newS) == "0" })
+	poll.Until(t, 15*time.Second, "requests signed with the old secret", func() bool { return signers(t, last(), oldS, newS) == "0" })
 	replaceFile(t, secretsFile, newS+"\n"+oldS+"\n")
-	waitFor(t, 15*time.Second, "requests signed with both secrets", func() bool { return signers(t, last(), oldS, newS) == "0+1" })
+	poll.Until(t, 15*time.Second, "requests signed with both secrets", func() bool { return signers(t, last(), oldS, newS) == "0+1" })
 	replaceFile(t, tokenFile, "token-two")
-	waitFor(t, 15*time.Second, "the new token", func() bool { return last().Header.Get("Authorization") == "Bearer token-two" })
+	poll.Until(t, 15*time.Second, "the new token", func() bool { return last().Header.Get("Authorization") == "Bearer token-two" })
 	replaceFile(t, secretsFile, newS+"\n")
-	waitFor(t, 15*time.Second, "requests signed with the new secret only", func() bool { return signers(t, last(), oldS, newS) == "1" })
+	poll.Until(t, 15*time.Second, "requests signed with the new secret only", func() bool { return signers(t, last(), oldS, newS) == "1" })
 	stopPublishing()
-	waitFor(t, 30*time.Second, "every message delivered and acked", func() bool { return h.settled("courier") })
+	poll.Until(t, 30*time.Second, "every message delivered and acked", func() bool { return h.settled("courier") })
 
 	// The sets of secrets the requests verify with, in order: old, both,
 	// new, each for a run of requests, never one of them again later.
@@ -192,16 +193,16 @@ func TestProbesAndRepliesSigned(t *testing.T) {
 		"COURIER_REPLY_SUBJECTS=quote.get", "COURIER_BREAKER_FAILURES=3", "COURIER_BREAKER_PROBE=100ms",
 		"COURIER_MAX_DELIVER=100"))
 	admin := adminAddr(t, c)
-	waitFor(t, 15*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+	poll.Until(t, 15*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
 
 	for i := range 5 {
 		h.publish("orders.new", "order "+strconv.Itoa(i), nil)
 	}
-	waitFor(t, 15*time.Second, "the breaker open", func() bool { return strings.Contains(c.logs.String(), "breaker open") })
+	poll.Until(t, 15*time.Second, "the breaker open", func() bool { return strings.Contains(c.logs.String(), "breaker open") })
 	opened := a.count()
-	waitFor(t, 15*time.Second, "probes while the breaker is open", func() bool { return a.count() >= opened+2 })
+	poll.Until(t, 15*time.Second, "probes while the breaker is open", func() bool { return a.count() >= opened+2 })
 	failing.Store(false)
-	waitFor(t, 15*time.Second, "every message delivered", func() bool { return h.settled("courier") })
+	poll.Until(t, 15*time.Second, "every message delivered", func() bool { return h.settled("courier") })
 
 	resp, err := h.nc.Request("quote.get", []byte(`{"sku":"A1"}`), 5*time.Second)
 	if err != nil || resp.Header.Get("Courier-Status") != "200" {
@@ -364,7 +365,7 @@ func TestCloudEventsDelivery(t *testing.T) {
 	h.publish("orders.created", binary, map[string]string{"ce-specversion": "1.0", "ce-id": "evt-2",
 		"ce-source": "https://shop.example/", "ce-type": "com.shop.order.created", "Content-Type": "application/json"})
 	h.publish("orders.paid", structured, map[string]string{"Content-Type": "application/cloudevents+json"})
-	waitFor(t, 15*time.Second, "every message settled", func() bool { return h.settled("courier") && len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
+	poll.Until(t, 15*time.Second, "every message settled", func() bool { return h.settled("courier") && len(h.deadLetters("dlq.ORDERS.courier")) == 1 })
 
 	ev, _, err := a.got(plain)
 	if err != nil {
@@ -423,7 +424,7 @@ func TestCloudEventsDelivery(t *testing.T) {
 	t.Run("off", func(t *testing.T) {
 		off := newCEApp(t, func(w http.ResponseWriter, body string) {})
 		c := start(t, h.env(off.URL, "COURIER_CONSUMER=plain", "COURIER_DEDUP_DIR="+t.TempDir(), "COURIER_SUBJECTS=orders.created"))
-		waitFor(t, 15*time.Second, "the plain message delivered", func() bool { _, hd, _ := off.got(plain); return hd != nil })
+		poll.Until(t, 15*time.Second, "the plain message delivered", func() bool { _, hd, _ := off.got(plain); return hd != nil })
 		_, hd, _ := off.got(plain)
 		for k := range hd {
 			if strings.HasPrefix(k, "Ce-") {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 )
 
@@ -59,7 +60,7 @@ func TestDeliverPolicyKeptWhenUnset(t *testing.T) {
 		t.Fatalf("the durable's deliver policy is not kept: %+v", info)
 	}
 	h.publish("orders.created", "after", nil)
-	waitFor(t, 10*time.Second, "the message delivered", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "the message delivered", func() bool { return a.count() == 1 })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +71,12 @@ func TestConsumerUpdatedInPlace(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVER=3", "COURIER_ACK_WAIT=7s"))
-	waitFor(t, 10*time.Second, "the consumer", func() bool { return h.consumerInfo("courier") != nil })
+	poll.Until(t, 10*time.Second, "the consumer", func() bool { return h.consumerInfo("courier") != nil })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
 	start(t, h.env(a.URL, "COURIER_MAX_DELIVER=4", "COURIER_ACK_WAIT=9s", "COURIER_MAX_ACK_PENDING=500"))
-	waitFor(t, 10*time.Second, "the consumer updated", func() bool {
+	poll.Until(t, 10*time.Second, "the consumer updated", func() bool {
 		info := h.consumerInfo("courier")
 		return info != nil && info.Config.MaxDeliver == 4 && info.Config.AckWait == 9*time.Second && info.Config.MaxAckPending == 500
 	})
@@ -173,11 +174,11 @@ func TestExpiredMessageNeverReachesApp(t *testing.T) {
 	c := start(t, h.env(a.URL, "COURIER_MAX_AGE=2s"))
 	// The fresh one is published once courier consumes: a start slowed by
 	// a loaded machine must not age it past MaxAge as well.
-	waitFor(t, 15*time.Second, "courier consuming", func() bool {
+	poll.Until(t, 15*time.Second, "courier consuming", func() bool {
 		return strings.Contains(c.logs.String(), `"msg":"consuming"`)
 	})
 	h.publish("orders.new", "fresh", nil)
-	waitFor(t, 10*time.Second, "both settled", func() bool { return h.settled("courier") && a.count() == 1 })
+	poll.Until(t, 10*time.Second, "both settled", func() bool { return h.settled("courier") && a.count() == 1 })
 	if a.requests()[0].Body != "fresh" {
 		t.Errorf("app got %q", a.requests()[0].Body)
 	}
@@ -195,7 +196,7 @@ func TestUnknownVariableWarned(t *testing.T) {
 	h := newHarness(t)
 	a := newApp(t, nil)
 	c := start(t, h.env(a.URL, "COURIER_MAX_DELIVERY=3"))
-	waitFor(t, 10*time.Second, "the warning", func() bool {
+	poll.Until(t, 10*time.Second, "the warning", func() bool {
 		return strings.Contains(c.logs.String(), `"variable":"COURIER_MAX_DELIVERY"`)
 	})
 }
@@ -226,7 +227,7 @@ func TestNATSUnreachableAtStartRetries(t *testing.T) {
 		"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(), "COURIER_LOG_FORMAT=json",
 	})
 	admin := adminAddr(t, c)
-	waitFor(t, 10*time.Second, "a retry logged", func() bool { return len(logLines(c, "NATS unreachable")) > 0 })
+	poll.Until(t, 10*time.Second, "a retry logged", func() bool { return len(logLines(c, "NATS unreachable")) > 0 })
 	if code, body := get(t, "http://"+admin+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
 		t.Errorf("/readyz = %d %q, want 503 naming NATS", code, body)
 	}
@@ -235,8 +236,8 @@ func TestNATSUnreachableAtStartRetries(t *testing.T) {
 	}
 
 	natstest.Start(t, natstest.Options{Port: port, StoreDir: store})
-	waitFor(t, 30*time.Second, "delivery once NATS is there", func() bool { return a.count() == 1 })
-	waitFor(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+	poll.Until(t, 30*time.Second, "delivery once NATS is there", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
 }
 
 // A broker restart mid-stream: courier reconnects and goes on; every message
@@ -265,13 +266,13 @@ func TestBrokerRestartMidStream(t *testing.T) {
 		"NATS_URL=" + srv.ClientURL(), "COURIER_STREAM=ORDERS", "COURIER_APP_URL=" + a.URL,
 		"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(), "COURIER_LOG_FORMAT=json",
 	})
-	waitFor(t, 10*time.Second, "the first ten", func() bool { return a.count() == 10 })
+	poll.Until(t, 10*time.Second, "the first ten", func() bool { return a.count() == 10 })
 
 	natstest.Stop(srv)
 	srv = natstest.NewServer(t, natstest.Options{Port: port, StoreDir: store})
-	waitFor(t, 15*time.Second, "the test's client back", func() bool { return nc.IsConnected() })
+	poll.Until(t, 15*time.Second, "the test's client back", func() bool { return nc.IsConnected() })
 	publish(10, 20)
-	waitFor(t, 30*time.Second, "the next ten after the restart", func() bool { return a.count() >= 20 })
+	poll.Until(t, 30*time.Second, "the next ten after the restart", func() bool { return a.count() >= 20 })
 	seen := map[string]bool{}
 	for _, r := range a.requests() {
 		seen[r.Body] = true

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // A subject HTTP cannot carry in a header value (another client may publish
@@ -15,7 +17,7 @@ func TestSubjectHTTPCannotCarryIsNotAnOutage(t *testing.T) {
 	h.rawPublish("orders.a\x01b", []string{"X-A: 1"}, "odd")
 	h.publish("orders.ok", "fine", nil)
 	c := start(t, h.env(a.URL))
-	waitFor(t, 10*time.Second, "both messages settled", func() bool { return h.settled("courier") })
+	poll.Until(t, 10*time.Second, "both messages settled", func() bool { return h.settled("courier") })
 	if a.count() != 2 {
 		t.Fatalf("app saw %d requests, want 2", a.count())
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 )
 
 // subsApp is the app of two subscriptions: it notes, by path, the
@@ -121,10 +122,10 @@ func TestSubscriptions(t *testing.T) {
 	}
 	h.publish("orders.x.paid", "bad", nil)
 	h.publish("payments.bad", "bad", nil)
-	waitFor(t, 20*time.Second, "orders delivered while the payments app is down", func() bool {
+	poll.Until(t, 20*time.Second, "orders delivered while the payments app is down", func() bool {
 		return a.count("/created") == 10 && a.count("/orders") == 11
 	})
-	waitFor(t, 10*time.Second, "/readyz naming payments", func() bool {
+	poll.Until(t, 10*time.Second, "/readyz naming payments", func() bool {
 		code, body := get(t, "http://"+admin+"/readyz")
 		return code != http.StatusOK && strings.Contains(body, "subscription payments") && !strings.Contains(body, "subscription orders")
 	})
@@ -139,8 +140,8 @@ func TestSubscriptions(t *testing.T) {
 	payments := &httptest.Server{Listener: pl, Config: &http.Server{Handler: a}}
 	payments.Start()
 	t.Cleanup(payments.Close)
-	waitFor(t, 30*time.Second, "payments delivered once its app is up", func() bool { return a.count("/payments") >= 11 })
-	waitFor(t, 20*time.Second, "both durables settled", func() bool {
+	poll.Until(t, 30*time.Second, "payments delivered once its app is up", func() bool { return a.count("/payments") >= 11 })
+	poll.Until(t, 20*time.Second, "both durables settled", func() bool {
 		return h.settled("courier") && h.consumerSettled("PAYMENTS", "courier")
 	})
 	waitReady(t, c)
@@ -199,7 +200,7 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 	env := subsEnv(h, app.URL+"/orders", app.URL+"/payments", "COURIER_DEDUP_DIR="+dir, "COURIER_ACK_WAIT=2s",
 		"COURIER_MAX_INFLIGHT=auto:4")
 	first := startChild(t, env)
-	waitFor(t, 20*time.Second, "both draining", func() bool {
+	poll.Until(t, 20*time.Second, "both draining", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		o, p := 0, 0
@@ -215,7 +216,7 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 	first.kill(t)
 	second := startChild(t, env)
 	waitReady(t, second.asCourier())
-	waitFor(t, 60*time.Second, "both durables settled", func() bool {
+	poll.Until(t, 60*time.Second, "both durables settled", func() bool {
 		return h.settled("courier") && h.consumerSettled("PAYMENTS", "courier")
 	})
 	mu.Lock()
@@ -269,13 +270,13 @@ func TestSubscriptionsOnACluster(t *testing.T) {
 	for _, c := range cs {
 		waitReady(t, c.asCourier())
 	}
-	waitFor(t, 30*time.Second, "both draining", func() bool {
+	poll.Until(t, 30*time.Second, "both draining", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen) > 100
 	})
 	cs[0].kill(t)
-	waitFor(t, 90*time.Second, "both durables settled", func() bool {
+	poll.Until(t, 90*time.Second, "both durables settled", func() bool {
 		return k.drained() && k.consumerSettled("PAYMENTS", "courier")
 	})
 	mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -35,11 +36,11 @@ func TestDuplicateProbeDoesNotStallBreaker(t *testing.T) {
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
 	waitBreakerOpen(t, r)
-	waitFor(t, "the duplicate probe to go", func() bool {
+	poll.Until(t, 10*time.Second, "the duplicate probe to go", func() bool {
 		return counter(t, e.reg, "courier_messages_total", "duplicate") >= 1
 	})
 	a.storming.Store(false)
-	waitFor(t, "k-d delivered after the app recovered", func() bool {
+	poll.Until(t, 10*time.Second, "k-d delivered after the app recovered", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.keys["k-d"] == 1
@@ -92,13 +93,13 @@ func TestProbeMeetingUnreachableAppDoesNotStallBreaker(t *testing.T) {
 	})
 	waitBreakerOpen(t, r)
 	app.srv.Close() // the app goes away before the probe
-	waitFor(t, "the probe to find the app unavailable", func() bool {
+	poll.Until(t, 10*time.Second, "the probe to find the app unavailable", func() bool {
 		err := r.Ready()
 		return err != nil && contains(err.Error(), "app unavailable")
 	})
 	sa.storming.Store(false)
 	app.start(t)
-	waitFor(t, "k-c delivered after the app came back", func() bool {
+	poll.Until(t, 10*time.Second, "k-c delivered after the app came back", func() bool {
 		sa.mu.Lock()
 		defer sa.mu.Unlock()
 		return sa.keys["k-c"] == 1
@@ -117,7 +118,7 @@ func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
 		BreakerProbe: 100 * time.Millisecond, BackoffInitial: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
 	// Two failed probes with C, at least.
-	waitFor(t, "C probed twice", func() bool {
+	poll.Until(t, 10*time.Second, "C probed twice", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return len(a.times) >= 4
@@ -126,12 +127,12 @@ func TestBreakerWithOnlyLastDeliveriesDoesNotStall(t *testing.T) {
 		t.Fatalf("Ready = %v during the storm, want breaker open", err)
 	}
 	a.storming.Store(false)
-	waitFor(t, "k-c delivered after the app recovered", func() bool {
+	poll.Until(t, 10*time.Second, "k-c delivered after the app recovered", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.keys["k-c"] == 1
 	})
-	waitFor(t, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message settled", func() bool { return e.settled(t) })
 	if got := e.deadLetters(t); got != 2 {
 		t.Errorf("%d dead letters, want 2 (A and B, exhausted before the breaker opened; none from a probe)", got)
 	}
@@ -151,7 +152,7 @@ func TestStormLongerThanQueueDoesNotStall(t *testing.T) {
 	t.Logf("%d requests in the storm", len(a.times))
 	a.mu.Unlock()
 	a.storming.Store(false)
-	waitFor(t, "every message delivered after the storm", func() bool { return a.ok.Load() >= 3 && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered after the storm", func() bool { return a.ok.Load() >= 3 && e.settled(t) })
 	if got := e.deadLetters(t); got != 0 {
 		t.Errorf("%d dead letters from a storm", got)
 	}

@@ -367,14 +367,14 @@ func TestStormDeadLettersNothing(t *testing.T) {
 	requestsInStorm := len(a.times)
 	a.mu.Unlock()
 	a.storming.Store(false)
-	waitFor(t, "every message delivered after the storm", func() bool { return a.ok.Load() >= n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered after the storm", func() bool { return a.ok.Load() >= n && e.settled(t) })
 	if got := e.deadLetters(t); got != 0 {
 		t.Errorf("%d dead letters from a storm", got)
 	}
 	if requestsInStorm > 3*n/2 {
 		t.Errorf("%d requests during the storm for %d messages: the breaker did not stop sending", requestsInStorm, n)
 	}
-	waitFor(t, "ready again", func() bool { return r.Ready() == nil })
+	poll.Until(t, 10*time.Second, "ready again", func() bool { return r.Ready() == nil })
 	t.Logf("%d requests during a 1s+ storm for %d messages", requestsInStorm, n)
 }
 
@@ -415,10 +415,10 @@ func TestFailingMessagesAmongSuccessesDoNotOpenBreaker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both bad messages dead-lettered", func() bool { return e.deadLetters(t) == 2 })
+	poll.Until(t, 10*time.Second, "both bad messages dead-lettered", func() bool { return e.deadLetters(t) == 2 })
 	close(stop)
 	n := <-published
-	waitFor(t, "every good message delivered", func() bool { return int(a.ok.Load()) == n })
+	poll.Until(t, 10*time.Second, "every good message delivered", func() bool { return int(a.ok.Load()) == n })
 	if err := r.Ready(); err != nil {
 		t.Errorf("not ready: %v", err)
 	}
@@ -456,7 +456,7 @@ func TestStormEndedByRetryAfter(t *testing.T) {
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: 5 * time.Second,
 	})
 	var opened time.Time
-	waitFor(t, "the breaker to open", func() bool {
+	poll.Until(t, 10*time.Second, "the breaker to open", func() bool {
 		err := r.Ready()
 		if err != nil && contains(err.Error(), "breaker open") {
 			opened = time.Now()
@@ -466,7 +466,7 @@ func TestStormEndedByRetryAfter(t *testing.T) {
 	})
 	time.Sleep(1500 * time.Millisecond) // the first probe is due after Retry-After: 1s
 	storming.Store(false)
-	waitFor(t, "every message delivered", func() bool { return ok.Load() == n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered", func() bool { return ok.Load() == n && e.settled(t) })
 	if got := e.deadLetters(t); got != 0 {
 		t.Errorf("%d dead letters", got)
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -14,7 +15,7 @@ func TestMaxRateCapsRequests(t *testing.T) {
 	const n, perSecond = 30, 20.0
 	e.publish(t, n, []byte("x"))
 	_, _ = e.runWith(t, nil, proxy.Options{MaxInflight: 8, MaxRate: perSecond})
-	waitFor(t, "every message delivered", func() bool { return a.ok.Load() == n })
+	poll.Until(t, 10*time.Second, "every message delivered", func() bool { return a.ok.Load() == n })
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// In any window of one second, at most perSecond+1 requests are sent

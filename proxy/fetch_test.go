@@ -13,6 +13,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -47,7 +48,7 @@ func TestFetchQueueBoundedInBytes(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	t.Cleanup(func() { close(release) }) // first: the held request ends
 
-	waitFor(t, "the queue filled", func() bool {
+	poll.Until(t, 10*time.Second, "the queue filled", func() bool {
 		info, err := e.cons.Info(context.Background())
 		return err == nil && info.NumAckPending > 4
 	})
@@ -83,7 +84,7 @@ func TestPullWithinConsumerRequestLimits(t *testing.T) {
 		}
 	}
 	e.run(t, nil)
-	waitFor(t, "every message delivered", func() bool { return e.calls.Load() == n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered", func() bool { return e.calls.Load() == n && e.settled(t) })
 }
 
 // An operator lowers the consumer's pull limit while courier runs: the
@@ -92,11 +93,11 @@ func TestPullWithinConsumerRequestLimits(t *testing.T) {
 func TestPullLimitLoweredWhileRunning(t *testing.T) {
 	e := setup(t)
 	r, _ := e.runWith(t, nil, proxy.Options{AckWait: 5 * time.Second, InfoInterval: time.Hour})
-	waitFor(t, "the consumer bound", func() bool { return r.Ready() == nil })
+	poll.Until(t, 10*time.Second, "the consumer bound", func() bool { return r.Ready() == nil })
 	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: 5 * time.Second, MaxRequestBatch: 3})
 	const n = 30
 	e.publish(t, n, []byte("x"))
-	waitFor(t, "every message delivered within the new limit", func() bool { return e.calls.Load() == n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered within the new limit", func() bool { return e.calls.Load() == n && e.settled(t) })
 }
 
 // While the connection is down courier sends no pull: nats.go's Fetch would
@@ -133,7 +134,7 @@ func TestNoPullLeakWhileDisconnected(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = r.Run(runCtx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "bound", func() bool { return r.Ready() == nil })
+	poll.Until(t, 10*time.Second, "bound", func() bool { return r.Ready() == nil })
 	before := nc.NumSubscriptions()
 	s.Shutdown()
 	s.WaitForShutdown()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/courierhq/courier/dedup"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -21,7 +22,7 @@ func TestStoreCheckErrorHoldsSpendsNothing(t *testing.T) {
 	if _, err := e.js.Publish(context.Background(), "s.x", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "delivery after the store recovers", func() bool { return e.calls.Load() == 1 && e.settled(t) })
+	poll.Until(t, 10*time.Second, "delivery after the store recovers", func() bool { return e.calls.Load() == 1 && e.settled(t) })
 	if got := counter(t, e.reg, "courier_dedup_errors_total", "check"); got != 4 {
 		t.Errorf("check errors counted %v, want 4", got)
 	}
@@ -46,7 +47,7 @@ func TestFullDiskHoldsMessages(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	e.publish(t, 3, []byte("x"))
 	r, _ := e.runWith(t, s, proxy.Options{})
-	waitFor(t, "readiness to name the store", func() bool {
+	poll.Until(t, 10*time.Second, "readiness to name the store", func() bool {
 		err := r.Ready()
 		return err != nil && strings.Contains(err.Error(), "dedup store unavailable")
 	})
@@ -76,7 +77,7 @@ func TestPausedConsumerIsNotFetched(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, _ := e.runWith(t, nil, proxy.Options{InfoInterval: 50 * time.Millisecond})
-	waitFor(t, "readiness to say paused", func() bool {
+	poll.Until(t, 10*time.Second, "readiness to say paused", func() bool {
 		err := r.Ready()
 		return err != nil && contains(err.Error(), "consumer paused")
 	})
@@ -88,5 +89,5 @@ func TestPausedConsumerIsNotFetched(t *testing.T) {
 	if _, err := e.js.ResumeConsumer(ctx, "S", "c"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "delivery after resume", func() bool { return a.ok.Load() == 5 })
+	poll.Until(t, 10*time.Second, "delivery after resume", func() bool { return a.ok.Load() == 5 })
 }

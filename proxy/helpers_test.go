@@ -118,11 +118,6 @@ func (e *env) settled(t *testing.T) bool {
 	return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, 10*time.Second, what, cond)
-}
-
 func openStore(t *testing.T) checker {
 	t.Helper()
 	s, err := dedup.Open(t.TempDir(), dedup.Options{TTL: time.Hour, Scope: "S/c"})
@@ -276,7 +271,7 @@ func (e *env) deadLetters(t *testing.T) uint64 {
 // waitBreakerOpen waits until r reports its breaker open (/readyz).
 func waitBreakerOpen(t *testing.T, r *proxy.Runner) {
 	t.Helper()
-	waitFor(t, "the breaker to open", func() bool {
+	poll.Until(t, 10*time.Second, "the breaker to open", func() bool {
 		err := r.Ready()
 		return err != nil && contains(err.Error(), "breaker open")
 	})

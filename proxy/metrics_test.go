@@ -4,7 +4,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -17,7 +19,7 @@ func TestAppAvailableFromStart(t *testing.T) {
 	if got := counter(t, e.reg, "courier_app_available", ""); got != 1 {
 		t.Errorf("courier_app_available = %v at start-up without a health URL, want 1", got)
 	}
-	waitFor(t, "courier ready", func() bool { return r.Ready() == nil })
+	poll.Until(t, 10*time.Second, "courier ready", func() bool { return r.Ready() == nil })
 	if got := counter(t, e.reg, "courier_app_available", ""); got != 1 {
 		t.Errorf("courier_app_available = %v once ready, want 1", got)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -54,7 +55,7 @@ func TestGraceEndingWhileReading2xxBodyStillAcks(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the 2xx'd message acked", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "the 2xx'd message acked", func() bool { return e.settled(t) })
 }
 
 // With one delivery allowed, messages fetched but not started when courier
@@ -67,7 +68,7 @@ func TestLastDeliveryNotGivenBackAtShutdown(t *testing.T) {
 	const n = 20
 	e.publish(t, n, []byte("x"))
 	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, MaxInflight: 1, ShutdownGrace: 10 * time.Second})
-	waitFor(t, "the first message sent", func() bool { return e.calls.Load() > 0 })
+	poll.Until(t, 10*time.Second, "the first message sent", func() bool { return e.calls.Load() > 0 })
 	stop()
 	if got := e.calls.Load(); got != n {
 		t.Errorf("the app saw %d of %d messages; the rest were given back on their last delivery", got, n)
@@ -83,7 +84,7 @@ func TestZeroGraceAbandonsAtOnce(t *testing.T) {
 	e.slowApp(t, 5*time.Second)
 	e.publish(t, 1, []byte("x"))
 	_, stop := e.runWith(t, nil, proxy.Options{ShutdownGrace: 0})
-	waitFor(t, "the request sent", func() bool { return e.calls.Load() == 1 })
+	poll.Until(t, 10*time.Second, "the request sent", func() bool { return e.calls.Load() == 1 })
 	began := time.Now()
 	stop()
 	if took := time.Since(began); took > 3*time.Second {
@@ -100,7 +101,7 @@ func TestAbandonedLastDeliveryIsDeadLettered(t *testing.T) {
 	e.slowApp(t, 10*time.Second)
 	e.publish(t, 1, []byte("x"))
 	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, ShutdownGrace: 200 * time.Millisecond})
-	waitFor(t, "the request sent", func() bool { return e.calls.Load() == 1 })
+	poll.Until(t, 10*time.Second, "the request sent", func() bool { return e.calls.Load() == 1 })
 	stop()
 	q, err := dlq.Open(context.Background(), e.js, "dlq.s")
 	if err != nil {
@@ -130,10 +131,10 @@ func TestLastDeliveryWaitingForRateLimitAtShutdownIsDeadLettered(t *testing.T) {
 	_, stop := e.runWith(t, nil, proxy.Options{MaxDeliver: 1, MaxInflight: 2, MaxRate: 0.05,
 		ShutdownGrace: 300 * time.Millisecond})
 	e.publish(t, 2, []byte("x"))
-	waitFor(t, "the first message sent", func() bool { return e.calls.Load() == 1 })
+	poll.Until(t, 10*time.Second, "the first message sent", func() bool { return e.calls.Load() == 1 })
 	// The second is fetched: on its last delivery it is sent within the
 	// grace period, so it waits for the limiter whenever stop comes.
-	waitFor(t, "both messages fetched", func() bool {
+	poll.Until(t, 10*time.Second, "both messages fetched", func() bool {
 		info, err := e.cons.Info(context.Background())
 		// Delivered to courier, the first acked or not.
 		return err == nil && info.Delivered.Stream == 2 && info.NumPending == 0

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -19,10 +20,10 @@ func TestExpiredReheldProbeDoesNotStallBreaker(t *testing.T) {
 		MaxAge: time.Second,
 	})
 	// C, probed again and again, outlives MaxAge: dead-lettered as expired.
-	waitFor(t, "A, B and C dead-lettered", func() bool { return e.deadLetters(t) == 3 })
+	poll.Until(t, 10*time.Second, "A, B and C dead-lettered", func() bool { return e.deadLetters(t) == 3 })
 	a.storming.Store(false)
 	e.publishKeyed(t, "s.d", "k-d")
-	waitFor(t, "k-d delivered after the app recovered", func() bool {
+	poll.Until(t, 10*time.Second, "k-d delivered after the app recovered", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.keys["k-d"] == 1

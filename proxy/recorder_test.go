@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -24,7 +25,7 @@ func TestStoreRecordErrorStillAcks(t *testing.T) {
 		}
 	}
 	e.run(t, fs)
-	waitFor(t, "every message acked", func() bool { return e.calls.Load() == n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message acked", func() bool { return e.calls.Load() == n && e.settled(t) })
 	failed := fs.failedKeys.Load()
 	if failed == 0 {
 		t.Fatal("no Record call failed")
@@ -78,7 +79,7 @@ func TestKeysOfConcurrentDeliveriesRecordedTogether(t *testing.T) {
 		}
 	}
 	e.run(t, bw)
-	waitFor(t, "every message delivered and acked", func() bool { return e.calls.Load() == n && e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message delivered and acked", func() bool { return e.calls.Load() == n && e.settled(t) })
 	if got := bw.keys.Load(); got != n {
 		t.Errorf("%d keys recorded, want %d", got, n)
 	}

@@ -143,7 +143,7 @@ func testReferenceNotSentAgain(t *testing.T, first, second func(*testing.T, jets
 	}
 
 	reg, stop := run(first(t, js))
-	waitFor(t, "the large message dead-lettered", func() bool {
+	poll.Until(t, 10*time.Second, "the large message dead-lettered", func() bool {
 		return counter(t, reg, "courier_dead_letters_total", dlq.ReasonRejected) >= 1
 	})
 	regs := []*prometheus.Registry{reg}
@@ -226,8 +226,8 @@ func TestMessageNearMaxPayloadIsDeadLettered(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = r.Run(runCtx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "the messages behind the large one delivered", func() bool { return ok.Load() == 3 })
-	waitFor(t, "the large message dead-lettered", func() bool {
+	poll.Until(t, 10*time.Second, "the messages behind the large one delivered", func() bool { return ok.Load() == 3 })
+	poll.Until(t, 10*time.Second, "the large message dead-lettered", func() bool {
 		return counter(t, reg, "courier_dead_letters_total", dlq.ReasonRejected) == 1
 	})
 	q, err := dlq.Open(ctx, js, "dlq.s")

@@ -121,9 +121,9 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 	fc.batches <- b
 	m1, m2 := &fakeMsg{seq: 1}, &fakeMsg{seq: 2}
 	b.ch <- m1 // refused: the gate closes, m1 is held
-	waitUntil(t, "the app marked unavailable", func() bool { return !r.hold.open() })
+	poll.Until(t, 15*time.Second, "the app marked unavailable", func() bool { return !r.hold.open() })
 	b.ch <- m2 // taken by the second worker while the app is down
-	waitUntil(t, "both messages held", func() bool { return r.hold.parked.Load() == 2 })
+	poll.Until(t, 15*time.Second, "both messages held", func() bool { return r.hold.parked.Load() == 2 })
 	b.err = jetstream.ErrConsumerDeleted
 	close(b.ch)
 
@@ -140,11 +140,6 @@ func TestConsumerDeletedDuringOutageRunReturns(t *testing.T) {
 			t.Errorf("message %d settled %q, want nak", m.seq, m.state())
 		}
 	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, 15*time.Second, what, cond)
 }
 
 // A pull that ends with a status that ends pulls normally (on a cluster, 409
@@ -178,7 +173,7 @@ func TestPullEndingStatusesKeepConsumerBound(t *testing.T) {
 				case <-time.After(15 * time.Second):
 					t.Fatalf("pull %d never came", i+1)
 				}
-				waitUntil(t, "the message acked", func() bool { return m.state() == "ack" })
+				poll.Until(t, 15*time.Second, "the message acked", func() bool { return m.state() == "ack" })
 				if err := r.Ready(); err != nil {
 					t.Errorf("after a pull ended with %q: not ready: %v", end, err)
 				}

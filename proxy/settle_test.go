@@ -6,10 +6,12 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -38,8 +40,8 @@ func TestRefusingDLQDoesNotTakeTheWorker(t *testing.T) {
 	}
 	r, _ := e.runWith(t, nil, proxy.Options{MaxInflight: 1})
 	e.publish(t, 5, []byte("small"))
-	waitFor(t, "the messages behind the refused dead letter delivered", func() bool { return ok.Load() == 5 })
-	waitFor(t, "readiness to name the dead letters", func() bool {
+	poll.Until(t, 10*time.Second, "the messages behind the refused dead letter delivered", func() bool { return ok.Load() == 5 })
+	poll.Until(t, 10*time.Second, "readiness to name the dead letters", func() bool {
 		err := r.Ready()
 		return err != nil && contains(err.Error(), "dead letters cannot be stored")
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/metricstest"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -105,7 +106,7 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 
 	a := replica("a", "s.a")
 	publish("s.a")
-	waitFor(t, "replica a to hold its message (app down)", appDown(a))
+	poll.Until(t, 10*time.Second, "replica a to hold its message (app down)", appDown(a))
 	// The outage outlasts the claim's TTL: real time passing is what is
 	// tested.
 	time.Sleep(2*claimTTL + 500*time.Millisecond)
@@ -113,7 +114,7 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 	replica("b", "s.b")
 	publish("s.b")
 	// b checks the key, and holds (app down) or waits (claimed).
-	waitFor(t, "replica b to check the key", func() bool {
+	poll.Until(t, 10*time.Second, "replica b to check the key", func() bool {
 		n := 0.0
 		for _, answer := range []string{"local", "new", "processed", "claimed", "error"} {
 			v, _ := metricstest.Lookup(t, regs["b"], "courier_dedup_shared_checks_total", "answer", answer)
@@ -127,10 +128,10 @@ func TestSharedClaimKeptWhileHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { _ = app.Serve(l) }()
-	waitFor(t, "the app called for the key", func() bool { return calls.Load() >= 1 })
+	poll.Until(t, 10*time.Second, "the app called for the key", func() bool { return calls.Load() >= 1 })
 	// b's message settles once b sees the key processed (or, were the
 	// claim taken over, once b has called the app too).
-	waitFor(t, "replica b's message to settle", func() bool {
+	poll.Until(t, 10*time.Second, "replica b's message to settle", func() bool {
 		cons, err := js.Consumer(ctx, "S", "b")
 		if err != nil {
 			return false

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -71,7 +72,7 @@ func TestAppOnUnixSocket(t *testing.T) {
 	defer stop()
 
 	e.publish(t, 20, []byte("{}"))
-	waitFor(t, "20 messages delivered over the socket", func() bool { return app.messages.Load() == 20 && e.settled(t) })
+	poll.Until(t, 10*time.Second, "20 messages delivered over the socket", func() bool { return app.messages.Load() == 20 && e.settled(t) })
 	if app.health.Load() == 0 {
 		t.Error("the health URL on the socket was never asked")
 	}
@@ -79,14 +80,14 @@ func TestAppOnUnixSocket(t *testing.T) {
 	// The app goes away: its socket refuses connections.
 	_ = app.srv.Close()
 	_ = os.Remove(app.path)
-	waitFor(t, "deliveries held for the app", func() bool {
+	poll.Until(t, 10*time.Second, "deliveries held for the app", func() bool {
 		return counter(t, e.reg, "courier_delivery_held", "app_unavailable") == 1
 	})
 	e.publish(t, 5, []byte("{}"))
 	time.Sleep(300 * time.Millisecond)
 	app.start(t)
 	// All 25 reach the app: none was dead-lettered while it was away.
-	waitFor(t, "the held messages delivered once the socket is back", func() bool { return app.messages.Load() == 25 && e.settled(t) })
+	poll.Until(t, 10*time.Second, "the held messages delivered once the socket is back", func() bool { return app.messages.Load() == 25 && e.settled(t) })
 	if got := counter(t, e.reg, "courier_delivery_held", "app_unavailable"); got != 0 {
 		t.Errorf("courier_delivery_held{cause=app_unavailable} = %v after the app came back", got)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/success"
 )
@@ -86,7 +87,7 @@ func TestSuccessRecords(t *testing.T) {
 		Success: success.NewPublisher(e.js, "ok.s"), MaxDeliver: 3,
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 	})
-	waitFor(t, "every message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "every message settled", func() bool { return e.settled(t) })
 	recs := records(t, e.js, "ok.s")
 	if len(recs) != 2 {
 		t.Fatalf("%d success records, want 2 (one per key)", len(recs))
@@ -138,7 +139,7 @@ func TestSuccessRecordOnceWhenAckLost(t *testing.T) {
 	}
 	e.publish(t, 1, []byte("x"))
 	_, _ = e.runWith(t, openStore(t), proxy.Options{Success: &lostAck{Publisher: success.NewPublisher(e.js, "ok.s")}})
-	waitFor(t, "the message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "the message settled", func() bool { return e.settled(t) })
 	if got := len(records(t, e.js, "ok.s")); got != 1 {
 		t.Errorf("%d success records, want 1", got)
 	}
@@ -170,11 +171,11 @@ func TestSuccessRecordOnceAcrossAKill(t *testing.T) {
 	store := openStore(t)
 	e.publish(t, 1, []byte("x"))
 	_, stopA := e.runWith(t, store, proxy.Options{Success: stuckAfterPublish{success.NewPublisher(e.js, "ok.s")}})
-	waitFor(t, "the first record stored", func() bool { return len(records(t, e.js, "ok.s")) == 1 })
+	poll.Until(t, 10*time.Second, "the first record stored", func() bool { return len(records(t, e.js, "ok.s")) == 1 })
 	stopA() // the held message is given back
 	e.reg = prometheus.NewRegistry()
 	_, _ = e.runWith(t, store, proxy.Options{Success: success.NewPublisher(e.js, "ok.s")})
-	waitFor(t, "the message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "the message settled", func() bool { return e.settled(t) })
 	if got := e.calls.Load(); got != 2 {
 		t.Errorf("app called %d times, want 2 (once before the kill, once after)", got)
 	}
@@ -228,7 +229,7 @@ func TestSuccessRecordKeepsTraceContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = e.runWith(t, openStore(t), proxy.Options{Success: success.NewPublisher(e.js, "ok.s")})
-	waitFor(t, "the message settled", func() bool { return e.settled(t) })
+	poll.Until(t, 10*time.Second, "the message settled", func() bool { return e.settled(t) })
 	recs := records(t, e.js, "ok.s")
 	if len(recs) != 1 {
 		t.Fatalf("%d success records, want 1", len(recs))
@@ -291,7 +292,7 @@ func TestSuccessRecordWithHeadersOverMaxPayload(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, _ = e.runWith(t, openStore(t), proxy.Options{Success: success.NewPublisher(e.js, "ok.s"), MaxPayload: maxPayload})
-			waitFor(t, "the message settled", func() bool { return e.settled(t) })
+			poll.Until(t, 10*time.Second, "the message settled", func() bool { return e.settled(t) })
 			recs := records(t, e.js, "ok.s")
 			if len(recs) != 1 {
 				t.Fatalf("%d success records, want 1", len(recs))
@@ -355,7 +356,7 @@ func TestSuccessRecordCarriesTheSpanWithTracingOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = e.runWith(t, openStore(t), proxy.Options{Success: success.NewPublisher(e.js, "ok.s"), Tracer: tp.Tracer("test")})
-	waitFor(t, "the message settled and its span ended", func() bool { return e.settled(t) && len(rec.Ended()) == 1 })
+	poll.Until(t, 10*time.Second, "the message settled and its span ended", func() bool { return e.settled(t) && len(rec.Ended()) == 1 })
 	recs := records(t, e.js, "ok.s")
 	if len(recs) != 1 {
 		t.Fatalf("%d success records, want 1", len(recs))

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/internal/testlog"
 	"github.com/courierhq/courier/proxy"
 )
@@ -35,7 +36,7 @@ func TestSummaryInsteadOfALinePerMessage(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "summaries of the 20 deliveries", func() bool { return delivered() == 20 })
+	poll.Until(t, 10*time.Second, "summaries of the 20 deliveries", func() bool { return delivered() == 20 })
 	idle := strings.Count(logs.String(), "msg=summary ")
 	time.Sleep(400 * time.Millisecond) // four intervals without traffic
 	if n := strings.Count(logs.String(), "msg=summary "); n != idle {

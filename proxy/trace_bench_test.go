@@ -30,7 +30,7 @@ func BenchmarkAttemptSpan(b *testing.B) {
 			h := http.Header{}
 			b.ReportAllocs()
 			for b.Loop() {
-				s := tc.t.start(d, h)
+				s := tc.t.startAttempt(d, h)
 				s.request()
 				s.setOutcome("delivered")
 				s.end(nil)

@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -30,7 +31,7 @@ func TestAttemptSpanOutcomeExpiredDuringOutage(t *testing.T) {
 	time.Sleep(600 * time.Millisecond) // held past MaxAge
 	listen(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 
-	waitFor(t, "the dead letter", func() bool { return e.deadLetters(t) == 1 && len(rec.Ended()) == 1 })
+	poll.Until(t, 10*time.Second, "the dead letter", func() bool { return e.deadLetters(t) == 1 && len(rec.Ended()) == 1 })
 	for _, a := range rec.Ended()[0].Attributes() {
 		if a.Key == "courier.outcome" {
 			if got := a.Value.AsString(); got != "dead_lettered" {

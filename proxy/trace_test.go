@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -47,7 +48,7 @@ func TestAttemptSpans(t *testing.T) {
 	}
 	_, _ = e.runWith(t, nil, proxy.Options{Tracer: tp.Tracer("test"),
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-	waitFor(t, "the message delivered", func() bool { return e.settled(t) && len(rec.Ended()) == 2 })
+	poll.Until(t, 10*time.Second, "the message delivered", func() bool { return e.settled(t) && len(rec.Ended()) == 2 })
 
 	spans := rec.Ended()
 	for i, s := range spans {

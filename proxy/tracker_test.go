@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -22,7 +23,7 @@ func TestInProgressFollowsServerAckWait(t *testing.T) {
 	// three InfoIntervals pass (real time passing is what the re-read needs).
 	time.Sleep(300 * time.Millisecond)
 	e.publish(t, 2, []byte("x"))
-	waitFor(t, "both messages acked", func() bool { return e.settled(t) && e.calls.Load() >= 2 })
+	poll.Until(t, 10*time.Second, "both messages acked", func() bool { return e.settled(t) && e.calls.Load() >= 2 })
 	if got := e.calls.Load(); got != 2 {
 		t.Errorf("app called %d times for 2 messages: the ack wait expired under a running request", got)
 	}

@@ -46,16 +46,8 @@ type batchEntry struct {
 	h    http.Header  // its application headers (entryHeaders); nil: none
 	ct   string       // its content type
 	span *attemptSpan // nil: tracing off
-	done chan batchResult
+	done chan result
 	to   int // its target (routes.go): a batch holds one target's entries
-}
-
-// batchResult is an entry's part of its batch's answer: what post returns
-// for a single request.
-type batchResult struct {
-	answer *apphttp.Answer
-	took   time.Duration
-	err    error
 }
 
 // entryError is an entry the app's 2xx answer to its batch says to retry
@@ -74,6 +66,9 @@ func (e *entryError) Error() string {
 }
 
 func (e *entryError) Unwrap() error { return e.app }
+
+// batchAnswer is the app's answer to the entry's batch, for metrics.
+func (e *entryError) batchAnswer() *apphttp.AppError { return e.app }
 
 // gathering is a batch gathering: its entries and their message bytes;
 // gen names it (the timer set for it sends only it); timer is nil until
@@ -113,7 +108,9 @@ type batcher struct {
 	// worker holds or an entry handed off (handoff.go).
 	places chan struct{}
 	// slots holds one sendBuf per batch request that may be in flight
-	// (MaxInflight): a request takes one, and its buffers with it.
+	// (MaxInflight): a request takes one, and its buffers with it, and
+	// keeps it until its entries' keys are recorded (batchRecords), after
+	// its slot of the in-flight limit is given back.
 	slots chan *sendBuf
 	wg    sync.WaitGroup
 	quit  chan struct{} // closed by stop: the watch on shutdown ends
@@ -139,7 +136,7 @@ type batcher struct {
 // entryAnswerer is given each entry's part of its batch's answer
 // (Runner.answer, handoff.go). Safe for concurrent use.
 type entryAnswerer interface {
-	answer(e *batchEntry, res batchResult)
+	answer(e *batchEntry, res result)
 }
 
 func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers *sync.WaitGroup, t *tracing, log *slog.Logger) *batcher {
@@ -160,11 +157,11 @@ func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers 
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 	}
-	for range o.MaxInflight {
-		b.slots <- &sendBuf{}
-	}
 	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
+	}
+	for range o.MaxInflight {
+		b.slots <- &sendBuf{}
 	}
 	o.Registerer.MustRegister(b.requests, b.entries)
 	return b
@@ -182,15 +179,14 @@ func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan)
 	return res.answer, res.took, res.err
 }
 
-// submit is send's batchResult.
-func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) batchResult {
+// submit is send's result.
+func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) result {
 	if b.ph.requests.Err() != nil {
-		return batchResult{err: errNotSent}
+		return result{err: errNotSent}
 	}
-	e := &d.entry
-	*e = batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone}
+	e := &batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone}
 	if e.done == nil {
-		e.done = make(chan batchResult, 1)
+		e.done = make(chan result, 1)
 	}
 	b.add(e)
 	return <-e.done // every entry added is answered
@@ -375,7 +371,7 @@ func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 
 // deliver sends one batch request, built in buf, and answers each entry.
 func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
-	answerAll := func(res batchResult) {
+	answerAll := func(res result) {
 		for _, e := range entries {
 			b.answers.answer(e, res)
 		}
@@ -396,12 +392,12 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			})
 			body, ids = b.encode(entries, buf)
 			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
-			span = b.trace.startBatch(entries, h)
+			span = b.trace.startBatch(len(entries), func(i int) *attemptSpan { return entries[i].span }, h)
 			return h, body
 		},
 	})
 	if errors.Is(err, errNotSent) {
-		answerAll(batchResult{err: errNotSent}) // the grace period is over
+		answerAll(result{err: errNotSent}) // the grace period is over
 		return
 	}
 	b.keep(buf, b.s.targets[entries[0].to], body)
@@ -415,7 +411,7 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 				err = &splitError{err: err, entries: len(entries)}
 			}
 		}
-		answerAll(batchResult{took: took, err: err})
+		answerAll(result{took: took, err: err})
 		return
 	}
 	ans := batch.ReadAnswer(a.Body, a.Header.Get("Content-Type"), ids)
@@ -448,12 +444,12 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 				each = &apphttp.Answer{Status: a.Status, Header: a.Header}
 			}
 			e.d.records = recs
-			b.answers.answer(e, batchResult{answer: each, took: took})
+			b.answers.answer(e, result{answer: each, took: took})
 		default:
 			if app == nil {
 				app = &apphttp.AppError{Kind: apphttp.KindStatus, Status: a.Status, RetryAfter: a.Header.Get("Retry-After")}
 			}
-			b.answers.answer(e, batchResult{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
+			b.answers.answer(e, result{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
 }

@@ -9,8 +9,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -18,19 +16,6 @@ import (
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/verdict"
 )
-
-// maxStoredKey bounds what the dedup store holds per key; a longer key (an
-// odd publisher's header) is stored as its SHA-256.
-const maxStoredKey = 256
-
-// storeKey is the form of key the dedup store and in-flight set use.
-func storeKey(key string) string {
-	if len(key) <= maxStoredKey {
-		return key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
 
 // checker checks deliveries' keys against the dedup store. Safe for
 // concurrent use.

@@ -8,10 +8,11 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,25 +21,70 @@ import (
 	"github.com/courierhq/courier/dlq"
 )
 
-// deliver runs one delivery of q's message, whose metadata m.Metadata
-// returned as meta and err, to its end: ack, NAK with delay, dead letter, or
-// give back at shutdown; or hands it to a batch, which settles it. wait is
-// one of ln's contexts. It reports how the delivery left its worker.
-func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln lane, wait context.Context, probe bool) (how ended) {
-	m := q.m
+// decider decides over the deliveries the workers take: one delivery from
+// its worker taking it to its ending. It holds no pointer to the Runner,
+// which starts a worker in the place of one whose delivery is held apart
+// (detach).
+type decider struct {
+	o       Options
+	log     *slog.Logger
+	m       *metrics
+	settle  *settler
+	check   *checker // nil: dedup off
+	breaker *breaker
+	hold    *holder
+	gate    *gate
+	way     way
+	trace   *tracing
+	batcher *batcher // nil: each message alone
+	ph      *phases  // set by start
+	// workers counts the workers and the deliveries handed off to batches
+	// (handoff.go), which Run waits for.
+	workers *sync.WaitGroup
+	// detach gives the place of d's worker to a new worker (proxy.go).
+	detach func(d *delivery)
+}
+
+// take delivers q, which a worker took, or gives it back once courier is
+// stopping, and reports how it left the worker.
+func (dc *decider) take(q queued, ln lane) ended {
+	meta, err := q.m.Metadata()
 	if err != nil {
 		meta = nil // a delivery without metadata is only given back
 	}
-	d := r.settle.make.delivery(m, meta, ln, wait)
-	if err != nil {
-		r.log.Error("message without JetStream metadata; NAK'd", "subject", m.Subject(), "error", err)
-		r.settle.end(d, giveBackEnding(nakNow, "no metadata"))
-		return
+	probe := false
+	if dc.ph.noStart.Err() == nil && !dc.hold.open() {
+		probe = dc.hold.hold(dc.ph.noStart, meta != nil && meta.NumDelivered == 1)
 	}
-	d.probe, d.arrived, d.okey, d.oepoch, d.oseq = probe, q.at, q.okey, q.epoch, q.seq
-	if q.ord != nil { // a nil *orderer is not a nil keyLines
-		d.ord = q.ord
+	switch {
+	case dc.ph.noStart.Err() == nil && err != nil:
+		dc.log.Error("message without JetStream metadata; NAK'd", "subject", q.m.Subject(), "error", err)
+		dc.settle.end(dc.settle.make.delivery(q, nil, lane{}, nil), giveBackEnding(nakNow, "no metadata"))
+		return endedHere
+	case dc.ph.noStart.Err() == nil:
+		d := dc.settle.make.delivery(q, meta, ln, ln.noStart)
+		d.probe = probe
+		return dc.deliver(d)
+	case dc.hold.open() && lastDelivery(meta, dc.o.MaxDeliver):
+		// Stopping. A message on its last allowed delivery is sent within
+		// the grace period rather than given back: a NAK would make
+		// JetStream give up on it without the app having seen it.
+		return dc.deliver(dc.settle.make.delivery(q, meta, ln, ln.requests))
 	}
+	dc.settle.end(dc.settle.make.delivery(q, meta, lane{}, nil), giveBackEnding(afterLastPull, "shutting down"))
+	return endedHere
+}
+
+// lastDelivery reports whether a message with metadata meta (nil: none) is
+// on its last allowed delivery.
+func lastDelivery(meta *jetstream.MsgMetadata, maxDeliver int) bool {
+	return meta != nil && int(meta.NumDelivered) >= maxDeliver
+}
+
+// deliver runs delivery d to its end: ack, NAK with delay, dead letter, or
+// give back at shutdown; or hands it to a batch, which settles it. It
+// reports how d left its worker.
+func (dc *decider) deliver(d *delivery) (how ended) {
 	// Not only a delivery that starts as the probe: one held again (holdAgain)
 	// may become it. A probe that reached no app (a duplicate, an expired
 	// message) spent no request: the next candidate goes at once. A
@@ -47,16 +93,16 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 		if how == endedHandedOff {
 			return
 		}
-		r.probeDone(d)
+		dc.probeDone(d)
 		if d.detached {
 			how = endedDetached
 		}
 	}()
-	if e := r.unsent(d); e.kind != endNone {
-		r.settle.end(d, e)
+	if e := dc.unsent(d); e.kind != endNone {
+		dc.settle.end(d, e)
 		return
 	}
-	if r.attempt(d) {
+	if dc.attempt(d) {
 		how = endedHandedOff
 	}
 	return
@@ -65,37 +111,37 @@ func (r *Runner) deliver(q queued, meta *jetstream.MsgMetadata, err error, ln la
 // unsent returns d's ending if it ends before it is sent: the original of a
 // stored reference dead letter, a message over its max age, a duplicate, or
 // one given back while its key was checked. No ending: d goes to the app.
-func (r *Runner) unsent(d *delivery) ending {
-	if r.settle.refs.referenced(d) {
+func (dc *decider) unsent(d *delivery) ending {
+	if dc.settle.refs.referenced(d) {
 		return ending{kind: endReferenced}
 	}
-	if f, expired := r.expired(d); expired {
+	if f, expired := dc.expired(d); expired {
 		return deadLetterEnding(f)
 	}
-	if r.check != nil {
-		return r.check.check(d)
+	if dc.check != nil {
+		return dc.check.check(d)
 	}
 	return ending{}
 }
 
 // probeDone ends d's turn as the breaker's probe if it reached no app.
-func (r *Runner) probeDone(d *delivery) {
+func (dc *decider) probeDone(d *delivery) {
 	if d.probe && !d.answered {
-		r.breaker.handOn()
+		dc.breaker.handOn()
 	}
 }
 
 // expired reports a message older than MaxAge, as a dead letter's failure.
-func (r *Runner) expired(d *delivery) (failure, bool) {
-	if r.o.MaxAge <= 0 {
+func (dc *decider) expired(d *delivery) (failure, bool) {
+	if dc.o.MaxAge <= 0 {
 		return failure{}, false
 	}
-	age := r.o.Now().Sub(d.meta.Timestamp)
-	if age <= r.o.MaxAge {
+	age := dc.o.Now().Sub(d.meta.Timestamp)
+	if age <= dc.o.MaxAge {
 		return failure{}, false
 	}
 	return failure{reason: dlq.ReasonExpired,
-		err: fmt.Errorf("message is %s old, over COURIER_MAX_AGE %s", age.Round(time.Millisecond), r.o.MaxAge)}, true
+		err: fmt.Errorf("message is %s old, over COURIER_MAX_AGE %s", age.Round(time.Millisecond), dc.o.MaxAge)}, true
 }
 
 // way is how deliveries go to the app: each alone (alone), or as entries
@@ -137,24 +183,24 @@ func (a alone) send(d *delivery, h http.Header, _ string, _ *attemptSpan) (*apph
 // attempt sends the message to the app and settles it by the answer
 // (sendUntilSettled), or hands it to the next batch, which settles it
 // (way.handOff); it reports whether it did the latter.
-func (r *Runner) attempt(d *delivery) (handedOff bool) {
-	h, ct, dropped := r.way.headers(d)
+func (dc *decider) attempt(d *delivery) (handedOff bool) {
+	h, ct, dropped := dc.way.headers(d)
 	for _, dh := range dropped {
-		r.m.dropped.Inc()
+		dc.m.dropped.Inc()
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
 	}
-	span := r.trace.start(d, h)
-	if r.way.handOff(d, h, ct, span) {
+	span := dc.trace.startAttempt(d, h)
+	if dc.way.handOff(d, h, ct, span) {
 		return true
 	}
-	r.sendUntilSettled(d, h, ct, span, nil)
+	dc.sendUntilSettled(d, h, ct, span, nil)
 	return false
 }
 
 // answered is what decide made of an answer (res) to d's request.
 type answered struct {
 	out outcome
-	res batchResult
+	res result
 }
 
 // sendUntilSettled sends d and settles it by the answer: decide says what
@@ -165,7 +211,7 @@ type answered struct {
 // and the ack are handed to the recorder, so the worker takes the next
 // message while the key commits. first, if not nil, is the answer to a
 // request sent already (handoff.go).
-func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
+func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
 	var lastErr error
 	delivered := false
 	var end ending
@@ -174,24 +220,24 @@ func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *a
 		if first != nil {
 			a, first = *first, nil
 		} else {
-			if end = r.mayStart(d, span); end.kind != endNone {
+			if end = dc.mayStart(d, span); end.kind != endNone {
 				break
 			}
 			span.request()
-			answer, took, err := r.way.send(d, h, ct, span)
-			a = answered{out: r.decide(d, err, took), res: batchResult{answer: answer, took: took, err: err}}
+			answer, took, err := dc.way.send(d, h, ct, span)
+			a = answered{out: dc.decide(d, err, took), res: result{answer: answer, took: took, err: err}}
 		}
 		lastErr = a.res.err
 		delivered = a.out == outDelivered
-		end = r.endingOf(d, span, a.out, a.res.err, a.res.answer, a.res.took)
+		end = dc.endingOf(d, span, a.out, a.res.err, a.res.answer, a.res.took)
 	}
-	r.settle.end(d, end)
-	span.end(lastErr)
+	dc.settle.end(d, end)
 	if !delivered {
 		// After any ending but a 2xx's (whose key the recorder records),
 		// the key's next delivery goes ahead.
-		r.settle.unclaim(d)
+		dc.settle.unclaim(d)
 	}
+	span.end(lastErr)
 }
 
 // mayStart returns no ending if d may be sent now: the gate is open, d is
@@ -201,9 +247,9 @@ func (r *Runner) sendUntilSettled(d *delivery, h http.Header, ct string, span *a
 // may; it returns d's ending if it ends meanwhile, or is given back because
 // the pin of the durable moved away since d's key admitted it
 // (orderer.unpinned).
-func (r *Runner) mayStart(d *delivery, span *attemptSpan) ending {
-	for !d.probe && !r.hold.open() && r.ph.fetched.Err() == nil {
-		if end := r.holdAgain(d, span, "deliveries were held"); end.kind != endNone {
+func (dc *decider) mayStart(d *delivery, span *attemptSpan) ending {
+	for !d.probe && !dc.hold.open() && dc.ph.fetched.Err() == nil {
+		if end := dc.holdAgain(d, span, "deliveries were held"); end.kind != endNone {
 			return end
 		}
 	}
@@ -229,53 +275,53 @@ const (
 
 // decide classifies the result of one request (Classify, the one place an
 // answer is judged), tells the breaker, and says what it makes of d.
-func (r *Runner) decide(d *delivery, err error, took time.Duration) outcome {
+func (dc *decider) decide(d *delivery, err error, took time.Duration) outcome {
 	if errors.Is(err, errNotSent) {
 		return outNotSent
 	}
-	if err != nil && r.ph.requests.Err() != nil {
+	if err != nil && dc.ph.requests.Err() != nil {
 		return outAbandoned
 	}
-	r.m.request(resultLabel(err), took.Seconds())
-	class := classify(err, r.o.Retryable)
+	dc.m.request(resultLabel(err), took.Seconds())
+	class := classify(err, dc.o.Retryable)
 	d.answered = class != apphttp.Unavailable
 	switch class {
 	case apphttp.Success:
-		r.breaker.success()
+		dc.breaker.success()
 		return outDelivered
 	case apphttp.Unavailable:
 		return outUnavailable
 	case apphttp.Transient:
-		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), r.o.Now(), r.o.RetryAfterMax)
+		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), dc.o.Now(), dc.o.RetryAfterMax)
 		if se := (*splitError)(nil); errors.As(err, &se) {
 			// A batch refused whole is no sign of an outage: the app
 			// answered, as for a message rejected.
-			r.breaker.success()
+			dc.breaker.success()
 		} else {
-			r.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
+			dc.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
 		}
 		switch {
-		case d.last(r.o.MaxDeliver) && d.probe:
+		case d.last(dc.o.MaxDeliver) && d.probe:
 			// A probe never spends a message's last allowed delivery.
 			return outProbeHeld
-		case d.last(r.o.MaxDeliver):
+		case d.last(dc.o.MaxDeliver):
 			return outExhausted
 		}
 		return outRetry
 	}
-	r.breaker.success()
+	dc.breaker.success()
 	return outRejected
 }
 
 // endingOf says what comes of what decide said: d's ending, or none to send
 // d again.
-func (r *Runner) endingOf(d *delivery, span *attemptSpan, out outcome, err error, answer *apphttp.Answer, took time.Duration) ending {
+func (dc *decider) endingOf(d *delivery, span *attemptSpan, out outcome, err error, answer *apphttp.Answer, took time.Duration) ending {
 	switch out {
 	case outDelivered:
 		span.setOutcome("delivered")
-		if r.o.Success != nil && answer != nil {
+		if dc.o.Success != nil && answer != nil {
 			// The success record keeps the attempt span's context.
-			answer.Header = r.trace.inject(span, answer.Header)
+			answer.Header = dc.trace.inject(span, answer.Header)
 		}
 		return ending{kind: endSucceeded, answer: answer, took: took}
 	case outRetry:
@@ -288,46 +334,46 @@ func (r *Runner) endingOf(d *delivery, span *attemptSpan, out outcome, err error
 		span.setOutcome("dead_lettered")
 		return deadLetterEnding(failure{reason: dlq.ReasonRejected, err: err})
 	case outUnavailable:
-		return r.heldForApp(d, span, err)
+		return dc.heldForApp(d, span, err)
 	case outProbeHeld:
 		d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
 			statusAttr(err), "error", err.Error())
-		if d.attempt > 1 && !d.detached && r.ph.fetched.Err() == nil {
-			r.detach(d)
+		if d.attempt > 1 && !d.detached && dc.ph.fetched.Err() == nil {
+			dc.detach(d)
 		}
-		return r.holdAgain(d, span, "the breaker was open")
+		return dc.holdAgain(d, span, "the breaker was open")
 	case outNotSent:
 		// On its last allowed delivery a NAK would let JetStream give up
 		// on it unseen, so giveBack dead-letters it.
 		span.setOutcome("released")
 		return giveBackEnding(afterLastPull, "shutdown grace period over while waiting for the rate limit")
 	}
-	return r.abandoned(d, span, err) // outAbandoned
+	return dc.abandoned(d, span, err) // outAbandoned
 }
 
 // heldForApp holds d after its request found the app unreachable (the
 // tracker keeps it in progress): the outage spent nothing. It returns no
 // ending to send d again once the app is back.
-func (r *Runner) heldForApp(d *delivery, span *attemptSpan, err error) ending {
-	if r.ph.fetched.Err() != nil {
+func (dc *decider) heldForApp(d *delivery, span *attemptSpan, err error) ending {
+	if dc.ph.fetched.Err() != nil {
 		span.setOutcome("released")
 		return giveBackEnding(afterLastPull, "shutting down during an app outage")
 	}
-	r.gate.hold(causeApp, err.Error())
+	dc.gate.hold(causeApp, err.Error())
 	if d.probe {
 		// The breaker's go-ahead reached no app: another one comes
 		// after its wait.
-		r.breaker.retryProbe()
+		dc.breaker.retryProbe()
 	}
-	return r.holdAgain(d, span, "the app was unavailable")
+	return dc.holdAgain(d, span, "the app was unavailable")
 }
 
 // abandoned is d's ending after the grace period ended during its request:
 // the app may have acted, so the attempt is spent; a message on its last
 // delivery is dead-lettered, as a timeout would be. (A 2xx that came in,
 // its body cut off by the cancel, is not abandoned: decide finds no error.)
-func (r *Runner) abandoned(d *delivery, span *attemptSpan, err error) ending {
-	if d.last(r.o.MaxDeliver) {
+func (dc *decider) abandoned(d *delivery, span *attemptSpan, err error) ending {
+	if d.last(dc.o.MaxDeliver) {
 		span.setOutcome("dead_lettered")
 		return deadLetterEnding(failure{reason: dlq.ReasonExhausted,
 			err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
@@ -342,19 +388,19 @@ func (r *Runner) abandoned(d *delivery, span *attemptSpan, err error) ending {
 // send d again. Otherwise d ends: dead-lettered if it outlived
 // COURIER_MAX_AGE meanwhile, given back if courier stopped fetching; while
 // says what held it, for the dead letter and the log.
-func (r *Runner) holdAgain(d *delivery, span *attemptSpan, while string) ending {
-	probe := r.hold.hold(r.ph.fetched, d.attempt == 1)
-	if r.ph.fetched.Err() != nil {
+func (dc *decider) holdAgain(d *delivery, span *attemptSpan, while string) ending {
+	probe := dc.hold.hold(dc.ph.fetched, d.attempt == 1)
+	if dc.ph.fetched.Err() != nil {
 		span.setOutcome("released")
 		return giveBackEnding(afterLastPull, "shutting down while "+while)
 	}
 	// A new go-ahead: no answer has reached the breaker for it yet.
 	d.probe, d.answered = probe, false
-	f, expired := r.expired(d)
+	f, expired := dc.expired(d)
 	if !expired {
 		return ending{}
 	}
-	f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while %s", r.o.MaxAge, while)
+	f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while %s", dc.o.MaxAge, while)
 	span.setOutcome("dead_lettered")
 	return deadLetterEnding(f)
 }

@@ -5,12 +5,32 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// queued is a fetched message waiting for a worker, with its size as counted
+// against the queue's byte budget (measured once, on arrival).
+type queued struct {
+	m    jetstream.Msg
+	size int64
+	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
+	// With order per key (order.go): the message's key, its stream
+	// sequence and when it began to wait in its key's line; letGo: the
+	// line let it go, it is its key's head; ord, the lines it is in (of
+	// its partition, partition.go).
+	okey  string
+	seq   uint64
+	held  time.Time
+	letGo bool
+	ord   keyLines
+	epoch uint64 // ord's epoch when it was admitted (unpinned)
+}
 
 // delivery is one delivery of one message, from a worker taking it to its
 // settling.
@@ -47,11 +67,10 @@ type delivery struct {
 	// grace period.
 	requests context.Context
 	log      msgLog
-	// With batches: d as an entry of one, answered on its worker's
-	// channel (lane.batchDone; nil: a channel of its own), or settled by
-	// the batch once handed off (handedOff: its worker went on).
-	entry     batchEntry
-	batchDone chan batchResult
+	// With batches: answered on its worker's channel (lane.batchDone;
+	// nil: a channel of its own) as an entry of one, or settled by the
+	// batch once handed off (handedOff: its worker went on).
+	batchDone chan result
 	handedOff bool
 	// records, for an entry its batch's answer said succeeded: told once
 	// its key is recorded and it is acked (recorder), so that the batch's
@@ -60,22 +79,46 @@ type delivery struct {
 }
 
 // keyLines are the lines of order per key a delivery is in (order.go's
-// orderer), told how it ended and asked whether its admission still holds.
-// Safe for concurrent use.
+// orderer), told once how it ended and asked whether its admission still
+// holds. Safe for concurrent use.
 type keyLines interface {
-	// settled lets key go on after the message at seq was settled for
-	// good, and returns how many of its messages waited behind it.
-	settled(key string, seq uint64) int
-	// retrying notes the message at seq is NAK'd for a retry in delay; it
-	// returns what must be given back meanwhile (its partition handed on).
-	retrying(key string, seq uint64, delay time.Duration) []queued
+	// ended tells the lines how the message at seq, key's head, ended. It
+	// returns how many of key's messages waited behind it, and, for a
+	// retry while the lines are handed on, what must be given back
+	// meanwhile, in stream order.
+	ended(key string, seq uint64, how lineEnd, delay time.Duration) (waiting int, giveBack []jetstream.Msg)
 	// waitingBehind is how many of key's messages wait behind its head.
 	waitingBehind(key string) int
 	// outdated reports that the lines were handed on since epoch.
 	outdated(epoch uint64) bool
-	// gaveBack is told that seq, key's head admitted before the lines
-	// were handed on (outdated), was given back.
-	gaveBack(key string, seq uint64)
+}
+
+// lineEnd is how a key's head ended, as its lines hear it.
+type lineEnd int
+
+const (
+	// lineSettled: settled for good (acked, a duplicate, dead-lettered,
+	// the original of a stored reference dead letter): its key goes on.
+	lineSettled lineEnd = iota
+	// lineRetried: NAK'd for a retry after a delay: its key awaits the
+	// redelivery.
+	lineRetried
+	// lineGaveBack: given back after the lines were handed on (outdated):
+	// they await it as a retried head, should the pin come back.
+	lineGaveBack
+)
+
+// maxStoredKey bounds what the dedup store holds per key; a longer key (an
+// odd publisher's header) is stored as its SHA-256.
+const maxStoredKey = 256
+
+// storeKey is the form of key the dedup store and in-flight set use.
+func storeKey(key string) string {
+	if len(key) <= maxStoredKey {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // keyer makes deliveries of messages: it resolves a message's key as the
@@ -87,10 +130,11 @@ type keyer struct {
 	log     *slog.Logger
 }
 
-// delivery is a delivery of m, whose metadata m.Metadata returned as meta
-// (nil: none; the delivery is then only given back), run by the worker of
-// ln, waiting at most until wait ends.
-func (k keyer) delivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
+// delivery is a delivery of q's message, whose metadata m.Metadata returned
+// as meta (nil: none; the delivery is then only given back), run by the
+// worker of ln, waiting at most until wait ends.
+func (k keyer) delivery(q queued, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
+	m := q.m
 	if meta == nil {
 		return &delivery{m: m, wait: wait, log: msgLog{l: k.log, subject: m.Subject()}}
 	}
@@ -98,6 +142,7 @@ func (k keyer) delivery(m jetstream.Msg, meta *jetstream.MsgMetadata, ln lane, w
 	return &delivery{
 		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
 		requests: ln.requests, batchDone: ln.batchDone,
+		arrived: q.at, okey: q.okey, ord: q.ord, oepoch: q.epoch, oseq: q.seq,
 		log: msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }
@@ -108,7 +153,7 @@ func (k keyer) message(m jetstream.Msg) *delivery {
 	if err != nil {
 		meta = nil
 	}
-	return k.delivery(m, meta, lane{}, nil)
+	return k.delivery(queued{m: m}, meta, lane{}, nil)
 }
 
 // last reports whether this is the message's last allowed delivery.

@@ -14,43 +14,49 @@
 // A message travels through the files in this order:
 //
 //  1. source.go: where a worker's next message comes from. fetch.go pulls
-//     it, tracks it (tracker.go keeps it in progress) and queues it
-//     (sourced.go: its original subject with partitions); with order per
-//     key, order.go holds it behind an earlier message of its key
-//     (ordermarks.go: that order across restarts and takeovers; pin.go: a
-//     priority group's pin; partition.go: partitions and their hand-over).
-//  2. worker.go: a worker takes it; hold.go holds it while the gate is
-//     closed (gate.go: the app or the dedup store unavailable, the consumer
-//     paused; breaker.go: the breaker open, and which held message goes as
-//     its probe).
-//  3. decide.go: the decision over one delivery (delivery.go: what
-//     travels, its key resolved by request.go): its max age, checkkey.go
-//     (the dedup check and the claim), the request's headers (request.go)
-//     and span (trace.go); then what the answer makes of the delivery
-//     (decide) and the ending it calls for (endingOf), or a hold and
-//     another attempt.
+//     it (pin.go: a priority group's pin), tracker.go keeps it in progress
+//     and sourced.go gives a partition's message its original subject;
+//     with order per key, order.go holds it behind an earlier message of
+//     its key (ordermarks.go: that order across restarts and takeovers;
+//     partition.go: partitions and their hand-over).
+//  2. proxy.go: a worker takes it and hands it to the decider.
+//  3. decide.go: the decider, over one delivery (delivery.go: what
+//     travels, its key resolved by request.go). It holds the message while
+//     the gate is closed (hold.go; gate.go and cause.go: the app or the
+//     dedup store unavailable, the consumer paused; breaker.go: the breaker
+//     open, and which held message goes as its probe); ends it before it is
+//     sent if it must (references.go: the original of a reference dead
+//     letter; its max age; checkkey.go: the dedup check and the claim);
+//     gives it its headers (request.go) and span (trace.go); sends it by its
+//     way, alone or in a batch (batcher.go gathers entries, handoff.go hands
+//     a delivery to a batch and settles what the batch answered); and says
+//     what the answer makes of it (decide) and the ending that calls for
+//     (endingOf), or holds it and sends it again.
 //  4. send.go: the one path of every request to the app: the grace period,
 //     the rate limit, a slot of the in-flight limit (inflight.go, package
 //     limit), the timeout (timeout.go), the signature, the POST to its
 //     target (routes.go); the HTTP exchange and what an answer means are
-//     apphttp's. With batches, batcher.go gathers entries into one request
-//     sent the same way, and handoff.go lets a worker hand its delivery to
-//     the batch, which settles it.
+//     apphttp's.
 //  5. settle.go: how the delivery ends, the settler: acked once its success
-//     record is stored (results.go) and its key recorded (recorder.go),
-//     acked as a duplicate, NAK'd for a retry (backoff.go: its delay),
-//     dead-lettered (references.go: the originals of reference dead
-//     letters, not sent again), or given back.
+//     record is stored and its key recorded (the recorder), acked as a
+//     duplicate, NAK'd for a retry (backoff.go: its delay), dead-lettered
+//     (references.go: a letter too large to carry its body keeps its
+//     original), or given back; order per key hears how once (told).
 //
-// proxy.go wires these parts (New) and runs them (Run); phases.go names the
+// proxy.go wires these parts (New) and runs them (Run); given.go declares
+// what a Runner is given, options.go how it is set; phases.go names the
 // steps of shutdown; metrics.go, summary.go and log.go say what happened.
-// The parts below the decision (the settler, the sender, the limit) are
-// given what they need and know nothing of those above them.
+// The parts below the decision (the settler, the sender, the limit, and
+// delivery.go, what travels between them) are given what they need and use
+// nothing of the parts above them: the decider, the workers, the batcher,
+// the source and order per key, the holds.
 //
 // # Words
 //
 //   - delivery: one delivery of a message, from a worker taking it to its
 //     settling; its attempt is JetStream's delivery count.
+//   - ending: how a delivery ends, as the decider says it and the settler
+//     carries it out (settle.go).
 //   - settle: end a delivery for good on the server: ack, NAK or Term.
 //   - give back: settle a delivery with a NAK without delay, so that another
 //     delivery takes the message at once (at shutdown, a partition handed

@@ -46,24 +46,6 @@ const (
 // message on its last delivery would be given up on.
 const fetchWait = time.Second
 
-// queued is a fetched message waiting for a worker, with its size as counted
-// against the queue's byte budget (measured once, on arrival).
-type queued struct {
-	m    jetstream.Msg
-	size int64
-	at   time.Time // when it arrived; stamped only for tracing, zero otherwise
-	// With order per key (order.go): the message's key, its stream
-	// sequence and when it began to wait in its key's line; letGo: the
-	// line let it go, it is its key's head; ord, the lines it is in (of
-	// its partition, partition.go).
-	okey  string
-	seq   uint64
-	held  time.Time
-	letGo bool
-	ord   *orderer
-	epoch uint64 // ord's epoch when it was admitted (unpinned)
-}
-
 // fetcher owns the pulls and the queue they fill: it is the only sender on
 // queue and closes it when it stops. Every fetched message is tracked (kept in
 // progress) the moment it arrives. It also re-reads the consumer's settings on
@@ -108,7 +90,7 @@ type fetcher struct {
 	// part, for a partition's fetcher (partition.go), is its session, and
 	// wrap makes each of its messages the origin's (sourced.go). Set once,
 	// before run.
-	part *session
+	part pinnedPartition
 	wrap func(jetstream.Msg) jetstream.Msg
 	// giveBack gives a message back at once (settler.nakNow). Set once,
 	// before run, with order.

@@ -13,7 +13,7 @@ import "net/http"
 // worker holds or an entry handed off and not yet settled, as many as the
 // workers that waited on their entries. A worker takes a place before it
 // takes a message; an entry handed off keeps it until it is settled (or
-// detached, worker.go).
+// detached, proxy.go).
 //
 // The batch's goroutine settles at once what settles without waiting: a 2xx
 // handed to the recorder (no success record to store), a retry NAK'd (no
@@ -49,45 +49,44 @@ func (b *batcher) handOff(d *delivery, h http.Header, ct string, span *attemptSp
 	span.request()
 	d.handedOff = true
 	b.workers.Add(1) // a worker holds its own count: the count is above zero
-	e := &d.entry
-	*e = batchEntry{d: d, h: h, ct: ct, span: span}
+	e := &batchEntry{d: d, h: h, ct: ct, span: span}
 	b.add(e)
 	return true
 }
 
 // answer gives e its part of its batch's answer: to its worker, waiting, or
 // if it was handed off, settles it.
-func (r *Runner) answer(e *batchEntry, res batchResult) {
+func (dc *decider) answer(e *batchEntry, res result) {
 	if e.done != nil {
 		e.done <- res
 		return
 	}
 	d, h, ct, span := e.d, e.h, e.ct, e.span
-	out := r.decide(d, res.err, res.took)
-	if out == outDelivered && r.o.Success == nil || out == outRetry && !d.claimed {
-		r.settle.end(d, r.endingOf(d, span, out, res.err, res.answer, res.took))
-		span.end(res.err)
+	out := dc.decide(d, res.err, res.took)
+	if out == outDelivered && dc.o.Success == nil || out == outRetry && !d.claimed {
+		dc.settle.end(d, dc.endingOf(d, span, out, res.err, res.answer, res.took))
 		if out != outDelivered {
-			r.settle.unclaim(d)
+			dc.settle.unclaim(d)
 		}
-		r.handedOffSettled(d)
+		span.end(res.err)
+		dc.handedOffSettled(d)
 		return
 	}
 	// Its own channel from now on, should it be sent again: its worker's
 	// is the worker's.
 	d.batchDone = nil
 	go func() {
-		r.sendUntilSettled(d, h, ct, span, &answered{out: out, res: res})
-		r.handedOffSettled(d)
+		dc.sendUntilSettled(d, h, ct, span, &answered{out: out, res: res})
+		dc.handedOffSettled(d)
 	}()
 }
 
 // handedOffSettled ends a delivery handed off, once settled: as its worker
 // would have (probeDone), and its place given back unless detached gave it.
-func (r *Runner) handedOffSettled(d *delivery) {
-	r.probeDone(d)
+func (dc *decider) handedOffSettled(d *delivery) {
+	dc.probeDone(d)
 	if !d.detached {
-		r.batcher.givePlace()
+		dc.batcher.givePlace()
 	}
-	r.workers.Done()
+	dc.workers.Done()
 }

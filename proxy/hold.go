@@ -67,5 +67,5 @@ func (h *holder) hold(stop context.Context, fresh bool) (probe bool) {
 
 // noProbe reports that the breaker alone holds deliveries and no fresh
 // message is held: the fetcher then pulls one, as retries make poor probes
-// (breaker.go, worker.go's detach).
+// (breaker.go, proxy.go's detach).
 func (h *holder) noProbe() bool { return h.gate.onlyHeld(causeBreaker) && h.fresh.Load() == 0 }

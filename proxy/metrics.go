@@ -155,14 +155,20 @@ func requestResults() []string {
 	return []string{"2xx", "3xx", "4xx", "5xx", "timeout", "transport", "unreachable"}
 }
 
+// batchAnswered is the error of a batch's entry that the app's answer to
+// the batch failed (batcher.go's entryError): labelled as that answer.
+type batchAnswered interface {
+	batchAnswer() *apphttp.AppError
+}
+
 // resultLabel names an outcome for metrics.
 func resultLabel(err error) string {
 	if err == nil {
 		return "2xx"
 	}
 	ae, ok := err.(*apphttp.AppError)
-	if ee, entry := err.(*entryError); entry {
-		ae, ok = ee.app, true // the batch's answer
+	if ee, entry := err.(batchAnswered); entry {
+		ae, ok = ee.batchAnswer(), true
 	}
 	if !ok {
 		return "transport"
@@ -203,4 +209,11 @@ func NewDeadLetterCounter() *prometheus.CounterVec {
 		c.WithLabelValues(r)
 	}
 	return c
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

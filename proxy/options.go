@@ -271,3 +271,10 @@ func (o Options) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Route sends the messages whose subject matches Pattern (a NATS subject
+// pattern, wildcards allowed) to URL (an app URL as AppURL takes it).
+type Route struct {
+	Pattern string
+	URL     string
+}

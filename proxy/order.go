@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"cmp"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/ordermark"
@@ -257,6 +257,18 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	return false
 }
 
+// ended tells the lines how the head seq of key k ended (keyLines).
+func (o *orderer) ended(k string, seq uint64, how lineEnd, delay time.Duration) (waiting int, giveBack []jetstream.Msg) {
+	switch how {
+	case lineRetried:
+		return 0, o.retrying(k, seq, delay)
+	case lineGaveBack:
+		o.gaveBack(k, seq)
+		return 0, nil
+	}
+	return o.settled(k, seq), nil
+}
+
 // settled ends the head seq of key k for good (acked, a duplicate,
 // dead-lettered): the next message of its line, if any, is let go. It
 // returns how many were waiting behind it.
@@ -321,7 +333,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 // is handed on, the redelivery goes to the next courier: the line's waiting
 // messages are returned, to be given back, and the line forgotten (its
 // mark stays).
-func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack []queued) {
+func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack []jetstream.Msg) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	l := o.lines[k]
@@ -342,9 +354,34 @@ func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack 
 		o.awaitRetained(l, o.now().Add(delay))
 	}
 	if o.handingOn {
-		giveBack = o.forget(k, l)
+		for _, q := range o.forget(k, l) {
+			giveBack = append(giveBack, q.m)
+		}
 	}
 	return giveBack
+}
+
+// headSettledAfterDrain moves key k's mark on when seq, its head given up
+// by drain while with a worker, is settled: to the first message given
+// back behind it, or away. Called with mu held.
+func (o *orderer) headSettledAfterDrain(k string, seq uint64) {
+	g, ok := o.givenBack[k]
+	if !ok || g.head != seq {
+		return
+	}
+	delete(o.givenBack, k)
+	o.marks.set(k, ordermark.Mark{Seq: g.next}) // Seq 0: unmark
+}
+
+// headRetriedAfterDrain notes in key k's mark when seq, its head given up
+// by drain while with a worker, is due again. Called with mu held.
+func (o *orderer) headRetriedAfterDrain(k string, seq uint64, delay time.Duration) {
+	g, ok := o.givenBack[k]
+	if !ok || g.head != seq {
+		return
+	}
+	delete(o.givenBack, k)
+	o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
 }
 
 // handOn readies the lines for the partition's hand-over to another
@@ -523,29 +560,14 @@ func (o *orderer) stats() (keys, msgs int, longest time.Duration) {
 	return keys, o.waiting + len(o.barrier), longest
 }
 
-// orderStats is stats over the source's orderers.
-func (s *source) orderStats() (keys, msgs int, longest time.Duration) {
-	for _, o := range s.orderers() {
-		k, n, l := o.stats()
-		keys, msgs, longest = keys+k, msgs+n, max(longest, l)
+// orderFull returns what logs when the messages waiting behind their keys
+// reach their bound, and when they are back under it.
+func orderFull(log *slog.Logger) func(full bool) {
+	return func(full bool) {
+		if full {
+			log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
+		} else {
+			log.Info("messages waiting behind their keys back under the bound: fetching again")
+		}
 	}
-	return keys, msgs, longest
-}
-
-// registerOrderMetrics registers what the lines show, read at scrape.
-func (s *source) registerOrderMetrics(reg prometheus.Registerer) {
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "courier_order_keys_waiting",
-			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
-		}, func() float64 { k, _, _ := s.orderStats(); return float64(k) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "courier_order_messages_waiting",
-			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
-		}, func() float64 { _, n, _ := s.orderStats(); return float64(n) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "courier_order_longest_wait_seconds",
-			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
-		}, func() float64 { _, _, d := s.orderStats(); return d.Seconds() }),
-	)
 }

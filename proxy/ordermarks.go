@@ -231,39 +231,6 @@ func (o *orderer) markGivenBack(msgs []queued) {
 	}
 }
 
-// headSettledAfterDrain moves key k's mark on when seq, its head given up
-// by drain while with a worker, is settled: to the first message given
-// back behind it, or away. Called with mu held.
-func (o *orderer) headSettledAfterDrain(k string, seq uint64) {
-	g, ok := o.givenBack[k]
-	if !ok || g.head != seq {
-		return
-	}
-	delete(o.givenBack, k)
-	o.marks.set(k, ordermark.Mark{Seq: g.next}) // Seq 0: unmark
-}
-
-// headRetriedAfterDrain notes in key k's mark when seq, its head given up
-// by drain while with a worker, is due again. Called with mu held.
-func (o *orderer) headRetriedAfterDrain(k string, seq uint64, delay time.Duration) {
-	g, ok := o.givenBack[k]
-	if !ok || g.head != seq {
-		return
-	}
-	delete(o.givenBack, k)
-	o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
-}
-
-// OrderMarks keeps, durably and for every replica of the durable, the
-// stream sequence of the first unsettled message of each key that has later
-// messages waiting or is being retried (package ordermark). Safe for
-// concurrent use.
-type OrderMarks interface {
-	Mark(ctx context.Context, key string, m ordermark.Mark) error
-	Unmark(ctx context.Context, key string) error
-	Marks(ctx context.Context) (map[string]ordermark.Mark, error)
-}
-
 // marker writes marks in the background, the latest wish per key first
 // come, so that a hot key costs a write now and then rather than one per
 // message. A crash loses at most the wishes not yet written: a few
@@ -374,27 +341,6 @@ func (m *marker) flush(ctx context.Context) (left bool) {
 // start or a takeover, given the ack wait: what another courier held comes
 // back within it.
 func orderBarrier(ackWait time.Duration) time.Duration { return ackWait + 2*time.Second }
-
-// startOrder reads the marks and raises the barrier (the consumer's state
-// decides), then runs the marker and the lifting of the barrier on loops
-// until it ends.
-func (s *source) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup, log *slog.Logger, o Options) {
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	floor, pending := uint64(0), 1 // unknown: as if another courier held messages
-	if info, err := s.fetch.cons.Info(ictx); err == nil {
-		floor, pending = info.AckFloor.Stream, info.NumAckPending
-	}
-	if err := s.order.load(ictx, floor, pending, orderBarrier(o.AckWait)); err != nil {
-		log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
-	}
-	if s.order.marks != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.order.marks.run(loops) }()
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); liftLoop(loops, s.order) }()
-}
 
 // liftLoop lets o's barrier down and gives up on stale heads (lift) every
 // 200ms until ctx ends.

@@ -24,38 +24,6 @@ import (
 // hand-over recorded, the pin is given up so that the next courier takes it
 // at once. Run's shutdown does the same for every session.
 
-// Partitions is a durable split into partitions (package partition): one
-// consumer per partition on a work stream, each pinned to one courier at a
-// time (its priority group, Options.PriorityGroup).
-type Partitions struct {
-	// Consumers are the partitions' consumers, by partition number.
-	// Required.
-	Consumers []jetstream.Consumer
-	// Assignment says which partitions to pull from. Required.
-	Assignment Assignment
-	// Marks returns partition i's order marks; nil: none kept.
-	Marks func(i int) OrderMarks
-	// Unpin gives partition i's pin up at once
-	// (jetstream.Stream.UnpinConsumer); nil: it lapses after the
-	// consumer's PinnedTTL.
-	Unpin func(ctx context.Context, i int) error
-	// HandedOn records, before the pin is given up, that this courier
-	// handed partition i on holding nothing of it. Clean reports whether a
-	// pin this courier was given at pinnedAt (the server's time) follows
-	// such a record within window, and forgets the record: first
-	// deliveries then need not wait for what another courier held. Either
-	// may be nil (every takeover waits).
-	HandedOn func(ctx context.Context, i int) error
-	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
-}
-
-// Assignment is the partitions a courier is to pull from. Safe for
-// concurrent use.
-type Assignment interface {
-	// Assigned returns them and a channel closed when they change.
-	Assigned() ([]int, <-chan struct{})
-}
-
 // partitions are the sessions of the partitions this runner pulls from or
 // is handing on. They hold no pointer to the runner: they are given what
 // their fetchers and lines need, the settler to give messages back, and
@@ -155,7 +123,7 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	log := ps.log.With("partition", i)
 	f := newFetcher(ps.o.Consumers[i], ps.track, ps.gate, log, ps.opts, true)
 	f.group, f.part, f.noProbe, f.giveBack = ps.opts.PriorityGroup, s, ps.hold.noProbe, ps.settle.nakNow
-	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, s) }
+	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, &s.held) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
 	s.order = newOrderer(ps.opts.OrderKey, ps.opts.Now, ps.rel, orderFull(ps.log))
@@ -273,6 +241,9 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 // clean reports whether the courier before this one handed the partition
 // on holding nothing of it just before the pin in info came to this one
 // (Partitions.Clean, within the consumer's PinnedTTL).
+// heldNow is how many of the partition's messages the runner tracks.
+func (s *session) heldNow() int64 { return s.held.Load() }
+
 func (s *session) clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool {
 	if s.ps.o.Clean == nil {
 		return false
@@ -348,14 +319,9 @@ func (ps *partitions) orderers() []*orderer {
 	return out
 }
 
-// Pins returns, for each partition this courier holds the pin of, the pin
-// id the server gave it (its consumer's priority group state names it):
-// `courier status` matches them. Nil without partitions.
-func (r *Runner) Pins() map[int]string {
-	if r.src.parts == nil {
-		return nil
-	}
-	ps := r.src.parts
+// pins returns, for each partition this courier holds the pin of, the pin
+// id the server gave it (Runner.Pins).
+func (ps *partitions) pins() map[int]string {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	out := map[int]string{}

@@ -36,7 +36,7 @@ type lane struct {
 	timer *requestTimer
 	// batchDone answers the worker's delivery in a batch (batcher.submit),
 	// one at a time; nil in the zero lane.
-	batchDone chan batchResult
+	batchDone chan result
 }
 
 // lane returns a new lane; its owner calls stop when done with it.

@@ -56,7 +56,7 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	f.order.ackFloor(info.AckFloor.Stream)
 	own := f.track.held() - 1 // m is tracked already, and out
 	if f.part != nil {
-		own = int(f.part.held.Load()) - 1 // of this partition only
+		own = int(f.part.heldNow()) - 1 // of this partition only
 	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
 	if out > asked {
@@ -156,7 +156,7 @@ func (f *fetcher) holdPin(ctx context.Context, done func() bool, giveBack func(j
 			return
 		case <-check.C:
 		case <-pull.C:
-			f.log.Debug("holding the pin until what is held of the partition is settled", "held", f.part.held.Load())
+			f.log.Debug("holding the pin until what is held of the partition is settled", "held", f.part.heldNow())
 			f.pinPull(giveBack)
 		}
 	}
@@ -251,4 +251,11 @@ func (f *fetcher) waitPinned(ctx context.Context, ready <-chan struct{}) error {
 			f.keepPin(ctx)
 		}
 	}
+}
+
+// pinnedPartition is the partition a fetcher pulls for (partition.go's
+// session): what the runner holds of it, and whether its pin came clean.
+type pinnedPartition interface {
+	heldNow() int64
+	clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool
 }

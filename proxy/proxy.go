@@ -14,47 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/apphttp"
-	"github.com/courierhq/courier/dlq"
-	"github.com/courierhq/courier/internal/verdict"
-	"github.com/courierhq/courier/success"
 )
-
-// Deduper remembers processed idempotency keys. Implementations must be safe
-// for concurrent use.
-type Deduper interface {
-	// Check says whether key was processed. A store shared by replicas
-	// also claims a new key for this caller (verdict.New), or reports a
-	// live claim of another replica (verdict.Claimed). An error means the
-	// store could not answer: the message is held, never sent unchecked.
-	Check(ctx context.Context, key string) (verdict.Verdict, error)
-	// Record records keys as processed, together (the runner gathers the
-	// keys of concurrent deliveries into one call), and returns nil only
-	// once every one is stored durably.
-	Record(ctx context.Context, keys ...string) error
-	// Release gives up the claim Check took on key, after an attempt that
-	// did not succeed, so that another delivery can go ahead at once.
-	Release(ctx context.Context, key string) error
-}
-
-// quickChecker is a Deduper whose Check waits on nothing a deadline could
-// end (the embedded store), and so is given no timeout of its own.
-type quickChecker interface {
-	QuickCheck() bool
-}
-
-// DeadLetterer stores dead letters. DeadLetter must return nil only once the
-// dead letter is stored durably (publish acknowledged by a stream), and must
-// be safe for concurrent use.
-type DeadLetterer interface {
-	DeadLetter(ctx context.Context, l dlq.Letter) error
-}
-
-// SuccessPublisher stores success records. Publish must return nil only once
-// the record is stored (acknowledged by a stream; a duplicate
-// acknowledgement counts), and must be safe for concurrent use.
-type SuccessPublisher interface {
-	Publish(ctx context.Context, r success.Record) error
-}
 
 // Runner consumes a durable consumer and delivers each message to the app.
 // Create it with New and call Run once.
@@ -63,8 +23,7 @@ type Runner struct {
 	log    *slog.Logger
 	m      *metrics
 	settle *settler
-	way    way // alone, or the batcher
-	trace  *tracing
+	decide *decider
 
 	src     *source
 	track   *tracker
@@ -75,7 +34,6 @@ type Runner struct {
 
 	workers sync.WaitGroup
 	hold    *holder
-	check   *checker // nil: dedup off
 }
 
 // New returns a Runner for cons. dl stores dead letters; dd may be nil to
@@ -91,7 +49,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		m:   newMetrics(o.Registerer, o.DeadLetterCounter),
 	}
 	send := newSender(o, r.m)
-	r.trace = newTracing(o)
+	trace := newTracing(o)
 	o.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "courier_held_messages",
 		Help: "Messages held in progress while deliveries are held (courier_delivery_held): the app or the dedup store unavailable, the breaker open, the consumer paused.",
@@ -115,19 +73,22 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	}
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	r.hold = &holder{gate: r.gate, breaker: r.breaker}
+	dc := &decider{o: o, log: r.log, m: r.m, settle: r.settle, breaker: r.breaker, hold: r.hold, gate: r.gate,
+		trace: trace, workers: &r.workers, detach: r.detach}
+	r.decide = dc
 	if dd != nil {
-		r.check = newChecker(dd, r.gate, r.m, r.hold, r.settle.flights, r.breaker)
+		dc.check = newChecker(dd, r.gate, r.m, r.hold, r.settle.flights, r.breaker)
 	}
 	registerInflightMetrics(o.Registerer, send.inflight)
 	if o.BatchMax > 1 {
-		r.batcher = newBatcher(o, send, r, r.hold, &r.workers, r.trace, r.log)
-		r.way = r.batcher
+		r.batcher = newBatcher(o, send, dc, r.hold, &r.workers, trace, r.log)
+		dc.way, dc.batcher = r.batcher, r.batcher
 	} else {
 		var keep int64
 		if o.Success != nil {
 			keep = o.MaxPayload // the answer makes the success record
 		}
-		r.way = alone{s: send, keep: keep}
+		dc.way = alone{s: send, keep: keep}
 	}
 	src := &source{}
 	r.src = src
@@ -162,13 +123,6 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	return r, nil
 }
 
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // Ready reports nil while the consumer is bound and nothing holds
 // deliveries (the app and the dedup store available), else why not.
 func (r *Runner) Ready() error {
@@ -197,6 +151,16 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 	return r.settle.refs.stored(ctx, seq)
 }
 
+// Pins returns, for each partition this courier holds the pin of, the pin
+// id the server gave it (its consumer's priority group state names it):
+// `courier status` matches them. Nil without partitions.
+func (r *Runner) Pins() map[int]string {
+	if r.src.parts == nil {
+		return nil
+	}
+	return r.src.parts.pins()
+}
+
 // Alive reports nil while the runner's loops respond.
 func (r *Runner) Alive() error {
 	if since := r.o.Now().Sub(r.track.lastBeat()); since > 4*r.track.tickEvery()+10*time.Second {
@@ -216,6 +180,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer release()
 	r.ph = ph
 	r.settle.start(ph)
+	r.decide.ph = ph
 
 	// The tracker, the prober and the summary outlive the stop signal: held
 	// and in-flight messages stay in progress until they are settled, and
@@ -225,7 +190,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	loopsDone.Add(3)
 	go func() { defer loopsDone.Done(); r.track.run(loops) }()
 	go func() { defer loopsDone.Done(); r.gate.runProber(loops) }()
-	go func() { defer loopsDone.Done(); r.summarize(loops, r.o.SummaryInterval) }()
+	go func() { defer loopsDone.Done(); summarize(loops, r.m, r.log, r.o.SummaryInterval, r.heldMessages) }()
 	defer r.breaker.stop()
 	r.src.start(ctx, loops, &loopsDone, r.log, r.o)
 
@@ -285,4 +250,70 @@ func (r *Runner) shutdown(loops context.Context) {
 	r.src.drain(loops, func(m jetstream.Msg) {
 		r.settle.giveBack(r.settle.make.message(m), afterLastPull, "shutting down while it waited behind its key")
 	})
+}
+
+// A worker parses a message's metadata once, when it takes the message, and
+// hands it on: jetstream.Msg.Metadata parses the reply subject anew at every
+// call.
+
+// worker delivers queued messages until the fetcher closes the queue. While
+// the gate is closed it holds the message it took (the tracker keeps it in
+// progress) and waits; once courier is stopping it gives messages back
+// instead of starting them.
+func (r *Runner) worker() {
+	defer r.workers.Done()
+	ln, stop := r.ph.lane()
+	defer stop()
+	ln.timer = newRequestTimer(ln.requests, r.o.HTTPTimeout)
+	if r.batcher != nil {
+		ln.batchDone = make(chan result, 1)
+	}
+	defer ln.timer.close()
+	for {
+		r.batcher.takePlace()
+		q, ok := r.src.next()
+		if !ok {
+			r.batcher.givePlace()
+			return
+		}
+		switch r.decide.take(q, ln) {
+		case endedDetached:
+			return // a new worker has this one's place
+		case endedHere:
+			r.batcher.givePlace()
+		}
+		// Handed off: its place is its batch entry's until it is settled.
+	}
+}
+
+// heldMessages is what courier holds for the app: messages waiting in
+// workers, and, while the gate is closed, those queued behind them.
+func (r *Runner) heldMessages() float64 {
+	n := r.hold.parked.Load()
+	if !r.hold.open() {
+		n += int64(r.src.queued())
+	}
+	return float64(n)
+}
+
+// detach gives d's worker place to a new worker while d, a retry held for
+// the breaker's next probe on its last allowed delivery, waits on its own
+// goroutine (its worker returns once d is settled). Retries that keep
+// failing could otherwise take every worker while the breaker is open, and
+// leave no worker to take a fresh message, the probe that tells a healthy
+// app: the fetcher pulls for one while no fresh message is held
+// (holder.noProbe). Requests stay bounded by the in-flight limit (inflight.go).
+//
+// With batches, the place d held (handoff.go) is given back; d handed off
+// to a batch has no worker waiting on it, so none is started.
+func (r *Runner) detach(d *delivery) {
+	d.detached = true
+	r.batcher.givePlace()
+	if d.handedOff {
+		d.log.Debug("held for the next probe apart from the workers: its place is given back")
+		return
+	}
+	r.workers.Add(1)
+	go r.worker()
+	d.log.Debug("held for the next probe apart from the workers: a new worker takes its place")
 }

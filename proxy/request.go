@@ -97,3 +97,11 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 // ownHeaders are the headers BuildHeaders sets, by index.
 var ownHeaders = [...]string{HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence,
 	HeaderPublished, "Content-Type"}
+
+// result is what one request to the app returns: its answer, how long it
+// took and its error; for a batch's entry, its part of its batch's answer.
+type result struct {
+	answer *apphttp.Answer
+	took   time.Duration
+	err    error
+}

@@ -8,13 +8,6 @@ import "github.com/courierhq/courier/apphttp"
 // none does. Each URL is parsed once, into a target of its own; a batch
 // holds the messages of one target (batcher.go).
 
-// Route sends the messages whose subject matches Pattern (a NATS subject
-// pattern, wildcards allowed) to URL (an app URL as AppURL takes it).
-type Route struct {
-	Pattern string
-	URL     string
-}
-
 // target is where a request goes: AppURL's endpoint or a route's, and why
 // its URL cannot be parsed (each request to it then fails, so that the
 // message is retried and dead-lettered with the reason, as for AppURL).

@@ -6,21 +6,24 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/apphttp"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/success"
 )
 
 // Settling: every delivery ends here, in exactly one of
 //
-//   - acked after its 2xx, once its success record is stored (results.go)
-//     and its key recorded (recorder.go): succeeded, acked;
+//   - acked after its 2xx, once its success record is stored (succeeded)
+//     and its key recorded (recorder): acked;
 //   - acked as a duplicate, its key processed already: duplicate;
 //   - NAK'd with a delay, to be retried: retry;
 //   - dead-lettered, its dead letter stored and the original terminated
@@ -170,6 +173,162 @@ func lastErr(p *atomic.Pointer[error]) string {
 	return "unknown error"
 }
 
+// succeeded settles a 2xx: the success record (if configured) is stored
+// before the key is recorded and the message acked (recorder). If the
+// record cannot be stored yet, the message is held in progress and the
+// record retried in the background, so that a success stream that refuses
+// records does not take the worker; the app is not called again for it. If courier stops before it is stored, the message
+// is given back without its key recorded: the record is not lost, the app
+// sees the message again (with the same Idempotency-Key).
+func (s *settler) succeeded(d *delivery, a *apphttp.Answer, took time.Duration) {
+	if s.o.Success == nil {
+		s.recs <- recJob{d: d, took: took}
+		return
+	}
+	then := func() { s.recs <- recJob{d: d, took: took} }
+	rec := success.Record{
+		Subject: d.m.Subject(), Stream: d.meta.Stream, Consumer: s.o.Consumer,
+		Sequence: d.meta.Sequence.Stream, Attempt: d.attempt, Key: d.key,
+	}
+	if a != nil {
+		rec.Status, rec.Header, rec.Body, rec.BodyCut, rec.BodySize = a.Status, a.Header, a.Body, a.Cut, a.Size
+	}
+	rec.Trace = recordTrace(d, a, s.o.Tracer != nil)
+	once := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := s.o.Success.Publish(ctx, rec)
+		if err != nil {
+			s.m.successErrors.Inc()
+			s.successErr.Store(&err)
+			d.log.Error("cannot store the success record; message held and tried again", "error", err)
+			return err
+		}
+		s.m.successRecords.Inc()
+		return nil
+	}
+	if once(context.WithoutCancel(s.ph.requests)) == nil {
+		then()
+		return
+	}
+	s.inBackground(&s.pendingSuccess, once, then, func() {
+		s.unclaim(d)
+		s.giveBack(d, nakNow, "shutting down before its success record could be stored")
+	})
+}
+
+// recordTrace is the trace context a success record keeps, as a dead letter
+// keeps the message's (README, "Tracing"): with tracing on, the attempt
+// span's, which attempt put on the answer's headers (inject); with tracing
+// off, the message's own traceparent and tracestate, under the names the
+// publisher gave them. Nil when there is none.
+func recordTrace(d *delivery, a *apphttp.Answer, traced bool) nats.Header {
+	src := map[string][]string(d.m.Headers())
+	if traced {
+		if a == nil {
+			return nil
+		}
+		src = a.Header
+	}
+	var tc nats.Header
+	for name, vs := range src {
+		if len(vs) > 0 && (strings.EqualFold(name, "traceparent") || strings.EqualFold(name, "tracestate")) {
+			if tc == nil {
+				tc = make(nats.Header, 2)
+			}
+			tc[name] = vs
+		}
+	}
+	return tc
+}
+
+// recJob is a delivery the app answered 2xx, waiting for its key to be
+// recorded before it is acked.
+type recJob struct {
+	d    *delivery
+	took time.Duration
+}
+
+// maxRecordBatch bounds the keys recorded in one call to the store, and the
+// deliveries waiting for the recorder.
+const maxRecordBatch = 256
+
+// recordLinger is how long the recorder lets a batch gather after its first
+// delivery. A commit to the store costs about the same for one key as for
+// dozens (Badger hands each commit to a goroutine of its own and wakes the
+// caller at the end): at 1 in flight, recording each key alone cost about a
+// fifth of the drain rate. Only the ack waits; the app has answered and the
+// worker has moved on.
+const recordLinger = time.Millisecond
+
+// recorder records the keys of delivered messages (dedup on), then acks
+// them and ends their flights, until recs is closed. With dedup off it acks
+// them in batches all the same: acks sent together leave in fewer writes to
+// the connection, as nats.go flushes what is pending at once. It takes every delivery waiting
+// recordLinger after the first (up to maxRecordBatch) and records their keys
+// in one call, so the store commits the keys of concurrent workers and of
+// successive messages together (group commit) and the batches grow with the
+// load: while one commits, the next gathers. Each message is acked only
+// after its key is recorded.
+func (s *settler) recorder() {
+	defer s.recorders.Done()
+	batch := make([]recJob, 0, maxRecordBatch)
+	keys := make([]string, 0, maxRecordBatch)
+	for j := range s.recs {
+		batch = append(batch[:0], j)
+		if !keyWaits(j.d) {
+			time.Sleep(s.linger)
+		}
+	fill:
+		for len(batch) < maxRecordBatch {
+			select {
+			case j, ok := <-s.recs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, j)
+			default:
+				break fill
+			}
+		}
+		var err error
+		if s.dd != nil {
+			keys = keys[:0]
+			for _, j := range batch {
+				keys = append(keys, j.d.skey)
+			}
+			// Not the requests phase: a 2xx that arrived as the grace
+			// period ended is recorded all the same.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ph.requests), 10*time.Second)
+			err = s.dd.Record(ctx, keys...)
+			cancel()
+		}
+		if err != nil {
+			// The effect happened: calling the app again would surely
+			// duplicate it, so the messages are acked anyway.
+			s.m.dedupErrors.WithLabelValues("record").Add(float64(len(batch)))
+		}
+		for _, j := range batch {
+			if err != nil {
+				j.d.log.Error("dedup store could not record the key after a 2xx; acking anyway", "error", err)
+			}
+			s.acked(j.d, j.took)
+			if b := j.d.records; b != nil {
+				j.d.records = nil
+				b.done()
+			}
+		}
+		clear(batch) // drop references to settled messages
+	}
+}
+
+// keyWaits reports whether later messages of d's ordering key wait for d's
+// ack (order.go): the recorder then lets no batch gather, as each of them
+// would wait for it in turn.
+func keyWaits(d *delivery) bool {
+	return d.ord != nil && d.okey != "" && d.ord.waitingBehind(d.okey) > 0
+}
+
 // acked acks a message the app answered 2xx (its key recorded, if dedup is
 // on), and ends its flight.
 func (s *settler) acked(d *delivery, took time.Duration) {
@@ -177,10 +336,8 @@ func (s *settler) acked(d *delivery, took time.Duration) {
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
 	}
-	if d.fl != nil {
-		s.flights.finish(d.skey, d.fl, true)
-	}
-	s.orderSettled(d)
+	s.endFlight(d, true)
+	s.told(d, lineSettled, 0)
 	s.m.delivered.Inc()
 	if d.log.enabled(slog.LevelDebug) {
 		d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
@@ -190,12 +347,12 @@ func (s *settler) acked(d *delivery, took time.Duration) {
 // duplicate acks a message whose key was already processed, and ends its
 // flight.
 func (s *settler) duplicate(d *delivery) {
-	s.flights.finish(d.skey, d.fl, true)
+	s.endFlight(d, true)
 	s.track.remove(d.m)
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
 	}
-	s.orderSettled(d)
+	s.told(d, lineSettled, 0)
 	s.m.duplicate.Inc()
 	d.log.Debug("duplicate acked without calling the app")
 }
@@ -204,7 +361,7 @@ func (s *settler) duplicate(d *delivery) {
 // full-jitter backoff at JetStream's delivery count; err is its attempt's.
 func (s *settler) retry(d *delivery, err error) {
 	delay, fromApp := s.retryDelay(err, d.attempt)
-	s.orderRetrying(d, delay)
+	s.told(d, lineRetried, delay)
 	s.track.remove(d.m)
 	var nerr error
 	if delay > 0 {
@@ -283,7 +440,7 @@ func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
 	s.released.Add(1)
 	s.log.Debug("message released", "subject", d.m.Subject(), "why", why)
 	if mode == pinMoved {
-		d.ord.gaveBack(d.okey, d.oseq)
+		s.told(d, lineGaveBack, 0)
 	}
 }
 
@@ -312,8 +469,7 @@ func (s *settler) unclaim(d *delivery) {
 	if d.fl == nil {
 		return
 	}
-	s.flights.finish(d.skey, d.fl, false)
-	d.fl = nil
+	s.endFlight(d, false)
 	if !d.claimed {
 		return
 	}
@@ -326,11 +482,19 @@ func (s *settler) unclaim(d *delivery) {
 	}
 }
 
+// endFlight ends d's flight of its key in this process (checkkey.go) with
+// its outcome (ok: a 2xx or a duplicate), waking the deliveries of the key
+// that wait for it.
+func (s *settler) endFlight(d *delivery, ok bool) {
+	s.flights.finish(d.skey, d.fl, ok)
+	d.fl = nil
+}
+
 // giveBackReferenced NAKs the original of a stored reference dead letter
 // with BackoffMax; it was counted and logged when its dead letter was stored.
 func (s *settler) giveBackReferenced(d *delivery) {
 	s.track.remove(d.m)
-	s.orderSettled(d) // its dead letter is stored: its key goes on
+	s.told(d, lineSettled, 0) // its dead letter is stored: its key goes on
 	if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
 		s.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
 	}
@@ -444,7 +608,7 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 		s.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
 	}
 	s.m.deadLettered.Inc()
-	if n := s.orderSettled(d); n > 0 {
+	if n := s.told(d, lineSettled, 0); n > 0 {
 		d.log.Info("dead letter lets its key go on", "order_key", d.okey, "waiting", n)
 	}
 	if errors.Is(err, dlq.ErrDuplicate) {
@@ -461,26 +625,20 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 	return true
 }
 
-// orderSettled lets d's key go on after d was settled for good (acked, a
-// duplicate, dead-lettered), and returns how many of its key's messages
-// waited behind it.
-func (s *settler) orderSettled(d *delivery) int {
+// told tells d's lines of order per key, if its key has one, how d ended
+// (the one place they hear it), and gives back what they return; it
+// returns how many of its key's messages waited behind d. After a retry
+// while the partition is handed on, its key's later messages are given
+// back, in stream order, for the next courier.
+func (s *settler) told(d *delivery, how lineEnd, delay time.Duration) int {
 	if d.ord == nil || d.okey == "" {
 		return 0
 	}
-	return d.ord.settled(d.okey, d.oseq)
-}
-
-// orderRetrying notes that d is NAK'd for a retry in delay: its key waits
-// for its redelivery (or, while its partition is handed on, its key's later
-// messages are given back, in stream order).
-func (s *settler) orderRetrying(d *delivery, delay time.Duration) {
-	if d.ord == nil || d.okey == "" {
-		return
+	n, back := d.ord.ended(d.okey, d.oseq, how, delay)
+	for _, m := range back {
+		s.giveBack(s.make.message(m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
 	}
-	for _, q := range d.ord.retrying(d.okey, d.oseq, delay) {
-		s.giveBack(s.make.message(q.m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
-	}
+	return n
 }
 
 func statusAttr(err error) slog.Attr {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,18 +135,6 @@ func (s *source) orderers() []*orderer {
 	return nil
 }
 
-// orderFull returns what logs when the messages waiting behind their keys
-// reach their bound, and when they are back under it.
-func orderFull(log *slog.Logger) func(full bool) {
-	return func(full bool) {
-		if full {
-			log.Warn("messages waiting behind their keys passed 64 MiB: fetching nothing until their keys move on")
-		} else {
-			log.Info("messages waiting behind their keys back under the bound: fetching again")
-		}
-	}
-}
-
 // registerPartitionMetrics registers courier_order_partitions_held.
 func (s *source) registerPartitionMetrics(reg prometheus.Registerer) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -156,4 +145,52 @@ func (s *source) registerPartitionMetrics(reg prometheus.Registerer) {
 		defer s.parts.mu.Unlock()
 		return float64(len(s.parts.sessions))
 	}))
+}
+
+// orderStats is stats over the source's orderers.
+func (s *source) orderStats() (keys, msgs int, longest time.Duration) {
+	for _, o := range s.orderers() {
+		k, n, l := o.stats()
+		keys, msgs, longest = keys+k, msgs+n, max(longest, l)
+	}
+	return keys, msgs, longest
+}
+
+// registerOrderMetrics registers what the lines show, read at scrape.
+func (s *source) registerOrderMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_keys_waiting",
+			Help: "Ordering keys with messages waiting behind an earlier one (COURIER_ORDER_KEY).",
+		}, func() float64 { k, _, _ := s.orderStats(); return float64(k) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_messages_waiting",
+			Help: "Messages waiting behind an earlier message of their key, held in progress (COURIER_ORDER_KEY).",
+		}, func() float64 { _, n, _ := s.orderStats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "courier_order_longest_wait_seconds",
+			Help: "How long the message waiting longest behind its key has waited (COURIER_ORDER_KEY).",
+		}, func() float64 { _, _, d := s.orderStats(); return d.Seconds() }),
+	)
+}
+
+// startOrder reads the marks and raises the barrier (the consumer's state
+// decides), then runs the marker and the lifting of the barrier on loops
+// until it ends.
+func (s *source) startOrder(ctx context.Context, loops context.Context, wg *sync.WaitGroup, log *slog.Logger, o Options) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	floor, pending := uint64(0), 1 // unknown: as if another courier held messages
+	if info, err := s.fetch.cons.Info(ictx); err == nil {
+		floor, pending = info.AckFloor.Stream, info.NumAckPending
+	}
+	if err := s.order.load(ictx, floor, pending, orderBarrier(o.AckWait)); err != nil {
+		log.Warn("cannot read the keys' first unsettled messages; order holds from now on", "error", err)
+	}
+	if s.order.marks != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.order.marks.run(loops) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); liftLoop(loops, s.order) }()
 }

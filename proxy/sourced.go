@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,20 +20,21 @@ import (
 // message, whose own sequence orders its key's line (streamSeq).
 type sourcedMsg struct {
 	jetstream.Msg
-	part    *session
+	held    *atomic.Int64 // its partition's held messages (session.held)
 	subject string
 	header  nats.Header
 	meta    *jetstream.MsgMetadata // the origin's stream and sequence
 	seq     uint64                 // the work stream's sequence
 }
 
-// newSourced wraps m, a message of partition s's consumer.
-func newSourced(m jetstream.Msg, s *session) jetstream.Msg {
+// newSourced wraps m, a message of a partition's consumer; held counts
+// what the runner holds of the partition (session.held).
+func newSourced(m jetstream.Msg, held *atomic.Int64) jetstream.Msg {
 	meta, err := m.Metadata()
 	if err != nil {
 		return m // no metadata: the worker NAKs it as it is
 	}
-	sm := &sourcedMsg{Msg: m, part: s, seq: meta.Sequence.Stream, subject: m.Subject()}
+	sm := &sourcedMsg{Msg: m, held: held, seq: meta.Sequence.Stream, subject: m.Subject()}
 	own := *meta
 	sm.meta = &own
 	h := m.Headers()

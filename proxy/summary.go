@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,12 +33,13 @@ func value(c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// summarize logs the counts since the last summary every interval in which
-// something happened, until ctx ends, then once more if anything did.
-func (r *Runner) summarize(ctx context.Context, every time.Duration) {
-	last := r.m.counts()
+// summarize logs m's counts since the last summary, and the messages held
+// (held), every interval in which something happened, until ctx ends, then
+// once more if anything did.
+func summarize(ctx context.Context, m *metrics, log *slog.Logger, every time.Duration, held func() float64) {
+	last := m.counts()
 	logSince := func(final bool) {
-		now := r.m.counts()
+		now := m.counts()
 		d := counts{
 			delivered: now.delivered - last.delivered, duplicate: now.duplicate - last.duplicate,
 			retried: now.retried - last.retried, deadLettered: now.deadLettered - last.deadLettered,
@@ -48,12 +50,12 @@ func (r *Runner) summarize(ctx context.Context, every time.Duration) {
 		}
 		last = now
 		attrs := []any{"delivered", d.delivered, "duplicates", d.duplicate, "retried", d.retried,
-			"dead_lettered", d.deadLettered, "given_back", d.released, "held", r.heldMessages()}
+			"dead_lettered", d.deadLettered, "given_back", d.released, "held", held()}
 		if final {
-			r.log.Info("summary at shutdown (since the last summary)", attrs...)
+			log.Info("summary at shutdown (since the last summary)", attrs...)
 			return
 		}
-		r.log.Info("summary", append(attrs, "interval", every.String())...)
+		log.Info("summary", append(attrs, "interval", every.String())...)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

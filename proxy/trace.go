@@ -59,9 +59,9 @@ type attemptSpan struct {
 	outcome string
 }
 
-// start starts d's span and puts its traceparent on h, the request's
+// startAttempt starts the span of d's attempt and puts its traceparent on h, the request's
 // headers. It returns nil when tracing is off.
-func (t *tracing) start(d *delivery, h http.Header) *attemptSpan {
+func (t *tracing) startAttempt(d *delivery, h http.Header) *attemptSpan {
 	if t.tracer == nil {
 		return nil
 	}
@@ -145,29 +145,30 @@ func (t *tracing) propagator() propagation.TextMapPropagator {
 }
 
 // startBatch starts the span of a batch request when tracing is on: a
-// client span linked to each entry's attempt span, each of them linked to
-// it in turn, whose context the request carries (traceparent on h). It
-// returns nil when tracing is off.
-func (t *tracing) startBatch(entries []*batchEntry, h http.Header) *attemptSpan {
+// client span linked to the attempt span of each of its n entries
+// (spanAt(i); nil: none), each of them linked to it in turn, whose context
+// the request carries (traceparent on h). It returns nil when tracing is
+// off.
+func (t *tracing) startBatch(n int, spanAt func(i int) *attemptSpan, h http.Header) *attemptSpan {
 	if t.tracer == nil {
 		return nil
 	}
-	links := make([]trace.Link, 0, len(entries))
-	for _, e := range entries {
-		if e.span != nil {
-			links = append(links, trace.LinkFromContext(e.span.ctx))
+	links := make([]trace.Link, 0, n)
+	for i := range n {
+		if s := spanAt(i); s != nil {
+			links = append(links, trace.LinkFromContext(s.ctx))
 		}
 	}
 	ctx, span := t.tracer.Start(context.Background(), "send "+t.stream+" batch",
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "nats"),
-			attribute.Int("messaging.batch.message_count", len(entries)),
+			attribute.Int("messaging.batch.message_count", n),
 			attribute.String("courier.stream", t.stream),
 		))
-	for _, e := range entries {
-		if e.span != nil {
-			e.span.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
+	for i := range n {
+		if s := spanAt(i); s != nil {
+			s.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
 		}
 	}
 	t.propagator().Inject(ctx, propagation.HeaderCarrier(h))

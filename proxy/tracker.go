@@ -36,7 +36,7 @@ func (t *tracker) add(m jetstream.Msg) {
 	t.mu.Lock()
 	if _, ok := t.msgs[m]; !ok {
 		if sm, ok := m.(*sourcedMsg); ok {
-			sm.part.held.Add(1)
+			sm.held.Add(1)
 		}
 	}
 	t.msgs[m] = t.now()
@@ -48,7 +48,7 @@ func (t *tracker) remove(m jetstream.Msg) {
 	if _, ok := t.msgs[m]; ok {
 		delete(t.msgs, m)
 		if sm, ok := m.(*sourcedMsg); ok {
-			sm.part.held.Add(-1)
+			sm.held.Add(-1)
 		}
 	}
 	t.mu.Unlock()

@@ -1,0 +1,97 @@
+// What a Runner is given (New, Options): the stores it writes through and
+// the partitions it pulls from. They are declared here, below every part
+// that uses them, and implemented elsewhere (packages dedup, dlq, success,
+// ordermark, partition).
+
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/verdict"
+	"github.com/courierhq/courier/ordermark"
+	"github.com/courierhq/courier/success"
+)
+
+// Deduper remembers processed idempotency keys. Implementations must be safe
+// for concurrent use.
+type Deduper interface {
+	// Check says whether key was processed. A store shared by replicas
+	// also claims a new key for this caller (verdict.New), or reports a
+	// live claim of another replica (verdict.Claimed). An error means the
+	// store could not answer: the message is held, never sent unchecked.
+	Check(ctx context.Context, key string) (verdict.Verdict, error)
+	// Record records keys as processed, together (the runner gathers the
+	// keys of concurrent deliveries into one call), and returns nil only
+	// once every one is stored durably.
+	Record(ctx context.Context, keys ...string) error
+	// Release gives up the claim Check took on key, after an attempt that
+	// did not succeed, so that another delivery can go ahead at once.
+	Release(ctx context.Context, key string) error
+}
+
+// quickChecker is a Deduper whose Check waits on nothing a deadline could
+// end (the embedded store), and so is given no timeout of its own.
+type quickChecker interface {
+	QuickCheck() bool
+}
+
+// DeadLetterer stores dead letters. DeadLetter must return nil only once the
+// dead letter is stored durably (publish acknowledged by a stream), and must
+// be safe for concurrent use.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, l dlq.Letter) error
+}
+
+// SuccessPublisher stores success records. Publish must return nil only once
+// the record is stored (acknowledged by a stream; a duplicate
+// acknowledgement counts), and must be safe for concurrent use.
+type SuccessPublisher interface {
+	Publish(ctx context.Context, r success.Record) error
+}
+
+// OrderMarks keeps, durably and for every replica of the durable, the
+// stream sequence of the first unsettled message of each key that has later
+// messages waiting or is being retried (package ordermark). Safe for
+// concurrent use.
+type OrderMarks interface {
+	Mark(ctx context.Context, key string, m ordermark.Mark) error
+	Unmark(ctx context.Context, key string) error
+	Marks(ctx context.Context) (map[string]ordermark.Mark, error)
+}
+
+// Partitions is a durable split into partitions (package partition): one
+// consumer per partition on a work stream, each pinned to one courier at a
+// time (its priority group, Options.PriorityGroup).
+type Partitions struct {
+	// Consumers are the partitions' consumers, by partition number.
+	// Required.
+	Consumers []jetstream.Consumer
+	// Assignment says which partitions to pull from. Required.
+	Assignment Assignment
+	// Marks returns partition i's order marks; nil: none kept.
+	Marks func(i int) OrderMarks
+	// Unpin gives partition i's pin up at once
+	// (jetstream.Stream.UnpinConsumer); nil: it lapses after the
+	// consumer's PinnedTTL.
+	Unpin func(ctx context.Context, i int) error
+	// HandedOn records, before the pin is given up, that this courier
+	// handed partition i on holding nothing of it. Clean reports whether a
+	// pin this courier was given at pinnedAt (the server's time) follows
+	// such a record within window, and forgets the record: first
+	// deliveries then need not wait for what another courier held. Either
+	// may be nil (every takeover waits).
+	HandedOn func(ctx context.Context, i int) error
+	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
+}
+
+// Assignment is the partitions a courier is to pull from. Safe for
+// concurrent use.
+type Assignment interface {
+	// Assigned returns them and a channel closed when they change.
+	Assigned() ([]int, <-chan struct{})
+}

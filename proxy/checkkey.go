@@ -29,10 +29,10 @@ type checker struct {
 	// flights are the deliveries of each key running in this process,
 	// owned by the settler, which ends them.
 	flights *flights
-	breaker *breaker
+	breaker breakerTold
 }
 
-func newChecker(dd Deduper, g *gate, m *metrics, h *holder, fls *flights, b *breaker) *checker {
+func newChecker(dd Deduper, g *gate, m *metrics, h *holder, fls *flights, b breakerTold) *checker {
 	c := &checker{dd: dd, gate: g, m: m, hold: h, flights: fls, breaker: b}
 	if qc, ok := dd.(quickChecker); ok {
 		c.quick = qc.QuickCheck()

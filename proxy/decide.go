@@ -30,8 +30,8 @@ type decider struct {
 	log     *slog.Logger
 	m       *metrics
 	settle  *settler
-	check   *checker // nil: dedup off
-	breaker *breaker
+	check   keyCheck // the dedup check (checkkey.go), or unchecked
+	breaker breakerTold
 	hold    *holder
 	gate    *gate
 	way     way
@@ -45,6 +45,23 @@ type decider struct {
 	detach func(d *delivery)
 }
 
+// breakerTold is the breaker (breaker.go) as the decision tells it what
+// came of each request, and hands on a probe that reached no app. Safe for
+// concurrent use.
+type breakerTold interface {
+	// success: the app answered (a 2xx, or a failure that is no sign of
+	// an outage).
+	success()
+	// failure: a transient failure of the delivery of key (fresh: its
+	// first delivery), with the app's Retry-After, if any; probe: it was
+	// the breaker's probe.
+	failure(key string, fresh bool, retryAfter time.Duration, probe bool)
+	// retryProbe: the probe's go-ahead reached no app; another comes.
+	retryProbe()
+	// handOn: the probe's go-ahead goes to another held message.
+	handOn()
+}
+
 // take delivers q, which a worker took, or gives it back once courier is
 // stopping, and reports how it left the worker.
 func (dc *decider) take(q queued, ln lane) ended {
@@ -56,22 +73,27 @@ func (dc *decider) take(q queued, ln lane) ended {
 	if dc.ph.noStart.Err() == nil && !dc.hold.open() {
 		probe = dc.hold.hold(dc.ph.noStart, meta != nil && meta.NumDelivered == 1)
 	}
+	d := dc.settle.make.delivery(q, meta, ln, ln.noStart)
 	switch {
 	case dc.ph.noStart.Err() == nil && err != nil:
 		dc.log.Error("message without JetStream metadata; NAK'd", "subject", q.m.Subject(), "error", err)
-		dc.settle.end(dc.settle.make.delivery(q, nil, lane{}, nil), giveBackEnding(nakNow, "no metadata"))
+		dc.settle.end(d, giveBackEnding(nakNow, "no metadata"))
 		return endedHere
 	case dc.ph.noStart.Err() == nil:
-		d := dc.settle.make.delivery(q, meta, ln, ln.noStart)
 		d.probe = probe
 		return dc.deliver(d)
 	case dc.hold.open() && lastDelivery(meta, dc.o.MaxDeliver):
 		// Stopping. A message on its last allowed delivery is sent within
 		// the grace period rather than given back: a NAK would make
 		// JetStream give up on it without the app having seen it.
-		return dc.deliver(dc.settle.make.delivery(q, meta, ln, ln.requests))
+		d.wait = ln.requests
+		return dc.deliver(d)
 	}
-	dc.settle.end(dc.settle.make.delivery(q, meta, lane{}, nil), giveBackEnding(afterLastPull, "shutting down"))
+	// Given back unsent at shutdown: its key's line, if any, is not told;
+	// it is drained after the workers, which marks the message as its
+	// key's first unsettled one (markDrained).
+	d.ord, d.okey = noLines{}, ""
+	dc.settle.end(d, giveBackEnding(afterLastPull, "shutting down"))
 	return endedHere
 }
 
@@ -118,11 +140,19 @@ func (dc *decider) unsent(d *delivery) ending {
 	if f, expired := dc.expired(d); expired {
 		return deadLetterEnding(f)
 	}
-	if dc.check != nil {
-		return dc.check.check(d)
-	}
-	return ending{}
+	return dc.check.check(d)
 }
+
+// keyCheck checks a delivery's key before it is sent (checkkey.go's
+// checker), returning its ending if it ends there. Safe for concurrent use.
+type keyCheck interface {
+	check(d *delivery) ending
+}
+
+// unchecked is the key check with dedup off: every delivery goes on.
+type unchecked struct{}
+
+func (unchecked) check(*delivery) ending { return ending{} }
 
 // probeDone ends d's turn as the breaker's probe if it reached no app.
 func (dc *decider) probeDone(d *delivery) {
@@ -232,12 +262,12 @@ func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span 
 		end = dc.endingOf(d, span, a.out, a.res.err, a.res.answer, a.res.took)
 	}
 	dc.settle.end(d, end)
+	span.end(lastErr)
 	if !delivered {
 		// After any ending but a 2xx's (whose key the recorder records),
 		// the key's next delivery goes ahead.
 		dc.settle.unclaim(d)
 	}
-	span.end(lastErr)
 }
 
 // mayStart returns no ending if d may be sent now: the gate is open, d is
@@ -253,7 +283,7 @@ func (dc *decider) mayStart(d *delivery, span *attemptSpan) ending {
 			return end
 		}
 	}
-	if d.okey != "" && d.ord != nil && d.ord.outdated(d.oepoch) {
+	if d.ord.outdated(d.oepoch) {
 		return giveBackEnding(pinMoved, "the durable's pin moved to another courier") // which sends it in its key's order
 	}
 	return ending{}

@@ -41,7 +41,7 @@ type delivery struct {
 	key     string   // the resolved dedup key, as the app sees it
 	skey    string   // the key as the dedup store holds it
 	okey    string   // the ordering key (order.go); "" when not ordered
-	ord     keyLines // the lines okey is in (of its partition, partition.go)
+	ord     keyLines // the lines okey is in (of its partition, partition.go); noLines: none
 	oepoch  uint64   // ord's epoch when it was admitted
 	oseq    uint64   // its sequence in okey's line (streamSeq)
 	// detached: held for a probe apart from the workers (detach); its
@@ -93,6 +93,14 @@ type keyLines interface {
 	outdated(epoch uint64) bool
 }
 
+// noLines are the lines of a delivery without an ordering key (order per
+// key off, or no key in the message): nothing waits for it.
+type noLines struct{}
+
+func (noLines) ended(string, uint64, lineEnd, time.Duration) (int, []jetstream.Msg) { return 0, nil }
+func (noLines) waitingBehind(string) int                                            { return 0 }
+func (noLines) outdated(uint64) bool                                                { return false }
+
 // lineEnd is how a key's head ended, as its lines hear it.
 type lineEnd int
 
@@ -136,13 +144,17 @@ type keyer struct {
 func (k keyer) delivery(q queued, meta *jetstream.MsgMetadata, ln lane, wait context.Context) *delivery {
 	m := q.m
 	if meta == nil {
-		return &delivery{m: m, wait: wait, log: msgLog{l: k.log, subject: m.Subject()}}
+		return &delivery{m: m, ord: noLines{}, wait: wait, log: msgLog{l: k.log, subject: m.Subject()}}
+	}
+	ord := q.ord
+	if ord == nil {
+		ord = noLines{}
 	}
 	key := ResolveKey(m.Headers(), k.header, meta.Stream, k.created, meta.Sequence.Stream)
 	return &delivery{
 		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
 		requests: ln.requests, batchDone: ln.batchDone,
-		arrived: q.at, okey: q.okey, ord: q.ord, oepoch: q.epoch, oseq: q.seq,
+		arrived: q.at, okey: q.okey, ord: ord, oepoch: q.epoch, oseq: q.seq,
 		log: msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }

@@ -51,6 +51,26 @@
 // nothing of the parts above them: the decider, the workers, the batcher,
 // the source and order per key, the holds.
 //
+// # Parts
+//
+// From the top down; each uses only those below it (parts_test.go keeps
+// the settler, the send path and what travels from naming anything above):
+//
+//   - the Runner (proxy.go, summary.go): wires one subscription's path and
+//     runs its workers and shutdown;
+//   - the decider (decide.go, checkkey.go, handoff.go): one delivery from
+//     its worker to its ending;
+//   - batches (batcher.go): entries gathered into one request;
+//   - tracing (trace.go): an attempt's span, a batch's;
+//   - the source and order per key (source.go, fetch.go, pin.go, order.go,
+//     ordermarks.go, partition.go): the next message, in its key's order;
+//   - the holds (hold.go, gate.go, breaker.go): when nothing may be sent;
+//   - the settler (settle.go, references.go, backoff.go): every ending;
+//   - the send path (send.go, inflight.go, routes.go, package limit);
+//   - what travels (delivery.go, request.go, phases.go, tracker.go,
+//     sourced.go, timeout.go);
+//   - what is given (given.go, options.go, cause.go, metrics.go, log.go).
+//
 // # Words
 //
 //   - delivery: one delivery of a message, from a worker taking it to its

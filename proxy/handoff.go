@@ -13,7 +13,9 @@ import "net/http"
 // worker holds or an entry handed off and not yet settled, as many as the
 // workers that waited on their entries. A worker takes a place before it
 // takes a message; an entry handed off keeps it until it is settled (or
-// detached, proxy.go).
+// detached, proxy.go). Places bound the messages held, not requests: the
+// one in-flight limit bounds those (inflight.go), so an automatic limit
+// changes one number.
 //
 // The batch's goroutine settles at once what settles without waiting: a 2xx
 // handed to the recorder (no success record to store), a retry NAK'd (no
@@ -65,10 +67,10 @@ func (dc *decider) answer(e *batchEntry, res result) {
 	out := dc.decide(d, res.err, res.took)
 	if out == outDelivered && dc.o.Success == nil || out == outRetry && !d.claimed {
 		dc.settle.end(d, dc.endingOf(d, span, out, res.err, res.answer, res.took))
+		span.end(res.err)
 		if out != outDelivered {
 			dc.settle.unclaim(d)
 		}
-		span.end(res.err)
 		dc.handedOffSettled(d)
 		return
 	}

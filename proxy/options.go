@@ -210,7 +210,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Retryable = DefaultRetryable
 	}
 	if o.IdempotencyHeader == "" {
-		o.IdempotencyHeader = HeaderIdempotencyKey
+		o.IdempotencyHeader = apphttp.HeaderIdempotencyKey
 	}
 	if o.Client == nil {
 		o.Client = apphttp.NewClient(apphttp.ClientOptions{MaxConns: o.MaxInflight})

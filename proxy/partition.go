@@ -238,12 +238,12 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 	})
 }
 
-// clean reports whether the courier before this one handed the partition
-// on holding nothing of it just before the pin in info came to this one
-// (Partitions.Clean, within the consumer's PinnedTTL).
 // heldNow is how many of the partition's messages the runner tracks.
 func (s *session) heldNow() int64 { return s.held.Load() }
 
+// clean reports whether the courier before this one handed the partition
+// on holding nothing of it just before the pin in info came to this one
+// (Partitions.Clean, within the consumer's PinnedTTL).
 func (s *session) clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool {
 	if s.ps.o.Clean == nil {
 		return false

@@ -74,7 +74,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
 	r.hold = &holder{gate: r.gate, breaker: r.breaker}
 	dc := &decider{o: o, log: r.log, m: r.m, settle: r.settle, breaker: r.breaker, hold: r.hold, gate: r.gate,
-		trace: trace, workers: &r.workers, detach: r.detach}
+		trace: trace, workers: &r.workers, detach: r.detach, check: unchecked{}}
 	r.decide = dc
 	if dd != nil {
 		dc.check = newChecker(dd, r.gate, r.m, r.hold, r.settle.flights, r.breaker)

@@ -70,13 +70,23 @@ type request struct {
 // and how long the request took. It returns errNotSent if the grace period
 // ended before the request went.
 func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, time.Duration, error) {
+	a, took, release, err := s.postHeld(requests, req)
+	release()
+	return a, took, err
+}
+
+// postHeld is post for a request whose slot of the in-flight limit stays
+// taken after its answer, until release is called (a batch, until its
+// entries' keys are recorded: batcher.go). The limit hears of the answer
+// when it comes.
+func (s *sender) postHeld(requests context.Context, req request) (a *apphttp.Answer, took time.Duration, release func(), err error) {
 	if requests.Err() != nil {
-		return nil, 0, errNotSent
+		return nil, 0, func() {}, errNotSent
 	}
 	if s.rate != nil {
 		began := time.Now()
 		if err := s.rate.Wait(requests); err != nil {
-			return nil, 0, errNotSent
+			return nil, 0, func() {}, errNotSent
 		}
 		s.m.rateWait.Add(time.Since(began).Seconds())
 	}
@@ -85,8 +95,9 @@ func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, t
 	// beside them, and an automatic limit may be lower.
 	slot, err := s.inflight.Acquire(requests, req.reason)
 	if err != nil {
-		return nil, 0, errNotSent
+		return nil, 0, func() {}, errNotSent
 	}
+	release = func() { slot.Release(limit.Dropped) } // its outcome told by Answered
 	h, body := req.h, req.body
 	if req.prepare != nil {
 		h, body = req.prepare()
@@ -103,15 +114,15 @@ func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, t
 	began := time.Now()
 	to := s.targets[req.to]
 	if to.err != nil {
-		slot.Release(limit.Dropped)
-		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
+		slot.Answered(limit.Dropped)
+		return nil, time.Since(began), release, &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
 	}
 	if s.stamp != nil {
 		s.stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	a, err := to.ep.Post(ctx, h, body, req.keep)
-	slot.Release(outcomeOf(requests, err))
-	return a, time.Since(began), err
+	a, err = to.ep.Post(ctx, h, body, req.keep)
+	slot.Answered(outcomeOf(requests, err))
+	return a, time.Since(began), release, err
 }
 
 // targetOf is the index of the target of a message on subj: the first

@@ -326,7 +326,7 @@ func (s *settler) recorder() {
 // ack (order.go): the recorder then lets no batch gather, as each of them
 // would wait for it in turn.
 func keyWaits(d *delivery) bool {
-	return d.ord != nil && d.okey != "" && d.ord.waitingBehind(d.okey) > 0
+	return d.ord.waitingBehind(d.okey) > 0
 }
 
 // acked acks a message the app answered 2xx (its key recorded, if dedup is
@@ -571,9 +571,7 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 		Reason: f.reason, Attempts: d.attempt, FailedAt: s.o.Now(),
 		OrderKey: d.okey,
 	}
-	if d.okey != "" && d.ord != nil {
-		l.OrderWaiting = d.ord.waitingBehind(d.okey)
-	}
+	l.OrderWaiting = d.ord.waitingBehind(d.okey)
 	if f.err != nil {
 		l.Error = f.err.Error()
 		var ae *apphttp.AppError
@@ -631,9 +629,6 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 // while the partition is handed on, its key's later messages are given
 // back, in stream order, for the next courier.
 func (s *settler) told(d *delivery, how lineEnd, delay time.Duration) int {
-	if d.ord == nil || d.okey == "" {
-		return 0
-	}
 	n, back := d.ord.ended(d.okey, d.oseq, how, delay)
 	for _, m := range back {
 		s.giveBack(s.make.message(m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")

@@ -17,7 +17,7 @@ import (
 func BenchmarkAttemptSpan(b *testing.B) {
 	msg := &headerMsg{h: nats.Header{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}
 	meta := &jetstream.MsgMetadata{Stream: "S", NumDelivered: 1, Timestamp: time.Now()}
-	d := &delivery{m: msg, meta: meta, attempt: 1, key: "k", arrived: time.Now()}
+	d := &delivery{m: msg, meta: meta, attempt: 1, key: "k", arrived: time.Now(), ord: noLines{}}
 	for _, tc := range []struct {
 		name string
 		t    *tracing

@@ -379,7 +379,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 		ids  []string
 		span *attemptSpan
 	)
-	a, took, release, err := b.s.postHeld(b.ph.requests, request{
+	a, took, slot, err := b.s.postHeld(b.ph.requests, request{
 		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
 		prepare: func() (http.Header, []byte) {
 			// In stream order, as a reader of the batch expects; the
@@ -395,7 +395,7 @@ func (b *batcher) deliver(entries []*batchEntry) {
 			return h, body
 		},
 	})
-	defer release() // after awaitRecords, deferred below
+	defer slot.Release(limit.Dropped) // after awaitRecords, deferred below; its outcome told already
 	if buf != nil {
 		defer b.bufs.Put(buf)
 	}

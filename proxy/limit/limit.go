@@ -250,9 +250,10 @@ func (s *Slot) Answered(o Outcome) {
 }
 
 // Release gives the slot back and tells the limiter what came of the request,
-// unless Answered did. Only the first call counts.
+// unless Answered did. Only the first call counts; on a nil slot (none was
+// taken) it does nothing.
 func (s *Slot) Release(o Outcome) {
-	if !s.done.CompareAndSwap(false, true) {
+	if s == nil || !s.done.CompareAndSwap(false, true) {
 		return
 	}
 	l := s.l

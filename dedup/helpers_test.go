@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courierhq/courier/internal/testlog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -206,16 +207,7 @@ func (g *gate) wait(done <-chan struct{}) bool {
 }
 
 // logBuffer is a slog handler's output, safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type logBuffer struct{ testlog.Buffer }
 
 // logger logs to b, in text, from level debug up.
 func (b *logBuffer) logger() *slog.Logger {
@@ -224,10 +216,8 @@ func (b *logBuffer) logger() *slog.Logger {
 
 // count is the number of lines holding every one of parts.
 func (b *logBuffer) count(parts ...string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	n := 0
-	for line := range strings.Lines(b.buf.String()) {
+	for line := range strings.Lines(b.String()) {
 		all := true
 		for _, p := range parts {
 			all = all && strings.Contains(line, p)
@@ -237,12 +227,6 @@ func (b *logBuffer) count(parts ...string) int {
 		}
 	}
 	return n
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // checkFor asks s about key every 100ms for d, failing the test on the

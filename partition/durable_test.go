@@ -1,13 +1,11 @@
 package partition
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/testlog"
 )
 
 // ordersStream starts a server and creates ORDERS (orders.>, limits
@@ -36,25 +35,8 @@ func ordersStream(t *testing.T, n int) (jetstream.JetStream, jetstream.Stream) {
 	return js, src
 }
 
-// logTo is a logger that writes JSON lines to b, safe for concurrent use.
-func logTo(b *syncBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(b, nil)) }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// logTo is a logger that writes JSON lines to b.
+func logTo(b *testlog.Buffer) *slog.Logger { return slog.New(slog.NewJSONHandler(b, nil)) }
 
 // A durable that exists on the stream from before partitions: the work
 // stream Ensure creates starts after its ack floor, and says so; each
@@ -77,7 +59,7 @@ func TestEnsureAfterTheOldDurable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var logs syncBuffer
+	var logs testlog.Buffer
 	var kept []string
 	o := EnsureOptions{Consumer: "c", Token: 2, Partitions: 4, Logger: logTo(&logs),
 		Template: jetstream.ConsumerConfig{Durable: "c", Description: "the durable", AckPolicy: jetstream.AckExplicitPolicy,
@@ -140,7 +122,7 @@ func TestEnsureAfterTheOldDurable(t *testing.T) {
 // the log says it was created.
 func TestEnsureStartAt(t *testing.T) {
 	js, src := ordersStream(t, 3)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	at := time.Now().UTC()
 	d, err := Ensure(context.Background(), js, src, EnsureOptions{Consumer: "c", Token: 2, Partitions: 2, StartAt: at, Logger: logTo(&logs),
 		Template: jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}})

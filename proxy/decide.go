@@ -1,9 +1,10 @@
-// The decision: one delivery from a worker taking it to its ending. deliver
-// checks what ends a delivery before it is sent (a reference dead letter's
-// original, its max age, the dedup check: checkkey.go), attempt sends it by
-// its way (alone, or in a batch: batcher.go, handoff.go), decide says what
-// an answer makes of it and endingOf what comes of that: an ending the
-// settler carries out (settle.go), or a hold (hold.go) and another attempt.
+// The decider: one delivery from a worker taking it (take) to its ending.
+// deliver checks what ends a delivery before it is sent (a reference dead
+// letter's original, its max age, the dedup check: checkkey.go), attempt
+// sends it by its way (alone, or in a batch: batcher.go, handoff.go),
+// decide says what an answer makes of it and endingOf what comes of that:
+// an ending the settler carries out (settle.go), or a hold (hold.go) and
+// another attempt.
 
 package proxy
 

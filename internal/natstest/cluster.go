@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +33,7 @@ type Cluster struct {
 	mu    sync.Mutex
 	opts  []*server.Options
 	nodes []*server.Server // nil while a node is shut down
+	dir   string           // the nodes' store dirs are made in it
 }
 
 // StartCluster starts n servers routed to each other with JetStream on each,
@@ -55,6 +57,11 @@ func StartCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 		name = "courier-test"
 	}
 	c := &Cluster{tb: tb, opts: make([]*server.Options, n), nodes: make([]*server.Server, n)}
+	// The nodes' store dirs are made under one made now, whose removal is
+	// then registered before the nodes' shutdown: cleanups run last first,
+	// so every node stops before its files go (a node still writing made
+	// the removal fail).
+	c.dir = tb.TempDir()
 	tb.Cleanup(c.shutdownAll)
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
@@ -87,7 +94,7 @@ func (c *Cluster) start(name string, ports []int, configure func(int, *server.Op
 			Host:               "127.0.0.1",
 			Port:               server.RANDOM_PORT,
 			JetStream:          true,
-			StoreDir:           c.tb.TempDir(),
+			StoreDir:           c.storeDir(),
 			JetStreamMaxMemory: 256 << 20,
 			JetStreamMaxStore:  1 << 30,
 			NoLog:              true,
@@ -347,4 +354,13 @@ func Try(tb testing.TB, what string, f func(ctx context.Context) error) {
 		tb.Logf("%s: %v; trying again", what, err)
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// storeDir makes a new store dir for a node under c.dir.
+func (c *Cluster) storeDir() string {
+	dir, err := os.MkdirTemp(c.dir, "node")
+	if err != nil {
+		c.tb.Fatalf("natstest: store dir: %v", err)
+	}
+	return dir
 }

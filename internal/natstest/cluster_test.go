@@ -21,10 +21,14 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A new R3 stream answers publishes once it has a leader.
+	// A new R3 stream answers publishes once it has a leader, and once the
+	// node the client is connected to knows of it (until then: no
+	// response from stream).
 	c.StreamLeader("S")
-	if _, err := js.Publish(ctx, "s", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Try(t, "publishing to the new stream", func(ctx context.Context) error {
+		_, err := js.Publish(ctx, "s", []byte("x"))
+		return err
+	})
 	leader := c.StreamLeader("S")
 	natstest.Try(t, "creating an R3 consumer", func(ctx context.Context) error {
 		_, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", Replicas: 3})

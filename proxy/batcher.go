@@ -107,11 +107,13 @@ type batcher struct {
 	// places bound what the workers and the batches hold: a message a
 	// worker holds or an entry handed off (handoff.go).
 	places chan struct{}
-	// bufs are what batch requests are built in: a request takes one once
-	// it holds its slot of the in-flight limit, so the limit bounds them.
-	bufs sync.Pool
-	wg   sync.WaitGroup
-	quit chan struct{} // closed by stop: the watch on shutdown ends
+	// slots holds one sendBuf per batch request that may be in flight
+	// (MaxInflight): a request takes one, and its buffers with it, and
+	// keeps it until its entries' keys are recorded (batchRecords), after
+	// its slot of the in-flight limit is given back.
+	slots chan *sendBuf
+	wg    sync.WaitGroup
+	quit  chan struct{} // closed by stop: the watch on shutdown ends
 
 	// The batches gathering, one per target (routes.go). now: courier is
 	// stopping, every entry goes at once.
@@ -143,7 +145,7 @@ func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers 
 		traced: o.Tracer != nil, keepAnswers: o.Success != nil, maxDeliver: o.MaxDeliver, retryable: o.Retryable,
 		max: o.BatchMax, bytes: o.BatchBytes, wait: o.BatchWait, caps: map[uint64]int{},
 		gathering: make([]gathering, len(s.targets)),
-		bufs:      sync.Pool{New: func() any { return &sendBuf{} }}, quit: make(chan struct{}),
+		slots:     make(chan *sendBuf, o.MaxInflight), quit: make(chan struct{}),
 		places: make(chan struct{}, o.MaxInflight*o.BatchMax),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_batch_requests_total",
@@ -157,6 +159,9 @@ func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers 
 	}
 	for _, res := range requestResults() {
 		b.requests.WithLabelValues(res)
+	}
+	for range o.MaxInflight {
+		b.slots <- &sendBuf{}
 	}
 	o.Registerer.MustRegister(b.requests, b.entries)
 	return b
@@ -304,13 +309,14 @@ func (b *batcher) stop() {
 	b.wg.Wait()
 }
 
-// sendBatch sends entries as one batch, on a goroutine of its own: it
-// waits for its slot of the in-flight limit in send.go.
+// sendBatch sends entries as one batch once a slot is free.
 func (b *batcher) sendBatch(entries []*batchEntry) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		b.deliver(entries)
+		buf := <-b.slots
+		defer func() { b.slots <- buf }()
+		b.deliver(entries, buf)
 	}()
 }
 
@@ -363,23 +369,19 @@ func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 	}
 }
 
-// deliver sends one batch request and answers each entry. The request is
-// built, once it holds its slot, in a sendBuf kept until its answer is
-// read (ids); the slot is kept until the keys of the entries that
-// succeeded are recorded (awaitRecords).
-func (b *batcher) deliver(entries []*batchEntry) {
+// deliver sends one batch request, built in buf, and answers each entry.
+func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	answerAll := func(res result) {
 		for _, e := range entries {
 			b.answers.answer(e, res)
 		}
 	}
 	var (
-		buf  *sendBuf
 		body []byte
 		ids  []string
 		span *attemptSpan
 	)
-	a, took, slot, err := b.s.postHeld(b.ph.requests, request{
+	a, took, err := b.s.post(b.ph.requests, request{
 		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
 		prepare: func() (http.Header, []byte) {
 			// In stream order, as a reader of the batch expects; the
@@ -388,17 +390,12 @@ func (b *batcher) deliver(entries []*batchEntry) {
 			slices.SortFunc(entries, func(x, y *batchEntry) int {
 				return cmp.Compare(x.d.meta.Sequence.Stream, y.d.meta.Sequence.Stream)
 			})
-			buf = b.bufs.Get().(*sendBuf)
 			body, ids = b.encode(entries, buf)
 			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
 			span = b.trace.startBatch(len(entries), func(i int) *attemptSpan { return entries[i].span }, h)
 			return h, body
 		},
 	})
-	defer slot.Release(limit.Dropped) // after awaitRecords, deferred below; its outcome told already
-	if buf != nil {
-		defer b.bufs.Put(buf)
-	}
 	if errors.Is(err, errNotSent) {
 		answerAll(result{err: errNotSent}) // the grace period is over
 		return

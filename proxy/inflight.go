@@ -8,9 +8,7 @@ import (
 
 // The one bound on requests at the app (package limit): every request, a
 // message's, a retry's, the breaker's probe, a batch's, takes a slot before
-// it is sent and gives it back with what came of it; a batch keeps its slot
-// until its entries' keys are recorded (send.go, postHeld), and the buffer
-// it is built in with it. Fixed at MaxInflight,
+// it is sent and gives it back with what came of it. Fixed at MaxInflight,
 // or found from the app's answers with InflightAuto, at most MaxInflight
 // (docs/adaptive-concurrency.md).
 

@@ -70,33 +70,22 @@ type request struct {
 // and how long the request took. It returns errNotSent if the grace period
 // ended before the request went.
 func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, time.Duration, error) {
-	a, took, slot, err := s.postHeld(requests, req)
-	slot.Release(limit.Dropped) // its outcome told already
-	return a, took, err
-}
-
-// postHeld is post for a request whose slot of the in-flight limit stays
-// taken after its answer, until the caller releases it (a batch, until its
-// entries' keys are recorded: batcher.go); the limit hears of the answer
-// when it comes. The slot is nil if none was taken (errNotSent); a nil
-// slot's Release does nothing.
-func (s *sender) postHeld(requests context.Context, req request) (a *apphttp.Answer, took time.Duration, slot *limit.Slot, err error) {
 	if requests.Err() != nil {
-		return nil, 0, nil, errNotSent
+		return nil, 0, errNotSent
 	}
 	if s.rate != nil {
 		began := time.Now()
 		if err := s.rate.Wait(requests); err != nil {
-			return nil, 0, nil, errNotSent
+			return nil, 0, errNotSent
 		}
 		s.m.rateWait.Add(time.Since(began).Seconds())
 	}
 	// A slot of the one bound on requests at the app: the workers are
 	// MaxInflight, but a delivery detached from its worker (detach) sends
 	// beside them, and an automatic limit may be lower.
-	slot, err = s.inflight.Acquire(requests, req.reason)
+	slot, err := s.inflight.Acquire(requests, req.reason)
 	if err != nil {
-		return nil, 0, nil, errNotSent
+		return nil, 0, errNotSent
 	}
 	h, body := req.h, req.body
 	if req.prepare != nil {
@@ -114,15 +103,15 @@ func (s *sender) postHeld(requests context.Context, req request) (a *apphttp.Ans
 	began := time.Now()
 	to := s.targets[req.to]
 	if to.err != nil {
-		slot.Answered(limit.Dropped)
-		return nil, time.Since(began), slot, &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
+		slot.Release(limit.Dropped)
+		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
 	}
 	if s.stamp != nil {
 		s.stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
 	}
-	a, err = to.ep.Post(ctx, h, body, req.keep)
-	slot.Answered(outcomeOf(requests, err))
-	return a, time.Since(began), slot, err
+	a, err := to.ep.Post(ctx, h, body, req.keep)
+	slot.Release(outcomeOf(requests, err))
+	return a, time.Since(began), err
 }
 
 // targetOf is the index of the target of a message on subj: the first

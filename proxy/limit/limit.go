@@ -156,7 +156,6 @@ type Slot struct {
 	admitted time.Time
 	epoch    uint64 // the automatic limit's epoch at admission (auto.go)
 	done     atomic.Bool
-	told     atomic.Bool // the outcome was told (Answered or Release)
 }
 
 // Acquire waits until a request for reason may be sent and returns its slot,
@@ -232,28 +231,10 @@ func (l *Limiter) admitLocked(reason Reason, now time.Time) *Slot {
 	return s
 }
 
-// Answered tells the limiter what came of the request now (an automatic
-// limit reads the time since Acquire as the app's answer time), while the
-// slot stays taken until Release: a request whose work goes on after its
-// answer (a batch waits for its entries' keys to be recorded) is still
-// counted, and its answer time is not stretched by that wait. Only the
-// first of Answered and Release tells an outcome.
-func (s *Slot) Answered(o Outcome) {
-	if !s.told.CompareAndSwap(false, true) {
-		return
-	}
-	l := s.l
-	now := l.clock()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.observeLocked(s, o, now)
-}
-
-// Release gives the slot back and tells the limiter what came of the request,
-// unless Answered did. Only the first call counts; on a nil slot (none was
-// taken) it does nothing.
+// Release gives the slot back and tells the limiter what came of the request.
+// Only the first call counts.
 func (s *Slot) Release(o Outcome) {
-	if s == nil || !s.done.CompareAndSwap(false, true) {
+	if !s.done.CompareAndSwap(false, true) {
 		return
 	}
 	l := s.l
@@ -262,19 +243,12 @@ func (s *Slot) Release(o Outcome) {
 	defer l.mu.Unlock()
 	l.inflight--
 	l.byReason[s.reason]--
-	if s.told.CompareAndSwap(false, true) {
-		l.observeLocked(s, o, now)
-	}
-	l.wakeLocked()
-}
-
-// observeLocked hands an outcome to an automatic limit, which may change.
-func (l *Limiter) observeLocked(s *Slot, o Outcome, now time.Time) {
 	if l.ctrl != nil && o != Dropped {
 		if limit, cause, changed := l.ctrl.observe(s, o, now); changed {
 			l.setLimitLocked(limit, cause)
 		}
 	}
+	l.wakeLocked()
 }
 
 // setLimitLocked puts a new limit in effect and counts the change by cause.

@@ -161,49 +161,6 @@ func TestDroppedTeachesNothing(t *testing.T) {
 	}
 }
 
-// A slot answered stays taken until it is released, and its outcome is
-// told once: a timeout at Answered lowers an automatic limit, the Release
-// after it changes nothing more.
-func TestAnsweredKeepsTheSlot(t *testing.T) {
-	fixed := limit.NewFixed(1)
-	s, ok := fixed.TryAcquire(limit.Batch)
-	if !ok {
-		t.Fatal("no slot free")
-	}
-	s.Answered(limit.Success)
-	if _, ok := fixed.TryAcquire(limit.Deliver); ok {
-		t.Fatal("a slot answered but not released was given to another request")
-	}
-	s.Release(limit.Success)
-	if _, ok := fixed.TryAcquire(limit.Deliver); !ok {
-		t.Fatal("the slot released is not free")
-	}
-
-	// A timeout lowers an automatic limit when it is told; told at
-	// Answered, it is not told again at Release.
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now } // one goroutine: no lock
-	told := limit.NewAuto(limit.AutoOptions{Initial: 16, Now: clock})
-	for range 10 { // the first measurement of the unloaded answer time
-		r, _ := told.TryAcquire(limit.Deliver)
-		now = now.Add(time.Millisecond)
-		r.Release(limit.Success)
-	}
-	before := told.Stats()
-	r, _ := told.TryAcquire(limit.Batch)
-	r.Release(limit.Timeout)
-	once := told.Stats()
-	if once.Changes == before.Changes {
-		t.Fatalf("a timeout changed nothing (%+v): the rest of this test could not fail", once)
-	}
-	r, _ = told.TryAcquire(limit.Batch)
-	r.Answered(limit.Dropped)
-	r.Release(limit.Timeout) // told already, at Answered
-	if after := told.Stats(); after.Changes != once.Changes || after.Limit != once.Limit || after.InFlight != 0 {
-		t.Errorf("a slot answered Dropped then released with a timeout left %+v, want %+v with nothing in flight", after, once)
-	}
-}
-
 // The limiter in real time against an app of goroutines: a real concurrent
 // run with the machine's own noise. It asserts the app's queue, not speed.
 func TestAutoAgainstAConcurrentApp(t *testing.T) {

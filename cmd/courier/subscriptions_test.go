@@ -232,9 +232,13 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 			}
 		}
 	}
-	// orders: 4 requests in flight; payments: 4 batch requests of 8.
-	if dups["orders"] > 4 || dups["payments"] > 4*8 {
-		t.Errorf("duplicates %v, want at most 4 for orders and 32 for payments (what each had at the app)", dups)
+	// orders: 4 requests in flight, and what was answered 2xx but not yet
+	// recorded (a worker hands its 2xx to the recorder and takes the next
+	// message: a few milliseconds, one a worker at most but for a slow
+	// store); payments: 4 batch requests of 8, each batch's slot waiting
+	// for its keys to be recorded.
+	if dups["orders"] > 2*4 || dups["payments"] > 4*8 {
+		t.Errorf("duplicates %v, want at most 8 for orders and 32 for payments (what each had at the app, or answered and not yet recorded)", dups)
 	}
 	t.Logf("duplicates through the kill: %v", dups)
 }

@@ -192,14 +192,8 @@ func (b *bench) drainAdaptive(ctx context.Context, appIdx int, limit string, rou
 
 	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
 	defer cancelRun()
-	select {
-	case <-t.Done():
-		r.err = b.broker.waitSettled(rctx, stream, consumerName)
-	case <-c.Exited():
-		r.err = fmt.Errorf("exited before draining: %v", c.err)
-	case <-rctx.Done():
-		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), r.n)
-	}
+	r.err = b.awaitDrain(rctx, t, r.n, c.Exited(), func() error { return fmt.Errorf("exited before draining: %v", c.err) },
+		func(ctx context.Context) error { return b.broker.waitSettled(ctx, stream, consumerName) })
 	settled := time.Now()
 	occ.stop(settled)
 	close(quitScrape)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -66,6 +67,56 @@ func (b *bench) finish(ctx context.Context, c *child, run uint64, logPath string
 		_ = os.Remove(logPath)
 	}
 	return logs, stopErr
+}
+
+// awaitDrain waits until the app has all n messages of t and settled says
+// the durable holds none, or until exited is closed (why: how the courier
+// ended) or rctx ends (the run's timeout).
+func (b *bench) awaitDrain(rctx context.Context, t *tally, n int, exited <-chan struct{}, why func() error, settled func(context.Context) error) error {
+	select {
+	case <-t.Done():
+		return settled(rctx)
+	case <-exited:
+		return why()
+	case <-rctx.Done():
+		return fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), n)
+	}
+}
+
+// anyExited is closed once the first of cs exits, unless ctx ends first.
+func anyExited(ctx context.Context, cs []*child) <-chan struct{} {
+	exited := make(chan struct{})
+	var once sync.Once
+	for _, c := range cs {
+		go func() {
+			select {
+			case <-c.Exited():
+				once.Do(func() { close(exited) })
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return exited
+}
+
+// finishAll stops every courier of cs together (before the streams and the
+// bucket are deleted), then reads each one's log (logs[i]), and returns the
+// warnings logged, their first lines, and err joined with the stop errors.
+func (b *bench) finishAll(ctx context.Context, cs []*child, run uint64, logs []string, err error) (int, []string, error) {
+	var wg sync.WaitGroup
+	stopErrs := make([]error, len(cs))
+	for i, c := range cs {
+		wg.Go(func() { stopErrs[i] = c.stop(stopGrace) })
+	}
+	wg.Wait()
+	err = errors.Join(append([]error{err}, stopErrs...)...)
+	warns, head := 0, []string(nil)
+	for i, c := range cs {
+		lc, _ := b.finish(ctx, c, run, logs[i])
+		warns += lc.warns
+		head = append(head, lc.head...)
+	}
+	return warns, head, err
 }
 
 // drainResult is one drain of N preloaded messages.
@@ -151,14 +202,8 @@ func (b *bench) drain(ctx context.Context, v variant, inflight int) (drainResult
 	}()
 	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
 	defer cancelRun()
-	select {
-	case <-t.Done():
-		r.err = b.broker.waitSettled(rctx, stream, consumerName)
-	case <-c.Exited():
-		r.err = fmt.Errorf("exited before draining: %v", c.err)
-	case <-rctx.Done():
-		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), b.o.n)
-	}
+	r.err = b.awaitDrain(rctx, t, b.o.n, c.Exited(), func() error { return fmt.Errorf("exited before draining: %v", c.err) },
+		func(ctx context.Context) error { return b.broker.waitSettled(ctx, stream, consumerName) })
 	r.elapsed = time.Since(c.started)
 	r.hostCPU = selfCPU() - hostBefore
 	r.cpu, _ = c.cpu()

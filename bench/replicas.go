@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/courierhq/courier/partition"
@@ -111,31 +110,15 @@ func (b *bench) drainReplicas(ctx context.Context, k int, ordered bool) (replica
 		}
 		cs, logs = append(cs, c), append(logs, logPath)
 	}
-	exited := make(chan struct{})
-	var once sync.Once
-	for _, c := range cs {
-		go func() {
-			select {
-			case <-c.Exited():
-				once.Do(func() { close(exited) })
-			case <-pctx.Done():
-			}
-		}()
-	}
 	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
 	defer cancelRun()
-	select {
-	case <-t.Done():
-		if ordered {
-			r.err = b.broker.waitPartitionsSettled(rctx, partition.StreamName(stream, consumerName))
-		} else {
-			r.err = b.broker.waitSettled(rctx, stream, consumerName)
-		}
-	case <-exited:
-		r.err = errors.New("a courier exited before draining")
-	case <-rctx.Done():
-		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), r.n)
-	}
+	r.err = b.awaitDrain(rctx, t, r.n, anyExited(pctx, cs), func() error { return errors.New("a courier exited before draining") },
+		func(ctx context.Context) error {
+			if ordered {
+				return b.broker.waitPartitionsSettled(ctx, partition.StreamName(stream, consumerName))
+			}
+			return b.broker.waitSettled(ctx, stream, consumerName)
+		})
 	r.elapsed = time.Since(cs[0].started)
 	r.requests, r.distinct, r.strays = t.requests.Load(), t.distinct.Load(), t.strays.Load()
 	if first := t.first.Load(); first != 0 {
@@ -143,19 +126,7 @@ func (b *bench) drainReplicas(ctx context.Context, k int, ordered bool) (replica
 			r.steady = time.Duration(last - first)
 		}
 	}
-	// Every courier stops before the streams and the bucket are deleted.
-	var wg sync.WaitGroup
-	stopErrs := make([]error, len(cs))
-	for i, c := range cs {
-		wg.Go(func() { stopErrs[i] = c.stop(stopGrace) })
-	}
-	wg.Wait()
-	r.err = errors.Join(append([]error{r.err}, stopErrs...)...)
-	for i, c := range cs {
-		lc, _ := b.finish(ctx, c, run, logs[i])
-		r.logLines += lc.warns
-		r.logHead = append(r.logHead, lc.head...)
-	}
+	r.logLines, r.logHead, r.err = b.finishAll(ctx, cs, run, logs, r.err)
 	return r, ctx.Err()
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -112,29 +111,16 @@ func (b *bench) drainSubs(ctx context.Context, k int) (subsResult, error) {
 		cs, logs = append(cs, c), append(logs, logPath)
 	}
 	mem := sampleRSSSum(cs, 50*time.Millisecond)
-	exited := make(chan struct{})
-	var once sync.Once
-	for _, c := range cs {
-		go func() {
-			select {
-			case <-c.Exited():
-				once.Do(func() { close(exited) })
-			case <-pctx.Done():
-			}
-		}()
-	}
 	rctx, cancelRun := context.WithTimeout(ctx, b.o.timeout)
 	defer cancelRun()
-	select {
-	case <-t.Done():
-		for _, s := range streams {
-			r.err = errors.Join(r.err, b.broker.waitSettled(rctx, s, consumerName))
-		}
-	case <-exited:
-		r.err = errors.New("a courier exited before draining")
-	case <-rctx.Done():
-		r.err = fmt.Errorf("timed out after %s with %d/%d received", b.o.timeout, t.distinct.Load(), 2*n)
-	}
+	r.err = b.awaitDrain(rctx, t, 2*n, anyExited(pctx, cs), func() error { return errors.New("a courier exited before draining") },
+		func(ctx context.Context) error {
+			var err error
+			for _, s := range streams {
+				err = errors.Join(err, b.broker.waitSettled(ctx, s, consumerName))
+			}
+			return err
+		})
 	r.elapsed = time.Since(cs[0].started)
 	for _, c := range cs {
 		cpu, _ := c.cpu()
@@ -143,18 +129,7 @@ func (b *bench) drainSubs(ctx context.Context, k int) (subsResult, error) {
 	}
 	r.peakRSS = mem.stop()
 	r.requests, r.distinct, r.strays = t.requests.Load(), t.distinct.Load(), t.strays.Load()
-	var wg sync.WaitGroup
-	stopErrs := make([]error, len(cs))
-	for i, c := range cs {
-		wg.Go(func() { stopErrs[i] = c.stop(stopGrace) })
-	}
-	wg.Wait()
-	r.err = errors.Join(append([]error{r.err}, stopErrs...)...)
-	for i, c := range cs {
-		lc, _ := b.finish(ctx, c, run, logs[i])
-		r.logLines += lc.warns
-		r.logHead = append(r.logHead, lc.head...)
-	}
+	r.logLines, r.logHead, r.err = b.finishAll(ctx, cs, run, logs, r.err)
 	return r, ctx.Err()
 }
 

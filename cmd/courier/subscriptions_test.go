@@ -221,17 +221,7 @@ func TestSubscriptionsThroughAKill(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	dups := map[string]int{}
-	for i := range n {
-		for _, s := range []string{fmt.Sprintf("orders.%d.paid", i), fmt.Sprintf("payments.%d", i)} {
-			switch c := seen[s]; {
-			case c == 0:
-				t.Errorf("%s lost", s)
-			case c > 1:
-				dups[strings.SplitN(s, ".", 2)[0]] += c - 1
-			}
-		}
-	}
+	dups := subscriptionDuplicates(t, seen, n)
 	// orders: 4 requests in flight, and what was answered 2xx but not yet
 	// recorded (a worker hands its 2xx to the recorder and takes the next
 	// message: a few milliseconds, one a worker at most but for a slow
@@ -285,17 +275,8 @@ func TestSubscriptionsOnACluster(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	dups := 0
-	for i := range n {
-		for _, s := range []string{fmt.Sprintf("orders.%d.paid", i), fmt.Sprintf("payments.%d", i)} {
-			switch c := seen[s]; {
-			case c == 0:
-				t.Errorf("%s lost", s)
-			case c > 1:
-				dups += c - 1
-			}
-		}
-	}
+	byStream := subscriptionDuplicates(t, seen, n)
+	dups := byStream["orders"] + byStream["payments"]
 	// The killed courier had at most 4 orders and 4 batches of 8 payments
 	// at the app.
 	if dups > 4+4*8 {
@@ -343,4 +324,23 @@ func countingApp(t *testing.T) (mu *sync.Mutex, seen map[string]int, app *httpte
 	}))
 	t.Cleanup(app.Close)
 	return mu, seen, app
+}
+
+// subscriptionDuplicates fails t for each of the n orders and n payments
+// the app never saw, and returns how many times more than once it saw
+// those of each stream ("orders", "payments").
+func subscriptionDuplicates(t *testing.T, seen map[string]int, n int) map[string]int {
+	t.Helper()
+	dups := map[string]int{}
+	for i := range n {
+		for _, s := range []string{fmt.Sprintf("orders.%d.paid", i), fmt.Sprintf("payments.%d", i)} {
+			switch c := seen[s]; {
+			case c == 0:
+				t.Errorf("%s lost", s)
+			case c > 1:
+				dups[strings.SplitN(s, ".", 2)[0]] += c - 1
+			}
+		}
+	}
+	return dups
 }

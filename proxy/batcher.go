@@ -48,6 +48,9 @@ type batchEntry struct {
 	span *attemptSpan // nil: tracing off
 	done chan result
 	to   int // its target (routes.go): a batch holds one target's entries
+	// ready is its delivery's checks (decider.goAhead), made once its
+	// batch's waits are over, right before the batch is written.
+	ready func() error
 }
 
 // entryError is an entry the app's 2xx answer to its batch says to retry
@@ -174,17 +177,17 @@ func (b *batcher) headers(d *delivery) (http.Header, string, []apphttp.DroppedHe
 
 // send hands d, with its application headers h and content type ct
 // (entryHeaders), to the next batch and returns its part of the answer.
-func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error) {
-	res := b.submit(d, h, ct, span)
+func (b *batcher) send(d *delivery, h http.Header, ct string, span *attemptSpan, ready func() error) (*apphttp.Answer, time.Duration, error) {
+	res := b.submit(d, h, ct, span, ready)
 	return res.answer, res.took, res.err
 }
 
 // submit is send's result.
-func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan) result {
+func (b *batcher) submit(d *delivery, h http.Header, ct string, span *attemptSpan, ready func() error) result {
 	if b.ph.requests.Err() != nil {
 		return result{err: errNotSent}
 	}
-	e := &batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone}
+	e := &batchEntry{d: d, h: h, ct: ct, span: span, done: d.batchDone, ready: ready}
 	if e.done == nil {
 		e.done = make(chan result, 1)
 	}
@@ -370,6 +373,9 @@ func (b *batcher) keep(buf *sendBuf, to target, body []byte) {
 }
 
 // deliver sends one batch request, built in buf, and answers each entry.
+// Once the request's waits are over, each entry's checks are made (admit):
+// an entry they refuse is answered errRefused and left out; a batch left
+// with none is not sent.
 func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 	answerAll := func(res result) {
 		for _, e := range entries {
@@ -380,10 +386,15 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		body []byte
 		ids  []string
 		span *attemptSpan
+		ans  batch.Answer
+		read bool // ans was read by outcome
 	)
 	a, took, err := b.s.post(b.ph.requests, request{
 		to: entries[0].to, reason: limit.Batch, keep: batchAnswerLimit,
-		prepare: func() (http.Header, []byte) {
+		ready: func() (http.Header, []byte, error) {
+			if entries = b.admit(entries); len(entries) == 0 {
+				return nil, nil, errRefused
+			}
 			// In stream order, as a reader of the batch expects; the
 			// workers hand their entries in whatever order they got to
 			// them.
@@ -393,10 +404,19 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			body, ids = b.encode(entries, buf)
 			h := http.Header{"Content-Type": {batch.ContentType}, batch.HeaderBatch: {strconv.Itoa(len(entries))}}
 			span = b.trace.startBatch(len(entries), func(i int) *attemptSpan { return entries[i].span }, h)
-			return h, body
+			return h, body, nil
+		},
+		outcome: func(a *apphttp.Answer) limit.Outcome {
+			// Read once, here, for the limit and the entries: a batch
+			// whose entries all failed is no fast success.
+			ans, read = b.readAnswer(a, ids), true
+			return batchOutcome(ans)
 		},
 	})
-	if errors.Is(err, errNotSent) {
+	switch {
+	case errors.Is(err, errRefused):
+		return // every entry was answered by admit
+	case errors.Is(err, errNotSent):
 		answerAll(result{err: errNotSent}) // the grace period is over
 		return
 	}
@@ -414,10 +434,8 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 		answerAll(result{took: took, err: err})
 		return
 	}
-	ans := batch.ReadAnswer(a.Body, a.Header.Get("Content-Type"), ids)
-	if a.Cut {
-		ans = batch.ReadAnswer([]byte("{"), "", ids) // unreadable: every entry retried
-		ans.Problem = fmt.Sprintf("the answer is over %d bytes: every entry retried", batchAnswerLimit)
+	if !read {
+		ans = b.readAnswer(a, ids)
 	}
 	if ans.Problem != "" {
 		b.log.Warn("cannot read all of the app's answer to a batch", "entries", len(entries), "status", a.Status, "problem", ans.Problem)
@@ -452,6 +470,54 @@ func (b *batcher) deliver(entries []*batchEntry, buf *sendBuf) {
 			b.answers.answer(e, result{took: took, err: &entryError{status: ans.Statuses[i], app: app}})
 		}
 	}
+}
+
+// admit makes each entry's checks, once its batch's waits are over, and
+// returns those that may go. Those refused are answered errRefused on a
+// goroutine of their own: nothing here waits between the checks and the
+// write.
+func (b *batcher) admit(entries []*batchEntry) []*batchEntry {
+	var refused []*batchEntry
+	kept := entries[:0]
+	for _, e := range entries {
+		if e.ready != nil && e.ready() != nil {
+			refused = append(refused, e)
+			continue
+		}
+		kept = append(kept, e)
+	}
+	if len(refused) > 0 {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			for _, e := range refused {
+				b.answers.answer(e, result{err: errRefused})
+			}
+		}()
+	}
+	return kept
+}
+
+// batchOutcome is what a batch's 2xx answer tells the limit: a success
+// only if an entry succeeded; entries the app all asked to retry or
+// dropped are a failure, not a fast answer.
+func batchOutcome(ans batch.Answer) limit.Outcome {
+	for _, st := range ans.Statuses {
+		if st == batch.Success {
+			return limit.Success
+		}
+	}
+	return limit.Failed
+}
+
+// readAnswer reads the app's 2xx answer a to a batch of the entries ids.
+func (b *batcher) readAnswer(a *apphttp.Answer, ids []string) batch.Answer {
+	if a.Cut {
+		ans := batch.ReadAnswer([]byte("{"), "", ids) // unreadable: every entry retried
+		ans.Problem = fmt.Sprintf("the answer is over %d bytes: every entry retried", batchAnswerLimit)
+		return ans
+	}
+	return batch.ReadAnswer(a.Body, a.Header.Get("Content-Type"), ids)
 }
 
 // failedWhole returns how err, a batch request's, classifies if it says

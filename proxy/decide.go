@@ -183,10 +183,12 @@ type way interface {
 	headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader)
 	// handOff hands d, to be sent with h and ct, to whatever settles it
 	// without its worker waiting, if it may (handoff.go), and reports
-	// whether it did.
-	handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool
-	// send sends d and returns the answer to it.
-	send(d *delivery, h http.Header, ct string, span *attemptSpan) (*apphttp.Answer, time.Duration, error)
+	// whether it did. ready is d's checks (decider.goAhead), made once
+	// the request's waits are over.
+	handOff(d *delivery, h http.Header, ct string, span *attemptSpan, ready func() error) bool
+	// send sends d, if ready lets it once the request's waits are over,
+	// and returns the answer to it (errRefused: ready refused it).
+	send(d *delivery, h http.Header, ct string, span *attemptSpan, ready func() error) (*apphttp.Answer, time.Duration, error)
 }
 
 // alone sends each delivery in a request of its own.
@@ -202,12 +204,14 @@ func (a alone) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeade
 }
 
 // handOff hands off nothing: d's worker waits for its answer.
-func (alone) handOff(*delivery, http.Header, string, *attemptSpan) bool { return false }
+func (alone) handOff(*delivery, http.Header, string, *attemptSpan, func() error) bool { return false }
 
 // send posts d within its worker's lane (d.requests, d.timer).
-func (a alone) send(d *delivery, h http.Header, _ string, _ *attemptSpan) (*apphttp.Answer, time.Duration, error) {
+func (a alone) send(d *delivery, h http.Header, _ string, _ *attemptSpan, ready func() error) (*apphttp.Answer, time.Duration, error) {
+	body := d.m.Data()
 	return a.s.post(d.requests, request{
-		to: a.s.targetOf(d.m.Subject()), reason: reasonOf(d), keep: a.keep, h: h, body: d.m.Data(), timer: d.timer,
+		to: a.s.targetOf(d.m.Subject()), reason: reasonOf(d), keep: a.keep, timer: d.timer,
+		ready: func() (http.Header, []byte, error) { return h, body, ready() },
 	})
 }
 
@@ -221,7 +225,7 @@ func (dc *decider) attempt(d *delivery) (handedOff bool) {
 		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
 	}
 	span := dc.trace.startAttempt(d, h)
-	if dc.way.handOff(d, h, ct, span) {
+	if dc.way.handOff(d, h, ct, span, dc.goAhead(d, span)) {
 		return true
 	}
 	dc.sendUntilSettled(d, h, ct, span, nil)
@@ -238,8 +242,9 @@ type answered struct {
 // the answer makes of the delivery, endingOf what comes of it, and the settler
 // ends it (settler.end). An attempt that spent nothing (the app
 // unreachable, a failed probe on the last allowed delivery) holds the
-// message and sends it again. After a 2xx with dedup on, recording the key
-// and the ack are handed to the recorder, so the worker takes the next
+// message and sends it again; so does one that its checks refused while
+// deliveries are held (refused). After a 2xx with dedup on, recording the
+// key and the ack are handed to the recorder, so the worker takes the next
 // message while the key commits. first, if not nil, is the answer to a
 // request sent already (handoff.go).
 func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
@@ -251,12 +256,15 @@ func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span 
 		if first != nil {
 			a, first = *first, nil
 		} else {
-			if end = dc.mayStart(d, span); end.kind != endNone {
-				break
+			answer, took, err := dc.way.send(d, h, ct, span, dc.goAhead(d, span))
+			a.res = result{answer: answer, took: took, err: err}
+			if !errors.Is(err, errRefused) {
+				a.out = dc.decide(d, err, took)
 			}
-			span.request()
-			answer, took, err := dc.way.send(d, h, ct, span)
-			a = answered{out: dc.decide(d, err, took), res: result{answer: answer, took: took, err: err}}
+		}
+		if errors.Is(a.res.err, errRefused) {
+			end = dc.refused(d, span)
+			continue
 		}
 		lastErr = a.res.err
 		delivered = a.out == outDelivered
@@ -271,23 +279,66 @@ func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span 
 	}
 }
 
-// mayStart returns no ending if d may be sent now: the gate is open, d is
-// the breaker's probe, or courier is stopping (d then goes out as its
-// worker decided). Otherwise (the gate closed while d waited for its key or
-// the store, or d was the probe and handed that on) d is held until it
-// may; it returns d's ending if it ends meanwhile, or is given back because
-// the pin of the durable moved away since d's key admitted it
-// (orderer.unpinned).
-func (dc *decider) mayStart(d *delivery, span *attemptSpan) ending {
-	for !d.probe && !dc.hold.open() && dc.ph.fetched.Err() == nil {
-		if end := dc.holdAgain(d, span, "deliveries were held"); end.kind != endNone {
-			return end
+// mayGo is the one place that decides whether d may be sent now. The
+// sender asks it (through goAhead) once every wait of the request is over
+// (d's key's turn and the dedup check came before; the rate limit and a
+// slot of the in-flight limit are the sender's), and nothing between it
+// and the write can block, so what it says still holds when the request
+// goes. It does not block. In order:
+//   - courier is stopping: d goes only on its last allowed delivery with
+//     the gate open (a NAK would let JetStream give up on it unseen), else
+//     it is given back;
+//   - the gate is closed (the app or the store unavailable, the breaker
+//     open, a pause) and d is not the breaker's probe: held;
+//   - the durable's pin moved to another courier since d's key admitted
+//     it: given back, for the courier pinned now sends it in its key's
+//     order;
+//   - d outlived COURIER_MAX_AGE: dead-lettered.
+func (dc *decider) mayGo(d *delivery) refusal {
+	stopping := dc.ph.noStart.Err() != nil
+	switch {
+	case stopping && !(dc.hold.open() && d.last(dc.o.MaxDeliver)):
+		return refusal{end: giveBackEnding(afterLastPull, "shutting down before it was sent")}
+	case !stopping && !d.probe && !dc.hold.open():
+		return refusal{hold: "deliveries were held"}
+	case d.ord.outdated(d.oepoch):
+		return refusal{end: giveBackEnding(pinMoved, "the durable's pin moved to another courier")}
+	}
+	if f, expired := dc.expired(d); expired {
+		return refusal{end: deadLetterEnding(f)}
+	}
+	return refusal{}
+}
+
+// goAhead is d's checks as the sender makes them once the request's waits
+// are over: mayGo, kept on d for refused if it refuses (errRefused), and
+// the request counted on d's span if it goes.
+func (dc *decider) goAhead(d *delivery, span *attemptSpan) func() error {
+	return func() error {
+		if v := dc.mayGo(d); v.refuses() {
+			d.refusal = v
+			return errRefused
 		}
+		span.request()
+		return nil
 	}
-	if d.ord.outdated(d.oepoch) {
-		return giveBackEnding(pinMoved, "the durable's pin moved to another courier") // which sends it in its key's order
+}
+
+// refused is what comes of d after mayGo refused its request: held again
+// (holdAgain: no ending, to send it again), or its ending.
+func (dc *decider) refused(d *delivery, span *attemptSpan) ending {
+	v := d.refusal
+	d.refusal = refusal{}
+	if v.hold != "" {
+		return dc.holdAgain(d, span, v.hold)
 	}
-	return ending{}
+	switch v.end.kind {
+	case endDeadLetter:
+		span.setOutcome("dead_lettered")
+	default:
+		span.setOutcome("released")
+	}
+	return v.end
 }
 
 // outcome is what one attempt makes of a delivery.

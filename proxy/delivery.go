@@ -51,6 +51,9 @@ type delivery struct {
 	own      flight
 	claimed  bool // the dedup store holds a claim of ours on skey
 	probe    bool // sent while the breaker is open, to see if the app recovered
+	// refusal is why mayGo refused d's last request (decide.go), for
+	// refused to act on.
+	refusal refusal
 	// answered: the app's answer reached the breaker. A probe that ends
 	// without one (a duplicate, an expired message, the app unreachable)
 	// has used the breaker's token for nothing and must ask for another.
@@ -77,6 +80,17 @@ type delivery struct {
 	// slot waits for it (batchRecords).
 	records *batchRecords
 }
+
+// refusal is what mayGo (decide.go) says of a delivery about to be sent:
+// go (the zero refusal), hold it and send it again once it may, or end it
+// unsent.
+type refusal struct {
+	hold string // not "": held, saying why (for its dead letter and log)
+	end  ending // not endNone: ends so, unsent
+}
+
+// refuses reports whether v stops the request.
+func (v refusal) refuses() bool { return v.hold != "" || v.end.kind != endNone }
 
 // keyLines are the lines of order per key a delivery is in (order.go's
 // orderer), told once how it ended and asked whether its admission still

@@ -1,6 +1,9 @@
 package proxy
 
-import "net/http"
+import (
+	"errors"
+	"net/http"
+)
 
 // Handing deliveries to batches (Options.BatchMax > 1). A worker that would
 // wait for its entry's part of a batch's answer hands the delivery to the
@@ -44,14 +47,14 @@ func (b *batcher) givePlace() {
 // handOff hands d, sent with the entry headers h and content type ct, to
 // the next batch if it may go now without waiting (see above), and reports
 // whether it did. Run waits for it as for a worker, until it is settled.
-func (b *batcher) handOff(d *delivery, h http.Header, ct string, span *attemptSpan) bool {
+// ready is d's checks, made when its batch is about to be written.
+func (b *batcher) handOff(d *delivery, h http.Header, ct string, span *attemptSpan, ready func() error) bool {
 	if d.probe || !b.hold.open() || b.ph.requests.Err() != nil {
 		return false
 	}
-	span.request()
 	d.handedOff = true
 	b.workers.Add(1) // a worker holds its own count: the count is above zero
-	e := &batchEntry{d: d, h: h, ct: ct, span: span}
+	e := &batchEntry{d: d, h: h, ct: ct, span: span, ready: ready}
 	b.add(e)
 	return true
 }
@@ -64,6 +67,16 @@ func (dc *decider) answer(e *batchEntry, res result) {
 		return
 	}
 	d, h, ct, span := e.d, e.h, e.ct, e.span
+	if errors.Is(res.err, errRefused) {
+		// Its checks refused it when its batch was about to go: held or
+		// ended unsent, on a goroutine of its own.
+		d.batchDone = nil
+		go func() {
+			dc.sendUntilSettled(d, h, ct, span, &answered{res: res})
+			dc.handedOffSettled(d)
+		}()
+		return
+	}
 	out := dc.decide(d, res.err, res.took)
 	if out == outDelivered && dc.o.Success == nil || out == outRetry && !d.claimed {
 		dc.settle.end(d, dc.endingOf(d, span, out, res.err, res.answer, res.took))

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courierhq/courier/batch"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/orderkey"
@@ -51,6 +53,10 @@ func newOrderApp(t *testing.T, e *env, answer func(key string, n, attempt int) (
 }
 
 func (a *orderApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Content-Type") == batch.ContentType {
+		a.serveBatch(w, r)
+		return
+	}
 	key := r.Header.Get("Order")
 	n, _ := strconv.Atoi(r.Header.Get("N"))
 	attempt, _ := strconv.Atoi(r.Header.Get(proxy.HeaderAttempt))
@@ -79,6 +85,40 @@ func (a *orderApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", retryAfter)
 	}
 	w.WriteHeader(status)
+}
+
+// serveBatch takes a batch as ServeHTTP takes a message, each entry by
+// the Order and N of its headers; every entry is answered 2xx.
+func (a *orderApp) serveBatch(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Entries []wireEntry `json:"entries"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	for _, e := range body.Entries {
+		key := http.Header(e.Headers).Get("Order")
+		if key != "" && a.busy[key] {
+			a.overlaps++
+		}
+		a.busy[key] = true
+	}
+	a.inflight++
+	a.most = max(a.most, a.inflight)
+	took := a.took
+	a.mu.Unlock()
+	time.Sleep(took)
+	a.mu.Lock()
+	for _, e := range body.Entries {
+		h := http.Header(e.Headers)
+		n, _ := strconv.Atoi(h.Get("N"))
+		a.busy[h.Get("Order")] = false
+		a.ok[h.Get("Order")] = append(a.ok[h.Get("Order")], n)
+	}
+	a.inflight--
+	a.mu.Unlock()
 }
 
 func (a *orderApp) delivered(key string) []int {

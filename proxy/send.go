@@ -16,15 +16,21 @@ import (
 // Sending: the one path of every request to the app, a message's and a
 // batch's (batcher.go). In order: the grace period (a request is not
 // started once it is over), the rate limit (Options.MaxRate), a slot of
-// the in-flight limit (inflight.go, package limit), the request's timeout,
-// the signature (Options.Stamp), the POST to the message's target
-// (routes.go), and what came of it told to the limit. The sender knows
-// nothing of deliveries, order or batches: it is given a request and
-// returns its answer.
+// the in-flight limit (inflight.go, package limit): the waits; then the
+// request's own checks (request.ready: the decider's mayGo), made after
+// the last wait with nothing that can block between them and the write;
+// then the request's timeout, the signature (Options.Stamp), the POST to
+// the message's target (routes.go), and what came of it told to the limit.
+// The sender knows nothing of deliveries, order or batches: it is given a
+// request and returns its answer.
 
 // errNotSent: the request was not sent (the grace period ended before it,
 // or while it waited for the rate limit or a slot).
 var errNotSent = errors.New("request not sent")
+
+// errRefused: the request was not sent because its checks (request.ready)
+// refused it once its waits were over; the caller knows why.
+var errRefused = errors.New("request refused by its checks")
 
 // sender sends requests to the app. Safe for concurrent use.
 type sender struct {
@@ -56,10 +62,15 @@ type request struct {
 	keep   int64        // how much of a 2xx answer's body is kept
 	h      http.Header
 	body   []byte
-	// prepare, if not nil, makes h and body once the request holds its
-	// slot: a batch is put in order, encoded and its span started only
-	// then.
-	prepare func() (http.Header, []byte)
+	// ready, if not nil, is called once the request's waits are over (the
+	// rate limit, its slot), right before it is written: it makes the
+	// checks that may stop the request and returns errRefused if one does;
+	// it may make h and body (a batch is put in order and encoded only
+	// then). It must not block.
+	ready func() (http.Header, []byte, error)
+	// outcome, if not nil, says what a 2xx answer tells the limit (a
+	// batch's entries may all have failed); nil: a success.
+	outcome func(*apphttp.Answer) limit.Outcome
 	// timer bounds the request by the HTTP timeout (the worker's lane's);
 	// nil: one of its own.
 	timer *requestTimer
@@ -68,7 +79,11 @@ type request struct {
 // post sends req within the rate limit and the in-flight limit, bounded by
 // its timeout and by requests (the grace period), and returns the answer
 // and how long the request took. It returns errNotSent if the grace period
-// ended before the request went.
+// ended before the request went, and ready's error if that refused it.
+//
+// Every wait comes first (the rate limit, the slot); then the checks
+// (requests, req.ready); from them to the write nothing blocks:
+// TestPostChecksAfterItsLastWait (send_test.go) keeps it so.
 func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, time.Duration, error) {
 	if requests.Err() != nil {
 		return nil, 0, errNotSent
@@ -87,9 +102,18 @@ func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, t
 	if err != nil {
 		return nil, 0, errNotSent
 	}
+	// The waits are over: the checks, and from here to the write nothing
+	// that blocks.
+	if requests.Err() != nil {
+		slot.Release(limit.Dropped)
+		return nil, 0, errNotSent
+	}
 	h, body := req.h, req.body
-	if req.prepare != nil {
-		h, body = req.prepare()
+	if req.ready != nil {
+		if h, body, err = req.ready(); err != nil {
+			slot.Release(limit.Dropped)
+			return nil, 0, err
+		}
 	}
 	t := req.timer
 	if t == nil {
@@ -107,10 +131,14 @@ func (s *sender) post(requests context.Context, req request) (*apphttp.Answer, t
 		return nil, time.Since(began), &apphttp.AppError{Kind: apphttp.KindTransport, Err: to.err}
 	}
 	if s.stamp != nil {
-		s.stamp(h, body) // now, after the rate limit's wait: a signature's time is when it is sent
+		s.stamp(h, body) // now, after the waits: a signature's time is when it is sent
 	}
 	a, err := to.ep.Post(ctx, h, body, req.keep)
-	slot.Release(outcomeOf(requests, err))
+	o := outcomeOf(requests, err)
+	if err == nil && req.outcome != nil {
+		o = req.outcome(a)
+	}
+	slot.Release(o)
 	return a, time.Since(began), err
 }
 

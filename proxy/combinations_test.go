@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -175,13 +177,17 @@ func TestOrderWhenThePinMovesFromALiveCourier(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			e := &env{js: js, reg: prometheus.NewRegistry()}
-			a := newOrderApp(t, e, nil)
-			a.took = 2500 * time.Millisecond
-			replica := func(name string) func() {
+			a := &orderApp{t: t, busy: map[string]bool{}, ok: map[string][]int{}, took: time.Second}
+			served := map[string]*atomic.Int32{"a": {}, "b": {}}
+			replica := func(name string) {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					served[name].Add(1)
+					a.ServeHTTP(w, r)
+				}))
+				t.Cleanup(srv.Close)
 				o := orderOptions(t)
 				if testing.Verbose() {
-					o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
+					o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", name)
 				}
 				// More heads than the limit lets go at once wait for slots
 				// longer than the courier pinned next awaits them (an ack
@@ -192,7 +198,7 @@ func TestOrderWhenThePinMovesFromALiveCourier(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				o.AppURL, o.Stream, o.Consumer, o.Registerer = e.url, "S", "c", prometheus.NewRegistry()
+				o.AppURL, o.Stream, o.Consumer, o.Registerer = srv.URL, "S", "c", prometheus.NewRegistry()
 				o.OrderMarks, o.PriorityGroup = marks, "courier"
 				_, rjs := natstest.Connect(t, s)
 				rcons, err := rjs.Consumer(ctx, "S", "c")
@@ -207,38 +213,55 @@ func TestOrderWhenThePinMovesFromALiveCourier(t *testing.T) {
 				var wg sync.WaitGroup
 				wg.Add(1)
 				go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-				stop := sync.OnceFunc(func() { cancel(); wg.Wait() })
-				t.Cleanup(stop)
-				return stop
+				t.Cleanup(func() { cancel(); wg.Wait() })
 			}
-			keys := make([]string, 32)
+			keys := make([]string, 24)
 			for i := range keys {
 				keys[i] = fmt.Sprintf("k%d", i)
 			}
-			publishOrdered(t, e, keys, 2)
+			n := 0
+			publish := func() {
+				for _, k := range keys {
+					m := nats.NewMsg("s.order")
+					m.Header.Set("Order", k)
+					m.Header.Set("N", strconv.Itoa(n))
+					if _, err := js.PublishMsg(ctx, m); err != nil {
+						t.Fatal(err)
+					}
+				}
+				n++
+			}
+			publish()
+			publish()
 			replica("a")
-			poll.Until(t, 10*time.Second, "the first answers", func() bool {
-				a.mu.Lock()
-				defer a.mu.Unlock()
-				return len(a.ok) > 0
-			})
 			replica("b")
 			stream, err := js.Stream(ctx, "S")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := stream.UnpinConsumer(ctx, "c", "courier"); err != nil {
-				t.Fatal(err)
+			// The pin moved by an operator while both couriers live, every
+			// 1.5 s, with messages published throughout: the one pinned
+			// before learns that it is no longer when it pulls, its heads
+			// waiting for slots meanwhile.
+			for range 3 {
+				time.Sleep(1500 * time.Millisecond)
+				if err := stream.UnpinConsumer(ctx, "c", "courier"); err != nil {
+					t.Fatal(err)
+				}
+				publish()
 			}
-			poll.Until(t, 60*time.Second, "every key delivered", func() bool {
+			poll.Until(t, 90*time.Second, "every key delivered", func() bool {
 				for _, k := range keys {
-					if len(a.delivered(k)) < 2 {
+					if len(a.delivered(k)) < n {
 						return false
 					}
 				}
 				return true
 			})
-			checkOrdered(t, a, keys, 2)
+			checkOrdered(t, a, keys, n)
+			if served["a"].Load() == 0 || served["b"].Load() == 0 {
+				t.Errorf("the pin never moved: the couriers served %d and %d requests", served["a"].Load(), served["b"].Load())
+			}
 		})
 	}
 }

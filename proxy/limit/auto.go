@@ -29,6 +29,8 @@ import (
 //     ProbeSamples answers of requests sent while held are in (past
 //     20×Interval, 3). What they measure is taken, higher or lower than
 //     before: held low, the app does not queue for us.
+//   - At a limit of 1 each request is alone at the app, so a window read
+//     there measures the unloaded answer time itself, and minRTT follows it.
 //
 // Answers of requests sent before a change are not read after it: a window read
 // across a rise would count answers of the lower limit as evidence for the
@@ -233,7 +235,14 @@ func (c *control) windowRead(now time.Time) Cause {
 	peak := c.winPeak
 	inUse := peak >= c.effective()
 	c.winStart, c.win, c.winSeen, c.winPeak = now, c.win[:0], 0, 0
-	if typ < c.minRTT {
+	if c.effective() == 1 {
+		// Every answer read here is of a request admitted with the
+		// limit at 1 (a change of the limit starts a new epoch), so
+		// alone at the app: none queued behind ours, and this is the
+		// unloaded answer time, higher or lower than minRTT. An app
+		// that got slower is not held at 1 by an old, lower minimum.
+		c.measured(typ)
+	} else if typ < c.minRTT {
 		faster := float64(typ)*(1+c.opts.Tolerance) < float64(c.minRTT)
 		c.minRTT = typ
 		if faster {

@@ -274,3 +274,28 @@ func TestAutoFollowsASlowAppsSpeed(t *testing.T) {
 		})
 	}
 }
+
+// At a limit of 1 each request is alone at the app, so every window measures
+// the unloaded answer time: minRTT follows the app, slower or faster, in the
+// first window wholly after the change, without waiting for a measurement
+// with the limit held low. A ceiling of 1 keeps the limit there.
+func TestAutoAtOneEachWindowMeasures(t *testing.T) {
+	const d = time.Second
+	for _, tc := range []struct {
+		name  string
+		after time.Duration
+	}{
+		{"a quarter slower", d + d/4},
+		{"a quarter faster", d - d/4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, 0, d, AutoOptions{Max: 1})
+			s.run(10 * time.Second)
+			s.service = tc.after
+			// The window open at the change (of 3 answers, being past
+			// 10×Interval), some at the old speed, and one window after.
+			within := 6*tc.after + 50*time.Millisecond
+			s.runUntil(within, "minRTT follows the app", func(st Stats) bool { return st.MinRTT == tc.after })
+		})
+	}
+}

@@ -26,7 +26,11 @@ import (
 //     every ProbeInterval (plus jitter), after three queueing windows in a row
 //     (the app may have got slower), and when a window is well under it (the
 //     app got faster), the limit is held at a quarter of itself until
-//     ProbeSamples answers of requests sent while held are in.
+//     ProbeSamples answers of requests sent while held are in (past
+//     20×Interval, 3). What they measure is taken, higher or lower than
+//     before: held low, the app does not queue for us.
+//   - At a limit of 1 each request is alone at the app, so a window read
+//     there measures the unloaded answer time itself, and minRTT follows it.
 //
 // Answers of requests sent before a change are not read after it: a window read
 // across a rise would count answers of the lower limit as evidence for the
@@ -58,8 +62,9 @@ type AutoOptions struct {
 	// added at random so replicas do not measure together. Default 30s.
 	ProbeInterval time.Duration
 	// ProbeSamples is how many answers measure minRTT. Default 10; a
-	// measurement past 20×Interval ends with 3, and with fewer keeps the
-	// previous minRTT.
+	// measurement past 20×Interval ends with 3 (the first with 1). It does
+	// not end with fewer: held at 1 or 2, an app answering in a second or
+	// more gives fewer in that time, and an old minRTT would hold its limit low.
 	ProbeSamples int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -230,7 +235,14 @@ func (c *control) windowRead(now time.Time) Cause {
 	peak := c.winPeak
 	inUse := peak >= c.effective()
 	c.winStart, c.win, c.winSeen, c.winPeak = now, c.win[:0], 0, 0
-	if typ < c.minRTT {
+	if c.effective() == 1 {
+		// Every answer read here is of a request admitted with the
+		// limit at 1 (a change of the limit starts a new epoch), so
+		// alone at the app: none queued behind ours, and this is the
+		// unloaded answer time, higher or lower than minRTT. An app
+		// that got slower is not held at 1 by an old, lower minimum.
+		c.measured(typ)
+	} else if typ < c.minRTT {
 		faster := float64(typ)*(1+c.opts.Tolerance) < float64(c.minRTT)
 		c.minRTT = typ
 		if faster {
@@ -288,26 +300,40 @@ func (c *control) startProbe(now time.Time) {
 	c.newEpoch(now)
 }
 
-// probeRead ends a measurement of minRTT once it has its answers.
+// probeRead ends a measurement of minRTT once it has its answers, and takes
+// what they measure even when it is higher than the minRTT before: the limit
+// was held low, so the app answered them without queueing for us.
+//
+// A measurement that runs long ends with 3 answers rather than ProbeSamples,
+// to keep the limit held low for a short time only; it never ends with fewer.
+// An app answering in a second or more with the limit held at 1 or 2 gives
+// fewer than 3 in 20×Interval, and ending without a measure there would keep
+// an old minimum the app can no longer meet: every window would then read as
+// queueing and take the limit down to 1. Three answers take three of the
+// app's answer times at most, however slow it is.
 func (c *control) probeRead(now time.Time) Cause {
-	age := now.Sub(c.winStart)
-	if len(c.win) < c.opts.ProbeSamples && age < 20*c.opts.Interval {
+	enough := len(c.win) >= c.opts.ProbeSamples
+	long := now.Sub(c.winStart) >= 20*c.opts.Interval &&
+		(len(c.win) >= 3 || c.minRTT == 0) // the first measure: any beats none
+	if !enough && !long {
 		return CauseNone
 	}
-	if len(c.win) >= 3 || c.minRTT == 0 && len(c.win) > 0 {
-		m := typical(c.win)
-		if c.minRTT > 0 && (m > 2*c.minRTT || 2*m < c.minRTT) {
-			// The app changed a lot: what the limit was is no guide.
-			c.slowStart = true
-		}
-		c.minRTT = m
-	}
+	c.measured(typical(c.win))
 	c.probing = false
 	c.queued = 0
 	jitter := time.Duration(c.rng.Int64N(int64(c.opts.ProbeInterval)*15/100 + 1))
 	c.nextProbe = now.Add(c.opts.ProbeInterval + jitter)
 	c.newEpoch(now)
 	return CauseProbe
+}
+
+// measured takes m as the unloaded answer time.
+func (c *control) measured(m time.Duration) {
+	if c.minRTT > 0 && (m > 2*c.minRTT || 2*m < c.minRTT) {
+		// The app changed a lot: what the limit was is no guide.
+		c.slowStart = true
+	}
+	c.minRTT = m
 }
 
 // typical is the mean of the answer times less the highest and lowest tenth.

@@ -204,3 +204,98 @@ func TestAutoMeasuresAgainPeriodically(t *testing.T) {
 		t.Errorf("%.0f served per second with probes, want at least %.0f", sp.perSecond, want)
 	}
 }
+
+// An app answering in a second or more that changes speed mid-run: its
+// unloaded answer time is measured again with the limit held low, where a
+// measurement gets only a few answers in seconds, and within a minute the
+// limit is back at what the app's workers (or the ceiling) allow.
+func TestAutoFollowsASlowAppsSpeed(t *testing.T) {
+	const ceiling = 64 // AutoOptions' default Max
+	quarterSlower := func(d time.Duration) time.Duration { return d + d/4 }
+	// Just past what the target tolerates (10% and 1ms): every loaded
+	// window reads as queueing until minRTT is measured again.
+	justPastTolerance := func(d time.Duration) time.Duration { return d + d/10 + 2*time.Millisecond }
+	quarterFaster := func(d time.Duration) time.Duration { return d - d/4 }
+	for _, tc := range []struct {
+		name    string
+		workers int // 0: as many as come, bounded by the ceiling
+		service time.Duration
+		change  func(time.Duration) time.Duration
+		noisy   bool
+	}{
+		{"1s x 32 workers, a quarter slower", 32, time.Second, quarterSlower, false},
+		{"1s x 32 workers, 10% and 2ms slower", 32, time.Second, justPastTolerance, false},
+		{"1s, any number, a quarter slower", 0, time.Second, quarterSlower, false},
+		{"2s x 16 workers, a quarter slower", 16, 2 * time.Second, quarterSlower, false},
+		{"2s x 16 workers, 10% and 2ms slower", 16, 2 * time.Second, justPastTolerance, false},
+		{"2s, any number, a quarter slower", 0, 2 * time.Second, quarterSlower, false},
+		{"1s x 32 workers, a quarter faster", 32, time.Second, quarterFaster, false},
+		{"2s, any number, a quarter faster", 0, 2 * time.Second, quarterFaster, false},
+		{"1s x 32 workers, a quarter slower, noisy neighbour", 32, time.Second, quarterSlower, true},
+		{"2s, any number, a quarter slower, noisy neighbour", 0, 2 * time.Second, quarterSlower, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, tc.workers, tc.service, AutoOptions{})
+			if tc.noisy {
+				s.noise = noisyNeighbour
+			}
+			s.run(time.Minute)
+			s.service = tc.change(tc.service)
+			inApp := tc.workers
+			if inApp == 0 {
+				inApp = ceiling
+			}
+			// A minute to measure the app again and climb back; the minute
+			// after is served near the app's capacity throughout. Less
+			// near than a fast app's: each periodic measurement holds the
+			// limit low for about two of the app's answer times.
+			s.run(time.Minute)
+			sp := s.run(time.Minute)
+			st := s.lim.Stats()
+			t.Logf("%.1f/s of %.1f, %.1f inside, limit %d, minRTT %v, changes %v",
+				sp.perSecond, capacity(inApp, s.service), sp.meanInside, st.Limit, st.MinRTT, st.Changes)
+			if max := 1.5 * float64(tc.workers); tc.workers > 0 && sp.meanInside > max {
+				t.Errorf("%.1f requests inside the app on average, want at most %.1f", sp.meanInside, max)
+			}
+			lo, hi := s.service, s.service*11/10
+			want := 0.8 * capacity(inApp, s.service)
+			if tc.noisy {
+				// Each answer ±10%, and the noise takes a tenth of the
+				// app's capacity itself.
+				lo, hi = s.service*85/100, s.service*115/100
+				want *= 0.8
+			}
+			if st.MinRTT < lo || st.MinRTT > hi {
+				t.Errorf("minRTT %v for an app answering in %v, want %v to %v", st.MinRTT, s.service, lo, hi)
+			}
+			if sp.perSecond < want {
+				t.Errorf("%.1f served per second, want at least %.1f", sp.perSecond, want)
+			}
+		})
+	}
+}
+
+// At a limit of 1 each request is alone at the app, so every window measures
+// the unloaded answer time: minRTT follows the app, slower or faster, in the
+// first window wholly after the change, without waiting for a measurement
+// with the limit held low. A ceiling of 1 keeps the limit there.
+func TestAutoAtOneEachWindowMeasures(t *testing.T) {
+	const d = time.Second
+	for _, tc := range []struct {
+		name  string
+		after time.Duration
+	}{
+		{"a quarter slower", d + d/4},
+		{"a quarter faster", d - d/4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, 0, d, AutoOptions{Max: 1})
+			s.run(10 * time.Second)
+			s.service = tc.after
+			// The window open at the change (of 3 answers, being past
+			// 10×Interval), some at the old speed, and one window after.
+			within := 6*tc.after + 50*time.Millisecond
+			s.runUntil(within, "minRTT follows the app", func(st Stats) bool { return st.MinRTT == tc.after })
+		})
+	}
+}

@@ -21,8 +21,10 @@ type ErrorKind int
 const (
 	// KindStatus: the app answered with a status other than 2xx.
 	KindStatus ErrorKind = iota + 1
-	// KindTimeout: the request was sent but no answer came within the
-	// per-request timeout. The app may have acted.
+	// KindTimeout: no answer came within the per-request timeout (the
+	// request's context ended with context.DeadlineExceeded), wherever it
+	// ended: before the request went, while it was written, or while its
+	// answer was awaited. The app may have acted.
 	KindTimeout
 	// KindTransport: a connection was made but the exchange failed (the app
 	// dropped the connection, a reset, a malformed answer). The app may have

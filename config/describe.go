@@ -75,7 +75,7 @@ func specs() []spec {
 		{"COURIER_DELIVER_POLICY", "where a new durable starts: all or new (fixed once created)", "all", false, true, func(c Config) string { return c.DeliverPolicy }},
 		{"COURIER_MAX_DELIVER", "delivery attempts per message, the first included", "5", false, true, func(c Config) string { return strconv.Itoa(c.MaxDeliver) }},
 		{"COURIER_ACK_WAIT", "JetStream ack wait", "30s", false, true, func(c Config) string { return formatDuration(c.AckWait) }},
-		{"COURIER_MAX_INFLIGHT", "concurrent HTTP requests to the app: a number, or auto / auto:N: courier finds the number from the app's answers (raised while answer times stay near the lowest measured lately, lowered when they grow, on 429, 503 and timeouts), between 1 and N (default 64)", "8", false, true, func(c Config) string { return c.inflightString() }},
+		{"COURIER_MAX_INFLIGHT", "concurrent HTTP requests to the app: a number, or auto / auto:N: courier finds the number from the app's answers (raised while answer times stay near the lowest measured lately, lowered when they grow, on 429, 503 and timeouts), between 1 and N (default 64); N or the number at most 10000, and times COURIER_BATCH_MAX at most 100000", "8", false, true, func(c Config) string { return c.inflightString() }},
 		{"COURIER_MAX_ACK_PENDING", "consumer's ack-pending limit (messages in flight or waiting out a backoff)", "1000", false, true, func(c Config) string { return strconv.Itoa(c.MaxAckPending) }},
 		{"COURIER_HTTP_TIMEOUT", "per-request timeout", "30s", false, true, func(c Config) string { return formatDuration(c.HTTPTimeout) }},
 		{"COURIER_BACKOFF_INITIAL", "retry schedule before jitter: first delay", "1s", false, true, func(c Config) string { return formatDuration(c.BackoffInitial) }},

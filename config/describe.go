@@ -101,7 +101,7 @@ func specs() []spec {
 		{"COURIER_ORDER_KEY", "per-key order: subject:N (the subject's N-th token) or header:NAME; messages of one key reach the app one at a time, in stream order; unset = no order", "unset", false, true, func(c Config) string { return c.OrderKey }},
 		{"COURIER_ORDER_PARTITIONS", "with COURIER_ORDER_KEY=subject:N: partitions of the durable by key, shared out among the replicas (each partition one replica at a time); 0 = one replica at a time for the whole durable", "0", false, true, func(c Config) string { return strconv.Itoa(c.OrderPartitions) }},
 		{"COURIER_BATCH_MAX", "messages per request to the app (a JSON batch, answered per entry); 1 = one message per request", "1", false, true, func(c Config) string { return strconv.Itoa(c.BatchMax) }},
-		{"COURIER_BATCH_WAIT", "how long a batch waits to fill after its first entry", "2ms", false, true, func(c Config) string { return formatDuration(c.BatchWait) }},
+		{"COURIER_BATCH_WAIT", "how long a batch waits to fill after its first entry, from 1µs to 1m (0 is refused: every entry would go alone)", "2ms", false, true, func(c Config) string { return formatDuration(c.BatchWait) }},
 		{"COURIER_BATCH_BYTES", "the most message data one batch carries (a larger message goes alone)", "1048576", false, true, func(c Config) string { return strconv.Itoa(c.BatchBytes) }},
 		{"COURIER_CLOUDEVENTS", "binary: requests carry CloudEvents 1.0 attributes as ce-* headers; unset = off", "unset", false, true, func(c Config) string { return c.CloudEvents }},
 		{"COURIER_SIGNING_SECRETS_FILE", "file of Standard Webhooks secrets (whsec_..., one a line): every request to the app is signed; re-read when it changes", "unset", false, false, func(c Config) string { return c.SigningSecretsFile }},

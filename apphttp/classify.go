@@ -3,7 +3,6 @@ package apphttp
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -21,8 +20,10 @@ type ErrorKind int
 const (
 	// KindStatus: the app answered with a status other than 2xx.
 	KindStatus ErrorKind = iota + 1
-	// KindTimeout: the request was sent but no answer came within the
-	// per-request timeout. The app may have acted.
+	// KindTimeout: no answer came within the per-request timeout (the
+	// request's context ended with context.DeadlineExceeded), wherever it
+	// ended: before the request went, while it was written, or while its
+	// answer was awaited. The app may have acted.
 	KindTimeout
 	// KindTransport: a connection was made but the exchange failed (the app
 	// dropped the connection, a reset, a malformed answer). The app may have
@@ -139,23 +140,19 @@ func Classify(err error, retryable func(status int) bool) Class {
 	}
 }
 
-// RetryAfter parses a Retry-After value, delta-seconds or HTTP-date, into a
-// delay from now, capped at max. ok is false when v is absent or malformed.
+// RetryAfter parses a Retry-After value, delay-seconds or HTTP-date (RFC
+// 9110, section 10.2.3), into a delay from now, capped at max. ok is false
+// when v is absent or malformed: delay-seconds is digits only, so a sign
+// ("+5", "-3") makes it malformed.
 func RetryAfter(v string, now time.Time, max time.Duration) (d time.Duration, ok bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
-	secs, err := strconv.ParseInt(v, 10, 64)
-	if errors.Is(err, strconv.ErrRange) && v[0] != '-' {
-		secs, err = math.MaxInt64, nil // longer than any cap
-	}
-	if err == nil {
-		if secs < 0 {
-			return 0, false
-		}
-		if secs > int64(max/time.Second) {
-			return max, true
+	if allDigits(v) {
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || secs > int64(max/time.Second) {
+			return max, true // past int64 too: longer than any cap
 		}
 		return min(time.Duration(secs)*time.Second, max), true
 	}
@@ -168,4 +165,14 @@ func RetryAfter(v string, now time.Time, max time.Duration) (d time.Duration, ok
 		d = 0
 	}
 	return min(d, max), true
+}
+
+// allDigits reports whether s is one or more ASCII digits.
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }

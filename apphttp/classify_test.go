@@ -48,6 +48,18 @@ func TestRetryAfter(t *testing.T) {
 		{"7", 7 * time.Second, true},
 		{" 0 ", 0, true},
 		{"-3", 0, false},
+		{"+5", 0, false}, // delay-seconds is digits only (RFC 9110)
+		{"+0", 0, false},
+		{"-0", 0, false},
+		{"5s", 0, false},
+		{"1.5", 0, false},
+		{"0x10", 0, false},
+		{"1_0", 0, false},
+		{"1 2", 0, false},
+		{"\t12\t", 12 * time.Second, true},
+		{"007", 7 * time.Second, true},
+		{"-99999999999999999999999", 0, false},
+		{"+99999999999999999999999", 0, false},
 		{"abc", 0, false},
 		{"99999999999", time.Minute, true},
 		{"99999999999999999999999", time.Minute, true}, // past int64: still capped, not ignored

@@ -205,11 +205,30 @@ func TestH1ContextEndsRequest(t *testing.T) {
 func TestH1ContextEndsAWriteTheAppDoesNotRead(t *testing.T) {
 	stop := make(chan struct{})
 	t.Cleanup(func() { close(stop) })
-	url := rawApp(t, func(net.Conn) { <-stop })
+	writing := make(chan struct{})
+	url := rawApp(t, func(conn net.Conn) {
+		// The first byte says the write is under way; nothing more is read.
+		if _, err := conn.Read(make([]byte, 1)); err == nil {
+			close(writing)
+		}
+		<-stop
+	})
 	c := NewClient(ClientOptions{MaxConns: 1})
+	body := make([]byte, 64<<20)
 	ctx, cancel := context.WithCancelCause(context.Background())
-	time.AfterFunc(200*time.Millisecond, func() { cancel(context.DeadlineExceeded) })
-	_, err, _ := exchange(ctx, c, c.Transport, url+"/", http.Header{}, make([]byte, 64<<20))
+	go func() {
+		select {
+		case <-writing:
+			cancel(context.DeadlineExceeded)
+		case <-stop:
+		}
+	}()
+	_, err, _ := exchange(ctx, c, c.Transport, url+"/", http.Header{}, body)
+	select {
+	case <-writing:
+	default:
+		t.Fatalf("the request ended before the app received any of it: %v", err)
+	}
 	var ae *AppError
 	if !errors.As(err, &ae) || ae.Kind != KindTimeout {
 		t.Fatalf("a write the app does not read, ended by its context: %v, want a timeout", err)
@@ -312,13 +331,15 @@ func TestH1WritesRequestsAsNetHTTP(t *testing.T) {
 	}
 }
 
-// A request whose context ended before it was sent fails as it did with
-// net/http's Transport: not as an unreachable app (which would hold
-// messages and call the app unavailable), and without a connection.
+// A request whose context ended before it was sent fails without a
+// connection, and not as an unreachable app (which would hold messages and
+// call the app unavailable): a deadline as a timeout, as when it passes
+// during the write or the wait for an answer, a cancel as a transport
+// error, as with net/http's Transport.
 func TestH1ContextEndedBeforeSending(t *testing.T) {
 	app, cc := newCountedApp(t, func(w http.ResponseWriter, r *http.Request) {})
 	c := NewClient(ClientOptions{MaxConns: 2})
-	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+	for cause, kind := range map[error]ErrorKind{context.Canceled: KindTransport, context.DeadlineExceeded: KindTimeout} {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		cancel(cause)
 		for _, tc := range []struct {
@@ -331,8 +352,8 @@ func TestH1ContextEndedBeforeSending(t *testing.T) {
 		} {
 			_, err, resend := exchange(ctx, c, tc.rt, app.URL+"/", http.Header{}, []byte("x"))
 			var ae *AppError
-			if !errors.As(err, &ae) || ae.Kind != KindTransport || resend || !errors.Is(err, cause) {
-				t.Errorf("%s, context ended (%v): %v (resend %v), want a transport error of the context's cause", tc.name, cause, err, resend)
+			if !errors.As(err, &ae) || ae.Kind != kind || resend || !errors.Is(err, cause) {
+				t.Errorf("%s, context ended (%v): %v (resend %v), want a %v error of the context's cause", tc.name, cause, err, resend, kind)
 			}
 		}
 	}

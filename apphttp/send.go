@@ -106,6 +106,11 @@ func ReadAnswer(resp *http.Response, limit int64) (*Answer, error) {
 // it learned of its connection (t), and whether it may be sent again.
 func exchangeError(ctx context.Context, err error, t *connTrace) (error, bool) {
 	switch {
+	case !t.askedConn && errors.Is(err, context.DeadlineExceeded):
+		// The request's time ran out before it went: a timeout, as it is
+		// a moment later while it is written or its answer awaited, so
+		// that when the deadline passes does not change what it means.
+		return &AppError{Kind: KindTimeout, Err: err}, false
 	case !t.askedConn:
 		// Refused before any connection was sought (a header the
 		// transport will not send): about this request, not the app.

@@ -216,6 +216,14 @@ func (c *checker) checkBreaker(cfg *Config) {
 // progress while its batch runs, MaxInflight×BatchMax of them at most.
 const maxBatch = 1000
 
+// minBatchWait is the least COURIER_BATCH_WAIT: a batch that does not wait
+// at all goes with its first entry alone.
+const minBatchWait = time.Microsecond
+
+// maxBatchPlaces bounds MaxInflight×BatchMax, the messages batches may hold
+// at once: courier's fetch queue has room for that many from the start.
+const maxBatchPlaces = 100000
+
 // maxPartitions bounds COURIER_ORDER_PARTITIONS: each partition is a
 // durable consumer (a replicated group of its own on a cluster).
 const maxPartitions = 128
@@ -254,9 +262,13 @@ func (c *checker) checkOrder(cfg *Config) {
 func (c *checker) checkBatch(cfg *Config) {
 	if c.ok("COURIER_BATCH_MAX") && (cfg.BatchMax < 1 || cfg.BatchMax > maxBatch) {
 		c.add("COURIER_BATCH_MAX", "must be from 1 (one message per request) to %d", maxBatch)
+	} else if c.ok("COURIER_BATCH_MAX", inflightVar) && cfg.BatchMax > 1 && cfg.MaxInflight*cfg.BatchMax > maxBatchPlaces {
+		c.add("COURIER_BATCH_MAX",
+			"times COURIER_MAX_INFLIGHT (%s) is %d messages in batches at once, more than the %d courier holds: lower one of them",
+			cfg.inflightString(), cfg.MaxInflight*cfg.BatchMax, maxBatchPlaces)
 	}
-	if c.ok("COURIER_BATCH_WAIT") && (cfg.BatchWait < 0 || cfg.BatchWait > time.Minute) {
-		c.add("COURIER_BATCH_WAIT", "must be from 0 (a batch goes with what has come) to 1m")
+	if c.ok("COURIER_BATCH_WAIT") && (cfg.BatchWait < minBatchWait || cfg.BatchWait > time.Minute) {
+		c.add("COURIER_BATCH_WAIT", "must be from 1µs to 1m: a batch waits that long after its first entry for more (0 would send every entry in a request of its own)")
 	}
 	if c.ok("COURIER_BATCH_BYTES") && cfg.BatchBytes < 1024 {
 		c.add("COURIER_BATCH_BYTES", "must be at least 1024")

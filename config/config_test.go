@@ -458,7 +458,7 @@ func TestBadValue(t *testing.T) {
 		{"ack wait unit", with(map[string]string{"COURIER_ACK_WAIT": "30"}), `COURIER_ACK_WAIT="30": missing a unit: a duration in Go syntax, such as 30s`},
 		{"ack wait junk", with(map[string]string{"COURIER_ACK_WAIT": "half a minute"}), `COURIER_ACK_WAIT="half a minute": not a duration: Go syntax expected…`},
 		{"ack wait short", with(map[string]string{"COURIER_ACK_WAIT": "999ms"}), `COURIER_ACK_WAIT="999ms": must be at least 1s…`},
-		{"max inflight zero", with(map[string]string{"COURIER_MAX_INFLIGHT": "0"}), `COURIER_MAX_INFLIGHT="0": must be at least 1: expected a number from 1 (the requests in flight), or auto or auto:N…`},
+		{"max inflight zero", with(map[string]string{"COURIER_MAX_INFLIGHT": "0"}), `COURIER_MAX_INFLIGHT="0": must be at least 1: expected a number from 1 to 10000 (the requests in flight), or auto or auto:N…`},
 		{"reply waiting negative", with(map[string]string{"COURIER_REPLY_SUBJECTS": "q.get", "COURIER_REPLY_MAX_WAITING": "-1"}), `COURIER_REPLY_MAX_WAITING="-1": must be at least 1 (or unset: 64 × COURIER_MAX_INFLIGHT)`},
 		{"ack pending below inflight", with(map[string]string{"COURIER_MAX_INFLIGHT": "2000"}), `COURIER_MAX_ACK_PENDING="1000" (default): must be at least COURIER_MAX_INFLIGHT (2000), and should be far larger: messages waiting out a backoff count toward it…`},
 		{"ack pending set low", with(map[string]string{"COURIER_MAX_ACK_PENDING": "4"}), `COURIER_MAX_ACK_PENDING="4": must be at least COURIER_MAX_INFLIGHT (8)…`},

@@ -16,9 +16,15 @@ const defaultInflight = 8
 // automatic limit reach; auto:N sets another.
 const DefaultInflightCeiling = 64
 
+// maxInflight is the most COURIER_MAX_INFLIGHT (a number, or the N of
+// auto:N) may be: courier starts a worker, a slot and room in its fetch
+// queue for each request it may have in flight, whether or not the app
+// ever takes that many, and keeps a connection open to the app per request.
+const maxInflight = 10000
+
 // inflightSyntax is what every problem of COURIER_MAX_INFLIGHT says is
 // accepted.
-const inflightSyntax = "expected a number from 1 (the requests in flight), or auto or auto:N (courier finds the number from the app's answers, at most N, a number from 1; auto alone is auto:64)"
+const inflightSyntax = "expected a number from 1 to 10000 (the requests in flight), or auto or auto:N (courier finds the number from the app's answers, at most N, a number from 1 to 10000; auto alone is auto:64)"
 
 // parseInflight reads COURIER_MAX_INFLIGHT into MaxInflight and
 // InflightAuto. env cannot: the variable is a number or a word, and the
@@ -60,6 +66,10 @@ func parseInflight(v string) (n int, auto bool, problem string) {
 		return 0, false, "the N of auto:N must be at least 1: " + inflightSyntax
 	case n < 1:
 		return 0, false, "must be at least 1: " + inflightSyntax
+	case n > maxInflight && auto:
+		return 0, false, "the N of auto:N must be at most " + strconv.Itoa(maxInflight) + ": " + inflightSyntax
+	case n > maxInflight:
+		return 0, false, "must be at most " + strconv.Itoa(maxInflight) + ": " + inflightSyntax
 	}
 	return n, auto, ""
 }

@@ -24,10 +24,12 @@ func TestMaxInflight(t *testing.T) {
 		{" Auto: 200 ", 200, true, "auto:200"},
 		{"auto:64", 64, true, "auto"},
 		{"auto:1", 1, true, "auto:1"},
+		{"10000", 10000, false, "10000"},
+		{"auto:10000", 10000, true, "auto:10000"},
 	} {
 		environ := with(map[string]string{"COURIER_MAX_INFLIGHT": tt.given})
 		if tt.n > 1000 {
-			environ["COURIER_MAX_ACK_PENDING"] = "5000"
+			environ["COURIER_MAX_ACK_PENDING"] = "50000"
 		}
 		cfg := mustLoad(t, environ)
 		if cfg.MaxInflight != tt.n || cfg.InflightAuto != tt.auto {
@@ -52,8 +54,14 @@ func TestMaxInflightBadValues(t *testing.T) {
 		{"auto:", `COURIER_MAX_INFLIGHT="auto:": the N of auto:N is not a whole number: ` + inflightSyntax},
 		{"automatic", `COURIER_MAX_INFLIGHT="automatic": not a number: ` + inflightSyntax},
 		{"99999999999999999999", `COURIER_MAX_INFLIGHT="99999999999999999999": integer out of range: ` + inflightSyntax},
+		{"10001", `COURIER_MAX_INFLIGHT="10001": must be at most 10000: ` + inflightSyntax},
+		{"auto:10001", `COURIER_MAX_INFLIGHT="auto:10001": the N of auto:N must be at most 10000: ` + inflightSyntax},
+		// Within int64, as COURIER_MAX_ACK_PENDING's own problem asks: a
+		// worker, a slot and queue room per request would not fit.
+		{"auto:4611686018427387904", `COURIER_MAX_INFLIGHT="auto:4611686018427387904": the N of auto:N must be at most 10000: ` + inflightSyntax},
+		{"4611686018427387904", `COURIER_MAX_INFLIGHT="4611686018427387904": must be at most 10000: ` + inflightSyntax},
 	} {
-		got := problems(t, with(map[string]string{"COURIER_MAX_INFLIGHT": tt.given}))
+		got := problems(t, with(map[string]string{"COURIER_MAX_INFLIGHT": tt.given, "COURIER_MAX_ACK_PENDING": "4611686018427387904"}))
 		if len(got) != 1 || got[0] != tt.want {
 			t.Errorf("COURIER_MAX_INFLIGHT=%q: problems\n%s\nwant\n%s", tt.given, strings.Join(got, "\n"), tt.want)
 		}
@@ -81,4 +89,32 @@ func describeValue(t *testing.T, cfg Config, name string) string {
 	}
 	t.Fatalf("Describe has no %s", name)
 	return ""
+}
+
+// TestMaxInflightTimesBatchMax: batches may hold COURIER_MAX_INFLIGHT ×
+// COURIER_BATCH_MAX messages at once, and courier makes room for them all
+// at start: a product past the bound is one problem naming both variables
+// and the bound; at the bound it loads.
+func TestMaxInflightTimesBatchMax(t *testing.T) {
+	got := problems(t, with(map[string]string{"COURIER_MAX_INFLIGHT": "auto:101", "COURIER_BATCH_MAX": "1000", "COURIER_MAX_ACK_PENDING": "200000"}))
+	want := `COURIER_BATCH_MAX="1000": times COURIER_MAX_INFLIGHT (auto:101) is 101000 messages in batches at once, more than the 100000 courier holds: lower one of them`
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("problems:\n%s\nwant\n%s", strings.Join(got, "\n"), want)
+	}
+	mustLoad(t, with(map[string]string{"COURIER_MAX_INFLIGHT": "100", "COURIER_BATCH_MAX": "1000", "COURIER_MAX_ACK_PENDING": "200000"}))
+	mustLoad(t, with(map[string]string{"COURIER_MAX_INFLIGHT": "10000", "COURIER_MAX_ACK_PENDING": "200000"}))
+
+	// A subscription's own values are held to the same bound, named as it
+	// names them.
+	got = problems(t, map[string]string{
+		"COURIER_SUBSCRIPTIONS":              "orders",
+		"COURIER_SUB_ORDERS_STREAM":          "ORDERS",
+		"COURIER_SUB_ORDERS_APP_URL":         "http://127.0.0.1:8080/orders",
+		"COURIER_SUB_ORDERS_MAX_INFLIGHT":    "200",
+		"COURIER_SUB_ORDERS_BATCH_MAX":       "1000",
+		"COURIER_SUB_ORDERS_MAX_ACK_PENDING": "300000",
+	})
+	if len(got) != 1 || !strings.Contains(got[0], "COURIER_SUB_ORDERS_BATCH_MAX=") || !strings.Contains(got[0], "COURIER_SUB_ORDERS_MAX_INFLIGHT (200)") {
+		t.Errorf("a subscription's batches past the bound: problems\n%s\nwant one naming COURIER_SUB_ORDERS_BATCH_MAX and COURIER_SUB_ORDERS_MAX_INFLIGHT", strings.Join(got, "\n"))
+	}
 }

@@ -237,20 +237,14 @@ func pathWarnings(cfg Config) []Warning {
 // one is close enough to be what was meant, else "".
 func ClosestVar(name string) string {
 	const prefix = "COURIER_"
-	got := strings.TrimPrefix(strings.ToUpper(name), prefix)
-	best, bestDist := "", -1
+	var known []string
 	for _, s := range specs() {
-		known, ok := strings.CutPrefix(s.name, prefix)
-		if !ok {
-			continue
-		}
-		d := editdist.Distance(got, known)
-		if d > max(2, len(known)/3) {
-			continue
-		}
-		if bestDist < 0 || d < bestDist {
-			best, bestDist = s.name, d
+		if k, ok := strings.CutPrefix(s.name, prefix); ok {
+			known = append(known, k)
 		}
 	}
-	return best
+	if near := editdist.Closest(strings.TrimPrefix(strings.ToUpper(name), prefix), known); near != "" {
+		return prefix + near
+	}
+	return ""
 }

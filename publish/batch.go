@@ -28,13 +28,11 @@ package publish
 // courier's own ids (for entries without one) hold only within one request.
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -285,26 +283,24 @@ func (s *Server) readBatch(r *http.Request, pathSubj string) ([]pending, error) 
 		return nil, notJSON(err)
 	}
 	// decodeBatch leaves the entries' data in body; encoding/json, for
-	// the bodies it leaves, copies them.
-	b, ok := decodeBatch(body)
+	// the bodies it leaves, copies them. Both stop at the entry past the
+	// most a request may carry.
+	most := s.maxEntries()
+	b, ok := decodeBatch(body, most)
 	if !ok {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&b); err != nil {
-			return nil, notJSON(err)
-		}
-		switch _, err := dec.Token(); {
-		case err == nil:
-			return nil, refuse(http.StatusBadRequest, outcomeInvalid, "the batch is followed by more than white space")
-		case !errors.Is(err, io.EOF):
+		b, err = decodeBatchJSON(body, most)
+		switch {
+		case errors.Is(err, errTrailing):
+			return nil, refuse(http.StatusBadRequest, outcomeInvalid, "%v", err)
+		case err != nil:
 			return nil, notJSON(err)
 		}
 	}
 	switch {
 	case len(b.Entries) == 0:
 		return nil, refuse(http.StatusBadRequest, outcomeInvalid, `the batch has no entries: send {"entries":[...]}`)
-	case len(b.Entries) > s.maxEntries():
-		return nil, refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the batch has %d entries, more than the %d a request may carry: split it", len(b.Entries), s.maxEntries())
+	case len(b.Entries) > most:
+		return nil, refuse(http.StatusRequestEntityTooLarge, outcomeTooLarge, "the batch has more than the %d entries a request may carry: split it", most)
 	}
 	out := make([]pending, len(b.Entries))
 	seen := make(map[string]int, len(b.Entries))

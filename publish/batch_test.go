@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -271,6 +274,57 @@ func TestBatchRefusals(t *testing.T) {
 	}
 	if r := tok.postBatch("/orders.x", `{"entries":[`+ok+`]}`, "Authorization", "Bearer t0ken"); r.status != 200 {
 		t.Errorf("with the token: %d %q", r.status, r.Error)
+	}
+}
+
+// TestBatchOfManyEntriesRefusedWithinItsBody: a batch of more entries than
+// a request may carry is refused (413) once the entry past the bound is
+// read, so that what its refusal holds is bounded by its body (at most
+// MaxBatchBytes), not by its count of entries: the 8 MiB of 2.8 million
+// empty entries, read whole, took 2 GiB. Read by decodeBatch, and by
+// encoding/json (its first entry holds an escape, which decodeBatch leaves
+// to it).
+func TestBatchOfManyEntriesRefusedWithinItsBody(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	a := startAPI(t, srv.ClientURL(), Options{})
+	limit := int(a.srv.o.MaxBatchBytes)
+	for _, tc := range []struct{ name, first string }{
+		{"decodeBatch", `{}`},
+		{"encoding/json", `{"entryId":"\u0041"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			b.Grow(limit)
+			b.WriteString(`{"entries":[` + tc.first)
+			for b.Len()+len(`,{}]}`) <= limit {
+				b.WriteString(`,{}`)
+			}
+			b.WriteString(`]}`)
+			body := b.String()
+
+			r := a.postBatch("/orders.x", body)
+			if r.status != http.StatusRequestEntityTooLarge || !strings.Contains(r.Error, "more than the 128 entries a request may carry") {
+				t.Errorf("%d bytes of empty entries: answer %d %q, want 413 saying a request carries at most 128", len(body), r.status, r.Error)
+			}
+
+			// The reading of that body alone, measured.
+			req := httptest.NewRequest(http.MethodPost, BatchPath+"/orders.x", strings.NewReader(body))
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, err := a.srv.readBatch(req, "orders.x")
+			runtime.ReadMemStats(&after)
+			var ref *refusal
+			if !errors.As(err, &ref) || ref.status != http.StatusRequestEntityTooLarge {
+				t.Fatalf("readBatch: %v, want a 413 refusal", err)
+			}
+			// Most of it is readAll growing into the body (about 5 times
+			// its size, counting every step); 3.7 GiB were allocated when
+			// every entry was read.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 10*uint64(len(body)) {
+				t.Errorf("refusing %d bytes of %d entries allocated %d MiB, more than 10 times the body", len(body), strings.Count(body, "{")-1, alloc>>20)
+			}
+		})
 	}
 }
 

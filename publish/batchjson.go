@@ -7,13 +7,22 @@ package publish
 // decodeBatch takes the bodies apps send, in the shape courier delivers
 // batches in; anything else (an escape in a string the batch is read by, a
 // key spelt in another case, a key given twice, a field courier does not
-// know, JSON that is not valid) it leaves to encoding/json, whose result,
-// or refusal, stands (readBatch). So it need not refuse anything well: it
-// must only never accept what encoding/json would read differently, which
-// FuzzDecodeBatch checks.
+// know, JSON that is not valid) it leaves to encoding/json, an entry at a
+// time (decodeBatchJSON), whose result, or refusal, stands (readBatch). So
+// it need not refuse anything well: it must only never accept what
+// encoding/json would read differently, which FuzzDecodeBatch checks.
+//
+// Both stop at the entry past the most a request may carry, so that what
+// a refused batch holds is bounded by its body, not by its count of
+// entries: 8 MiB of empty entries ({}) are 2.8 million of them.
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -23,14 +32,17 @@ const maxFastDepth = 256
 
 // decodeBatch reads body as encoding/json reads it into a batchBody (no
 // unknown field, nothing but white space after), for the bodies it takes:
-// ok is false for any other, which the caller reads with encoding/json.
-// The entries' data, raw fields and dataB64 share body's memory.
-func decodeBatch(body []byte) (b batchBody, ok bool) {
+// ok is false for any other, which the caller reads with decodeBatchJSON.
+// It stops at the entry past most: b then holds most+1 entries, the rest
+// of body unread, and the caller refuses the batch. The entries' data, raw
+// fields and dataB64 share body's memory.
+func decodeBatch(body []byte, most int) (b batchBody, ok bool) {
 	d := batchScanner{b: body}
 	if !d.byte('{') || !d.key("entries") || !d.byte('[') {
 		return batchBody{}, false
 	}
-	b.Entries = make([]batchEntry, 0, min(countObjects(body), maxBatchEntries+1))
+	b.Entries = make([]batchEntry, 0, min(countObjects(body), most+1))
+	over := false
 	entries := d.list(']', func() bool {
 		var e batchEntry
 		seen := 0
@@ -38,13 +50,112 @@ func decodeBatch(body []byte) (b batchBody, ok bool) {
 			return false
 		}
 		b.Entries = append(b.Entries, e)
-		return true
+		over = len(b.Entries) > most
+		return !over
 	})
+	if over {
+		return b, true
+	}
 	if !entries || !d.byte('}') {
 		return batchBody{}, false
 	}
 	d.space()
 	return b, d.i == len(d.b)
+}
+
+// errTrailing is decodeBatchJSON's error for a batch followed by more
+// than white space.
+var errTrailing = errors.New("the batch is followed by more than white space")
+
+// decodeBatchJSON reads body with encoding/json, as json.Decoder with
+// DisallowUnknownFields reads it into a batchBody (keys matched in any
+// case, null as nothing) and then finds nothing but white space after it
+// (errTrailing), but an entry at a time: it stops at the entry past most,
+// as decodeBatch does. One difference, for a body no app sends: it refuses
+// entries given twice, which encoding/json would read into one another.
+func decodeBatchJSON(body []byte, most int) (batchBody, error) {
+	var b batchBody
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return batchBody{}, err
+	case tok == nil: // null: nothing, as encoding/json reads it
+	case tok != json.Delim('{'):
+		return batchBody{}, fmt.Errorf("the batch is %s, not an object", jsonKind(tok))
+	default:
+		seen := false
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return batchBody{}, err
+			}
+			key, _ := tok.(string)
+			switch {
+			case !strings.EqualFold(key, "entries"):
+				return batchBody{}, fmt.Errorf("json: unknown field %q", key)
+			case seen:
+				return batchBody{}, errors.New(`"entries" is given twice`)
+			}
+			seen = true
+			if b.Entries, err = decodeEntries(dec, most); err != nil || len(b.Entries) > most {
+				return b, err
+			}
+		}
+		if _, err := dec.Token(); err != nil { // the closing brace
+			return batchBody{}, err
+		}
+	}
+	switch _, err := dec.Token(); {
+	case err == nil:
+		return batchBody{}, errTrailing
+	case !errors.Is(err, io.EOF):
+		return batchBody{}, err
+	}
+	return b, nil
+}
+
+// decodeEntries reads the value of a batch's entries from dec: null (no
+// entries), or a list of entries, read up to the one past most.
+func decodeEntries(dec *json.Decoder, most int) ([]batchEntry, error) {
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return nil, err
+	case tok == nil:
+		return nil, nil
+	case tok != json.Delim('['):
+		return nil, fmt.Errorf("the batch's entries are %s, not a list", jsonKind(tok))
+	}
+	entries := []batchEntry{} // an empty list is not null, to encoding/json
+	for dec.More() {
+		if len(entries) > most {
+			return entries, nil
+		}
+		entries = append(entries, batchEntry{})
+		if err := dec.Decode(&entries[len(entries)-1]); err != nil {
+			return nil, err
+		}
+	}
+	_, err = dec.Token() // the closing bracket
+	return entries, err
+}
+
+// jsonKind names the kind of JSON value tok (a json.Decoder token) begins.
+func jsonKind(tok json.Token) string {
+	switch tok := tok.(type) {
+	case json.Delim:
+		if tok == '[' {
+			return "a list"
+		}
+		return "an object"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	}
+	return "a number"
 }
 
 // countObjects is a guess at the entries in body (its '{' but the first),

@@ -58,7 +58,7 @@ var slowBodies = []string{
 
 func TestDecodeBatchTakesWhatAppsSend(t *testing.T) {
 	for _, body := range fastBodies {
-		got, ok := decodeBatch([]byte(body))
+		got, ok := decodeBatch([]byte(body), testMost)
 		if !ok {
 			t.Errorf("decodeBatch left %s to encoding/json", body)
 			continue
@@ -75,8 +75,81 @@ func TestDecodeBatchTakesWhatAppsSend(t *testing.T) {
 
 func TestDecodeBatchLeavesTheRest(t *testing.T) {
 	for _, body := range slowBodies {
-		if _, ok := decodeBatch([]byte(body)); ok {
+		if _, ok := decodeBatch([]byte(body), testMost); ok {
 			t.Errorf("decodeBatch took %s", body)
+		}
+	}
+}
+
+// decodeBatchJSON reads, an entry at a time, what json.Decoder reads whole,
+// and refuses what it refuses; but entries given twice, which it refuses
+// where encoding/json reads the second list into the first.
+func TestDecodeBatchJSONReadsAsEncodingJSON(t *testing.T) {
+	const twice = `{"entries":[],"entries":[{"entryId":"b"}]}`
+	bodies := append(append([]string{
+		`{"entries":[{"entryId":"a"}],"extra":1}`,
+		`{"ENTRIES":[{"entryId":"a"}]}`,
+		`{"entri\u0065s":[{"entryId":"a"}]}`,
+		`{"entries":{}}`,
+		`{"entries":"x"}`,
+		`{"entries":[1]}`,
+		`[{"entries":[]}]`,
+		`"batch"`,
+		``,
+		`  `,
+		`{"entries":[{"entryId":"a"}]`,
+		`{"entries":[{"entryId":"a"},]}`,
+	}, fastBodies...), slowBodies...)
+	for _, body := range bodies {
+		got, err := decodeBatchJSON([]byte(body), testMost)
+		if body == twice {
+			if err == nil || !strings.Contains(err.Error(), "twice") {
+				t.Errorf("%s: %+v, %v; want entries given twice refused", body, got, err)
+			}
+			continue
+		}
+		want, werr := decodeWhole([]byte(body))
+		switch {
+		case (err == nil) != (werr == nil):
+			t.Errorf("%s: error %v, encoding/json's %v", body, err, werr)
+		case err == nil && !reflect.DeepEqual(got, want):
+			t.Errorf("%s\n read as %+v\n encoding/json reads %+v", body, got, want)
+		}
+	}
+}
+
+// Both readings stop at the entry past the most a request may carry: what
+// they hold is most+1 entries, whatever follows, JSON or not.
+func TestDecodeBatchStopsPastMost(t *testing.T) {
+	const most = 3
+	list := func(first string, n int, after string) string {
+		return `{"entries":[` + first + strings.Repeat(`,{}`, n-1) + after
+	}
+	for _, tc := range []struct {
+		body string
+		want int
+	}{
+		{list(`{}`, 3, `]}`), 3},
+		{list(`{}`, 4, `]}`), 4},
+		{list(`{}`, 1000, `]}`), 4},
+		{list(`{}`, 1000, `,{"unknown":1}]}`), 4},
+		{list(`{}`, 1000, `,garbage`), 4},
+		{list(`{"entryId":"\u0041"}`, 3, `]}`), 3},
+		{list(`{"entryId":"\u0041"}`, 1000, `]}`), 4},
+		{list(`{"entryId":"\u0041"}`, 1000, `,{"unknown":1}]}`), 4},
+		{list(`{"entryId":"\u0041"}`, 1000, `,garbage`), 4},
+	} {
+		b, ok := decodeBatch([]byte(tc.body), most)
+		if !ok {
+			var err error
+			b, err = decodeBatchJSON([]byte(tc.body), most)
+			if err != nil {
+				t.Errorf("%.60s...: %v, want %d entries", tc.body, err, tc.want)
+				continue
+			}
+		}
+		if len(b.Entries) != tc.want {
+			t.Errorf("%.60s... (%d entries): read %d, want %d", tc.body, strings.Count(tc.body, "{")-1, len(b.Entries), tc.want)
 		}
 	}
 }
@@ -89,7 +162,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		f.Add([]byte(b))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got, ok := decodeBatch(body)
+		got, ok := decodeBatch(body, testMost)
 		if !ok {
 			return
 		}
@@ -103,8 +176,17 @@ func FuzzDecodeBatch(f *testing.F) {
 	})
 }
 
+// testMost is a bound on entries that no test body reaches.
+const testMost = 1 << 20
+
 // decodeWithJSON reads body as readBatch's fallback does.
 func decodeWithJSON(body []byte) (batchBody, error) {
+	return decodeBatchJSON(body, testMost)
+}
+
+// decodeWhole reads body as json.Decoder reads it whole into a batchBody,
+// what decodeBatchJSON reads an entry at a time.
+func decodeWhole(body []byte) (batchBody, error) {
 	var b batchBody
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -147,7 +229,7 @@ func BenchmarkReadBatchBody(b *testing.B) {
 	b.Run("decodeBatch", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := decodeBatch(body); !ok {
+			if _, ok := decodeBatch(body, testMost); !ok {
 				b.Fatal("left to encoding/json")
 			}
 		}

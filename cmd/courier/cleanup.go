@@ -30,9 +30,11 @@ not needed):
   - the durable consumer: only if courier created it, and not while a
     courier pulls from it;
   - the stream capturing its max-deliveries advisories (and the durable on
-    it): only if no advisory waits to be turned into a dead letter;
+    it): only if no advisory waits to be turned into a dead letter, and not
+    while a courier pulls from the durable;
   - the dead-letter stream: only if courier created it and it holds no dead
-    letter (replay or purge them first: 'courier dlq');
+    letter (replay or purge them first: 'courier dlq'), and not while a
+    courier pulls from the durable;
   - the key-value bucket of order per key's marks (COURIER_ORDER_KEY): only
     if courier created it, and not while the consumer is kept (a courier
     that starts on it reads them).
@@ -123,7 +125,7 @@ func cleanup(ctx context.Context, js jetstream.JetStream, cfg config.Config, opt
 	n := 0
 	for _, it := range items {
 		if it.keep != "" {
-			fmt.Fprintf(tw, "  keep\t%s\t%s\n", it.what, it.keep)
+			fmt.Fprintf(tw, "  keep  \t%s\t%s\n", it.what, it.keep)
 			continue
 		}
 		n++
@@ -224,7 +226,54 @@ func planConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Config
 const advisoryDescription = "courier: max-deliveries advisories"
 
 func planAdvisories(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
-	return planAdvisoriesOf(ctx, js, cfg.Stream, cfg.Consumer, force)
+	it, err := planAdvisoriesOf(ctx, js, cfg.Stream, cfg.Consumer, force)
+	if it == nil || err != nil {
+		return it, err
+	}
+	return it, keepForLiveCourier(ctx, js, cfg, force, it, "turns the advisories it captures into dead letters")
+}
+
+// keepForLiveCourier keeps it, which a running courier of cfg's durable
+// uses (what uses says), unless forced or kept already: removed under it,
+// the courier would fail until it restarts.
+func keepForLiveCourier(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool, it *item, uses string) error {
+	if force || it.keep != "" {
+		return nil
+	}
+	live, err := liveCourier(ctx, js, cfg)
+	if err != nil || live == "" {
+		return err
+	}
+	it.keep = fmt.Sprintf("%s, which %s: stop it first, or --force", live, uses)
+	it.remove = nil
+	return nil
+}
+
+// liveCourier says whether a courier seems to be running on cfg's durable:
+// pull requests wait on its consumer, or on its partitions' (a courier
+// keeps one waiting while it runs). It returns why it seems so, or "".
+func liveCourier(ctx context.Context, js jetstream.JetStream, cfg config.Config) (string, error) {
+	waiting := 0
+	c, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+	switch {
+	case err == nil:
+		waiting += c.CachedInfo().NumWaiting
+	case !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return "", fmt.Errorf("looking up consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	d, err := partition.Find(ctx, js, cfg.Stream, cfg.Consumer)
+	if err != nil {
+		return "", err
+	}
+	if d != nil {
+		for _, pc := range d.Consumers {
+			waiting += pc.CachedInfo().NumWaiting
+		}
+	}
+	if waiting == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("a courier seems to be running on consumer %q (%d pull requests waiting)", cfg.Consumer, waiting), nil
 }
 
 // planAdvisoriesOf is planAdvisories for consumer (giveup.AllConsumers: every
@@ -290,7 +339,7 @@ func planDeadLetters(ctx context.Context, js jetstream.JetStream, cfg config.Con
 	if it.keep == "" {
 		it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
 	}
-	return it, nil
+	return it, keepForLiveCourier(ctx, js, cfg, force, it, "stores its dead letters there")
 }
 
 // planOrderMarks finds the bucket of order per key's marks (ordermark),

@@ -16,6 +16,7 @@ import (
 	"github.com/courierhq/courier/giveup"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/ordermark"
+	"github.com/courierhq/courier/partition"
 )
 
 // cleanupRun runs `courier cleanup args...` in h's environment.
@@ -128,6 +129,74 @@ func TestCleanupKeepsWhatIsNotIdle(t *testing.T) {
 	})
 	if h.consumerInfo("courier") == nil {
 		t.Errorf("the live courier's consumer was removed:\n%s", last)
+	}
+}
+
+// Beside a running courier, cleanup keeps what it uses, not only its
+// consumer (or its partitions' work stream): the dead-letter stream it
+// stores dead letters in and the stream of advisories it turns into dead
+// letters, though both are empty; --force lifts that, as for the consumer.
+func TestCleanupKeepsWhatALiveCourierUses(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		kept  string // what holds the durable
+	}{
+		{"a consumer", nil, `consumer "courier" on stream "ORDERS"`},
+		{"partitions", []string{"COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=2"}, `stream "` + partition.StreamName("ORDERS", "courier") + `"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			a := newApp(t, nil)
+			c := start(t, h.env(a.URL, tc.extra...))
+			var out string
+			poll.Until(t, 20*time.Second, "cleanup seeing the running courier", func() bool {
+				out, _ = h.cleanupRun(t, "--dry-run")
+				return strings.Contains(out, "keep    "+tc.kept) && strings.Contains(out, "a courier seems to be")
+			})
+			advisories := giveup.StreamName("ORDERS", "courier")
+			if tc.extra != nil {
+				advisories = giveup.StreamName(partition.StreamName("ORDERS", "courier"), giveup.AllConsumers)
+			}
+			dlqStream, err := h.js.StreamNameBySubject(context.Background(), dlqSubject)
+			if err != nil || !h.streamExists(advisories) {
+				t.Fatalf("courier's streams: dlq %q (%v), advisories there %v", dlqStream, err, h.streamExists(advisories))
+			}
+
+			out, code := h.cleanupRun(t, "--yes")
+			if code != 0 {
+				t.Fatalf("--yes beside a running courier: exit %d\n%s", code, out)
+			}
+			for _, want := range []string{"keep    " + tc.kept, `keep    stream "` + dlqStream + `"`,
+				`a courier seems to be running on consumer "courier"`, "stores its dead letters there: stop it first, or --force",
+				"nothing to remove"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("cleanup beside a running courier lacks %q:\n%s", want, out)
+				}
+			}
+			if tc.extra == nil && !strings.Contains(out, `keep    stream "`+advisories+`"`) {
+				t.Errorf("cleanup beside a running courier does not keep its advisory stream:\n%s", out)
+			}
+			if !h.streamExists(advisories) || !h.streamExists(dlqStream) {
+				t.Fatalf("cleanup removed what a running courier uses:\n%s", out)
+			}
+
+			out, code = h.cleanupRun(t, "--dry-run", "--force")
+			for _, want := range []string{"remove  " + tc.kept, `remove  stream "` + advisories + `"`, `remove  stream "` + dlqStream + `"`} {
+				if code != 0 || !strings.Contains(out, want) {
+					t.Errorf("--dry-run --force: exit %d, lacks %q:\n%s", code, want, out)
+				}
+			}
+
+			// Stopped, the empty streams go without --force.
+			if err := c.stop(); err != nil {
+				t.Fatal(err)
+			}
+			out, code = h.cleanupRun(t, "--yes")
+			if code != 0 || h.streamExists(advisories) || h.streamExists(dlqStream) || !h.streamExists("ORDERS") {
+				t.Errorf("--yes once courier stopped: exit %d\n%s", code, out)
+			}
+		})
 	}
 }
 

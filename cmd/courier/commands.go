@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/courierhq/courier/internal/editdist"
 )
 
 // command is one of courier's subcommands. The table in commands is the one
@@ -42,6 +44,22 @@ func lookup(name string) (command, bool) {
 		}
 	}
 	return command{}, false
+}
+
+// unknownCommand is the error for name, which no command of the table is
+// called: with the closest name, when one is close enough to be what was
+// meant (courier statsu: did you mean status?).
+func unknownCommand(name string) error {
+	var names []string
+	for _, c := range commands() {
+		if c.name != "" {
+			names = append(names, c.name)
+		}
+	}
+	if near := editdist.Closest(strings.ToLower(name), names); near != "" {
+		return usageError("unknown command %q: did you mean %q?", name, near)
+	}
+	return usageError("unknown command %q", name)
 }
 
 // usage is the help text, built from the table.

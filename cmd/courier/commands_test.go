@@ -44,6 +44,22 @@ func TestCommandTable(t *testing.T) {
 	}
 }
 
+// A name no command has is refused (exit 2) with the closest command's,
+// when one is close enough to be what was meant.
+func TestUnknownCommandSuggests(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"statsu", `unknown command "statsu": did you mean "status"?`},
+		{"Cleanup", `unknown command "Cleanup": did you mean "cleanup"?`},
+		{"resum", `unknown command "resum": did you mean "resume"?`},
+		{"frobnicate", `unknown command "frobnicate"`},
+	} {
+		err := unknownCommand(tc.name)
+		if code := exitCode(err, io.Discard); code != 2 || err.Error() != tc.want {
+			t.Errorf("courier %s: exit %d, %q; want exit 2, %q", tc.name, code, err, tc.want)
+		}
+	}
+}
+
 func TestVersionCommand(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"--version"}, nil, &out, io.Discard); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
+	"github.com/courierhq/courier/internal/editdist"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/subject"
 	"github.com/courierhq/courier/success"
@@ -73,7 +74,7 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, polic
 	stream, err := js.Stream(ctx, cfg.Stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, nil, fmt.Errorf("stream %q not found: courier does not create the stream it consumes; create it (e.g. `nats stream add %s`) or fix COURIER_STREAM", cfg.Stream, cfg.Stream)
+		return nil, nil, streamNotFound(ctx, js, cfg.Stream)
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
 		return nil, nil, fmt.Errorf("JetStream is not enabled on the NATS server (or for this account): enable it, courier needs it")
 	case err != nil:
@@ -107,6 +108,42 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, polic
 		return nil, nil, fmt.Errorf("cannot create or update durable consumer %q on stream %q: %w (settings such as COURIER_DELIVER_POLICY are fixed when a durable is created: to change them, delete the consumer or choose a new COURIER_CONSUMER)", cfg.Consumer, cfg.Stream, err)
 	}
 	return stream, cons, nil
+}
+
+// streamNotFound is the error for a stream to consume that does not exist:
+// what to do, and the streams there are, closest to its name first, with
+// the one most likely meant (ORDER beside ORDERS).
+func streamNotFound(ctx context.Context, js jetstream.JetStream, stream string) error {
+	there := ""
+	if names, err := streamNames(ctx, js); err == nil && len(names) == 0 {
+		there = " (there is no stream on this server for this account)"
+	} else if len(names) > 0 {
+		byFold := make(map[string]string, len(names))
+		folded := make([]string, 0, len(names))
+		for _, n := range names {
+			byFold[strings.ToLower(n)] = n
+			folded = append(folded, strings.ToLower(n))
+		}
+		if near := editdist.Closest(strings.ToLower(stream), folded); near != "" {
+			there = fmt.Sprintf(" (did you mean %q? the streams there are: %s)", byFold[near], strings.Join(closest(stream, names, 8), ", "))
+		} else {
+			there = fmt.Sprintf(" (the streams there are: %s)", strings.Join(closest(stream, names, 8), ", "))
+		}
+	}
+	return fmt.Errorf("stream %q not found%s: courier does not create the stream it consumes; create it (e.g. `nats stream add %s`) or fix COURIER_STREAM", stream, there, stream)
+}
+
+// streamNames lists the streams of the account but those courier and
+// key-value and object stores make.
+func streamNames(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	var names []string
+	lister := js.StreamNames(ctx)
+	for name := range lister.Name() {
+		if !strings.HasPrefix(name, "KV_") && !strings.HasPrefix(name, "OBJ_") && !strings.HasPrefix(name, "COURIER_") {
+			names = append(names, name)
+		}
+	}
+	return names, lister.Err()
 }
 
 // checkJetStream asks plainly whether JetStream is there: a server without

@@ -24,3 +24,21 @@ func Distance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// Closest returns the name of known closest to name, if one is close
+// enough to be what was meant (at most two edits, or a third of its
+// length), else "". Of names as close, the first in known wins. The
+// comparison is exact: callers fold case first where case does not count.
+func Closest(name string, known []string) string {
+	best, bestDist := "", -1
+	for _, k := range known {
+		d := Distance(name, k)
+		if d > max(2, len(k)/3) {
+			continue
+		}
+		if bestDist < 0 || d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}

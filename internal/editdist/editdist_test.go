@@ -20,3 +20,21 @@ func TestDistance(t *testing.T) {
 		}
 	}
 }
+
+func TestClosest(t *testing.T) {
+	known := []string{"status", "pause", "resume", "cleanup", "config", "dlq"}
+	for _, c := range []struct{ name, want string }{
+		{"statsu", "status"},
+		{"staus", "status"},
+		{"pasue", "pause"},
+		{"clean-up", "cleanup"},
+		{"dlg", "dlq"},
+		{"frobnicate", ""},
+		{"", ""},
+		{"status", "status"},
+	} {
+		if got := Closest(c.name, known); got != c.want {
+			t.Errorf("Closest(%q) = %q, want %q", c.name, got, c.want)
+		}
+	}
+}

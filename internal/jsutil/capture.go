@@ -67,13 +67,30 @@ func EnsureCapture(ctx context.Context, js jetstream.JetStream, cfg jetstream.St
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		// The stream to create by hand needs a name that is free: a
+		// capturing stream is found by its subject, whatever its name.
+		free := cfg
+		free.Name = freeStreamName(ctx, js, cfg.Name)
 		return nil, false, &SetupError{
 			Doing: fmt.Sprintf("create a stream capturing %q", subject),
-			Err:   fmt.Errorf("a stream named %q exists but does not capture it (add the subject to that stream, or create another capturing it): %w", cfg.Name, err),
-			HowTo: HowToCreateStream(cfg),
+			Err:   fmt.Errorf("a stream named %q exists but does not capture it (add the subject to that stream, or create one of another name capturing it): %w", cfg.Name, err),
+			HowTo: HowToCreateStream(free),
 		}
 	}
 	return nil, false, lookUpOrCreateError(js, err, "STREAM.CREATE."+cfg.Name, "create a stream capturing", cfg)
+}
+
+// freeStreamName returns name followed by "_2", "_3", ... up to "_99": the
+// first that no stream has, or that the server does not say is taken.
+func freeStreamName(ctx context.Context, js jetstream.JetStream, name string) string {
+	var candidate string
+	for i := 2; i < 100; i++ {
+		candidate = fmt.Sprintf("%s_%d", name, i)
+		if _, err := js.Stream(ctx, candidate); err != nil {
+			return candidate
+		}
+	}
+	return candidate
 }
 
 // captured fetches the stream named name, which captures subject, and checks

@@ -70,11 +70,27 @@ func TestEnsureCapture(t *testing.T) {
 	if _, _, err := jsutil.EnsureCapture(ctx, js, cfg("C", "m.x"), refuseMemory); !errors.Is(err, errRefused) || !strings.Contains(err.Error(), `"m.x"`) {
 		t.Errorf("EnsureCapture on a refused stream = %v, want errRefused naming the subject", err)
 	}
-	// The name is taken by a stream capturing something else.
+	// The name is taken by a stream capturing something else: what to
+	// create has a name that is free.
 	_, _, err = jsutil.EnsureCapture(ctx, js, cfg("A", "other"), refuseMemory)
 	var serr *jsutil.SetupError
-	if !errors.As(err, &serr) || !strings.Contains(err.Error(), "nats stream add A --subjects='other'") {
-		t.Errorf("EnsureCapture with a taken name = %v, want a *SetupError saying what to create", err)
+	if !errors.As(err, &serr) || !strings.Contains(err.Error(), `a stream named "A" exists but does not capture it`) ||
+		!strings.Contains(err.Error(), "nats stream add A_2 --subjects='other'") {
+		t.Errorf("EnsureCapture with a taken name = %v, want a *SetupError saying to create A_2", err)
+	}
+	if _, err := js.CreateStream(ctx, cfg("A_2", "a2.x")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = jsutil.EnsureCapture(ctx, js, cfg("A", "other"), refuseMemory)
+	if !errors.As(err, &serr) || !strings.Contains(err.Error(), "nats stream add A_3 --subjects='other'") {
+		t.Errorf("EnsureCapture with A and A_2 taken = %v, want a *SetupError saying to create A_3", err)
+	}
+	// The stream it says to create is found by its subject.
+	if _, err := js.CreateStream(ctx, cfg("A_3", "other")); err != nil {
+		t.Fatal(err)
+	}
+	if info, created, err := jsutil.EnsureCapture(ctx, js, cfg("A", "other"), refuseMemory); err != nil || created || info.Config.Name != "A_3" {
+		t.Errorf("EnsureCapture once A_3 captures the subject = %v, %v, %v; want A_3 found", info, created, err)
 	}
 	if _, _, err := jsutil.EnsureCapture(ctx, js, jetstream.StreamConfig{Name: "N"}, refuseMemory); err == nil {
 		t.Error("EnsureCapture without subjects succeeded")

@@ -56,11 +56,6 @@ const attemptTimeout = 3 * time.Second
 // first (a leader election takes a moment), at most a second apart.
 var retryPolicy = retry.Policy{Initial: 50 * time.Millisecond, Max: time.Second, Multiplier: 2}
 
-// reservedPrefixes start subjects NATS itself acts on (its API, key-value
-// and object stores, system account, inboxes): never published to through
-// courier, whatever Options.Subjects allows.
-var reservedPrefixes = [...]string{"$JS.", "$KV.", "$O.", "$SYS.", "$SRV.", "_INBOX."}
-
 // Server is the publish API. Create it with Listen, call Start once (it
 // serves from then on), Connect once the NATS connection is made, and
 // Shutdown to stop it; its methods are safe for concurrent use. Until
@@ -307,10 +302,11 @@ func (s *Server) allowed(subj string) error {
 			return refuse(http.StatusBadRequest, outcomeInvalid, "%s", err.Error())
 		}
 	}
-	for _, p := range reservedPrefixes {
-		if strings.HasPrefix(subj, p) {
-			return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
-		}
+	// NATS's own subjects (its API, key-value and object stores, system
+	// account, inboxes) are never published to through courier, whatever
+	// Options.Subjects allows.
+	if p := subject.Reserved(subj); p != "" {
+		return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
 	}
 	for _, f := range s.o.Subjects {
 		if subject.Matches(f, subj) {

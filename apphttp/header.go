@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/batch"
 )
 
 // What HTTP can carry of a NATS message's headers: NATS allows any byte but
@@ -23,6 +25,10 @@ const (
 	HeaderPublished = "Courier-Published"
 	// HeaderIdempotencyKey carries the resolved dedup key to the app.
 	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderBatch marks a batch request (batch.HeaderBatch): a message's
+	// own would make one message look like a batch of entries of its
+	// publisher's choosing, signed by courier when signing is on.
+	HeaderBatch = batch.HeaderBatch
 )
 
 // DroppedHeader is a message header that HTTP cannot carry.
@@ -72,7 +78,7 @@ func IsNATSHeader(name string) bool { return len(name) >= 5 && strings.EqualFold
 
 func isReserved(canon string) bool {
 	switch canon {
-	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished,
+	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished, HeaderBatch,
 		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade", "Keep-Alive", "Proxy-Connection":
 		return true
 	}

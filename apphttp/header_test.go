@@ -1,8 +1,10 @@
 package apphttp
 
 import (
+	"net/http"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -18,5 +20,34 @@ func TestFieldRulesAgreeWithNetHTTP(t *testing.T) {
 		if got, want := ValidFieldValue(s), httpguts.ValidHeaderFieldValue(s); got != want {
 			t.Errorf("ValidFieldValue(%q) = %v, net/http says %v", s, got, want)
 		}
+	}
+}
+
+// A message's own headers never pose as courier's: not the ones it sets on
+// every request, nor Courier-Batch, which would make one message look like
+// a batch of entries of its publisher's choosing to the app.
+func TestAppHeadersReserved(t *testing.T) {
+	src := nats.Header{
+		"Courier-Batch":    {"3"},
+		"courier-batch":    {"2"},
+		"Courier-Attempt":  {"9"},
+		"Courier-Subject":  {"elsewhere"},
+		"Courier-Sequence": {"1"},
+		"Idempotency-Key":  {"k"},
+		"X-Tenant":         {"acme"},
+	}
+	h := http.Header{}
+	dropped := AppHeaders(h, src, false)
+	if len(h) != 1 || h.Get("X-Tenant") != "acme" {
+		t.Errorf("passed on %v, want X-Tenant alone", h)
+	}
+	reserved := 0
+	for _, d := range dropped {
+		if d.Reason == "reserved for courier or HTTP" {
+			reserved++
+		}
+	}
+	if reserved != 5 {
+		t.Errorf("dropped %v, want the five Courier-* headers as reserved", dropped)
 	}
 }

@@ -2,12 +2,15 @@ package apphttp
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/courierhq/courier/batch"
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // What HTTP can carry of a NATS message's headers: NATS allows any byte but
@@ -35,6 +38,49 @@ const (
 type DroppedHeader struct {
 	Name   string
 	Reason string
+}
+
+// DroppedKind is what one log line says of the headers of one message that
+// HTTP could not carry for one reason: a message with thousands of such
+// values makes one line per reason, not one per value.
+type DroppedKind struct {
+	// Reason is DroppedHeader.Reason.
+	Reason string
+	// Names are the headers' names, distinct, sorted, made printable and
+	// at most MaxDroppedNames of them; More counts the others.
+	Names []string
+	More  int
+	// Values counts the DroppedHeaders of this reason.
+	Values int
+}
+
+// MaxDroppedNames bounds DroppedKind.Names.
+const MaxDroppedNames = 8
+
+// DroppedKinds groups what AppHeaders dropped by reason, in the order the
+// reasons first appear.
+func DroppedKinds(dropped []DroppedHeader) []DroppedKind {
+	var kinds []DroppedKind
+	names := map[string]map[string]bool{}
+	for _, d := range dropped {
+		i := slices.IndexFunc(kinds, func(k DroppedKind) bool { return k.Reason == d.Reason })
+		if i < 0 {
+			kinds = append(kinds, DroppedKind{Reason: d.Reason})
+			names[d.Reason] = map[string]bool{}
+			i = len(kinds) - 1
+		}
+		kinds[i].Values++
+		names[d.Reason][d.Name] = true
+	}
+	for i := range kinds {
+		all := slices.Sorted(maps.Keys(names[kinds[i].Reason]))
+		n := min(len(all), MaxDroppedNames)
+		for _, name := range all[:n] {
+			kinds[i].Names = append(kinds[i].Names, printable.Line(name, 64))
+		}
+		kinds[i].More = len(all) - n
+	}
+	return kinds
 }
 
 // AppHeaders copies a message's application headers into h as HTTP carries

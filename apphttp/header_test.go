@@ -1,6 +1,7 @@
 package apphttp
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -49,5 +50,31 @@ func TestAppHeadersReserved(t *testing.T) {
 	}
 	if reserved != 5 {
 		t.Errorf("dropped %v, want the five Courier-* headers as reserved", dropped)
+	}
+}
+
+// DroppedKinds makes one kind per reason, its names distinct, sorted,
+// printable and bounded, its values all counted.
+func TestDroppedKinds(t *testing.T) {
+	var dropped []DroppedHeader
+	for i := range 20 {
+		for range 3 {
+			dropped = append(dropped, DroppedHeader{Name: fmt.Sprintf("X-%02d", i), Reason: "value not valid in HTTP"})
+		}
+	}
+	dropped = append(dropped, DroppedHeader{Name: "Bad\x1b[2JName", Reason: "not a valid HTTP header name"})
+	kinds := DroppedKinds(dropped)
+	if len(kinds) != 2 {
+		t.Fatalf("DroppedKinds = %+v, want two kinds", kinds)
+	}
+	v := kinds[0]
+	if v.Reason != "value not valid in HTTP" || v.Values != 60 || len(v.Names) != MaxDroppedNames || v.More != 12 || v.Names[0] != "X-00" || v.Names[7] != "X-07" {
+		t.Errorf("values kind = %+v", v)
+	}
+	if n := kinds[1]; n.Values != 1 || len(n.Names) != 1 || n.Names[0] != "Bad [2JName" || n.More != 0 {
+		t.Errorf("names kind = %+v", n)
+	}
+	if DroppedKinds(nil) != nil {
+		t.Error("DroppedKinds(nil) is not nil")
 	}
 }

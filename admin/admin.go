@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/courierhq/courier/internal/connlimit"
 )
 
 // Check reports nil when healthy, else why not. It must be fast and safe for
@@ -23,15 +25,65 @@ type Check func() error
 // Server is the admin HTTP server. Create it with Listen; call Start once
 // and Shutdown to stop it.
 type Server struct {
-	ln   net.Listener
-	srv  *http.Server
-	done chan error
+	ln    net.Listener
+	srv   *http.Server
+	conns *connlimit.Limiter
+	done  chan error
 }
 
-// Listen binds addr (":7415" form) and prepares the handlers. live decides
-// /healthz, ready decides /readyz (either may be nil for "always ok"), and
-// gatherer backs /metrics.
+// Options bound what a client of the admin port may hold: any peer that
+// reaches the port may connect (it listens on every interface by
+// default), and its clients, the kubelet's probes and Prometheus, send a
+// small request at once. Zero values take the defaults stated.
+type Options struct {
+	// MaxConns bounds the connections held at once; past it the one
+	// longest without a request in progress is closed to make room
+	// (internal/connlimit). Default 64.
+	MaxConns int
+	// IdleTimeout closes a keep-alive connection after this long without
+	// a request. Default 30s.
+	IdleTimeout time.Duration
+	// ReadHeaderTimeout bounds the reading of a request's headers, and
+	// ReadTimeout of the whole request. Defaults 5s and 10s.
+	ReadHeaderTimeout, ReadTimeout time.Duration
+	// WriteTimeout bounds the writing of an answer (a large /metrics to a
+	// client that does not read). Default 30s.
+	WriteTimeout time.Duration
+}
+
+// maxHeaderBytes bounds a request's headers: a probe's or a scrape's are
+// a few hundred bytes, and net/http's default would let each connection
+// hold a megabyte.
+const maxHeaderBytes = 16 << 10
+
+func (o *Options) defaults() {
+	if o.MaxConns <= 0 {
+		o.MaxConns = 64
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 30 * time.Second
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 5 * time.Second
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = 10 * time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 30 * time.Second
+	}
+}
+
+// Listen binds addr (":7415" form) and prepares the handlers with the
+// default Options. live decides /healthz, ready decides /readyz (either
+// may be nil for "always ok"), and gatherer backs /metrics.
 func Listen(addr string, live, ready Check, gatherer prometheus.Gatherer, log *slog.Logger) (*Server, error) {
+	return ListenWith(addr, live, ready, gatherer, log, Options{})
+}
+
+// ListenWith is Listen with Options.
+func ListenWith(addr string, live, ready Check, gatherer prometheus.Gatherer, log *slog.Logger, o Options) (*Server, error) {
+	o.defaults()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin server cannot listen on COURIER_ADMIN_ADDR %q: %w", addr, err)
@@ -45,16 +97,26 @@ func Listen(addr string, live, ready Check, gatherer prometheus.Gatherer, log *s
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "courier admin: /healthz /readyz /metrics")
 	})
+	conns := connlimit.New(o.MaxConns)
 	return &Server{
 		ln: ln,
 		srv: &http.Server{
 			Handler:           mux,
-			ReadHeaderTimeout: 5 * time.Second,
+			ReadHeaderTimeout: o.ReadHeaderTimeout,
+			ReadTimeout:       o.ReadTimeout,
+			WriteTimeout:      o.WriteTimeout,
+			IdleTimeout:       o.IdleTimeout,
+			MaxHeaderBytes:    maxHeaderBytes,
+			ConnState:         conns.ConnState,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		},
-		done: make(chan error, 1),
+		conns: conns,
+		done:  make(chan error, 1),
 	}, nil
 }
+
+// Conns returns the number of connections the server holds.
+func (s *Server) Conns() int { return s.conns.Open() }
 
 // Addr is the address actually bound (useful with port 0).
 func (s *Server) Addr() string { return s.ln.Addr().String() }

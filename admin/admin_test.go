@@ -1,16 +1,21 @@
 package admin
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courierhq/courier/internal/poll"
 )
 
 func TestEndpoints(t *testing.T) {
@@ -74,5 +79,106 @@ func TestListenAddressInUse(t *testing.T) {
 	_, err = Listen(s.Addr(), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "COURIER_ADMIN_ADDR") {
 		t.Fatalf("want an error naming COURIER_ADMIN_ADDR, got %v", err)
+	}
+}
+
+// dialGet opens a connection to addr, sends GET path on it and reads the
+// answer, leaving the connection open (keep-alive).
+func dialGet(t *testing.T, addr, path string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: courier\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	return c
+}
+
+// closedByServer waits (at most 10s) until the server closes c.
+func closedByServer(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+func listenTest(t *testing.T, o Options) *Server {
+	t.Helper()
+	s, err := ListenWith("127.0.0.1:0", nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s
+}
+
+// Keep-alive connections left idle, and connections that never send a
+// whole request, are closed by the server after their time-outs: many of
+// them cost courier nothing once those pass.
+func TestIdleConnectionsClosed(t *testing.T) {
+	s := listenTest(t, Options{MaxConns: 1000, IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond})
+	var conns []net.Conn
+	for range 100 {
+		conns = append(conns, dialGet(t, s.Addr(), "/healthz"))
+	}
+	for range 100 {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\n"); err != nil { // and no more
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		if !closedByServer(c) {
+			t.Fatalf("connection %d of %d still open 10s after its time-out", i+1, len(conns))
+		}
+	}
+	poll.Until(t, 10*time.Second, "no connection held", func() bool { return s.Conns() == 0 })
+}
+
+// Past MaxConns, connections without a request in progress make room: a
+// flood of idle and silent connections never holds more than the bound,
+// and a probe is still answered.
+func TestConnectionsBounded(t *testing.T) {
+	s := listenTest(t, Options{MaxConns: 8, IdleTimeout: time.Hour, ReadHeaderTimeout: time.Hour})
+	var conns []net.Conn // in the order the server accepts them
+	for range 20 {
+		conns = append(conns, dialGet(t, s.Addr(), "/metrics"))
+	}
+	for range 50 {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		conns = append(conns, c)
+	}
+	dialGet(t, s.Addr(), "/healthz")
+	// The 7 newest and the probe's are held; every older one was closed.
+	for i, c := range conns[:len(conns)-7] {
+		if !closedByServer(c) {
+			t.Fatalf("connection %d of %d still open past the bound of 8", i+1, len(conns)+1)
+		}
+	}
+	if n := s.Conns(); n > 8 {
+		t.Errorf("the server holds %d connections, want at most 8", n)
 	}
 }

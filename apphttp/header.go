@@ -2,10 +2,15 @@ package apphttp
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/courierhq/courier/batch"
+	"github.com/courierhq/courier/internal/printable"
 )
 
 // What HTTP can carry of a NATS message's headers: NATS allows any byte but
@@ -23,12 +28,59 @@ const (
 	HeaderPublished = "Courier-Published"
 	// HeaderIdempotencyKey carries the resolved dedup key to the app.
 	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderBatch marks a batch request (batch.HeaderBatch): a message's
+	// own would make one message look like a batch of entries of its
+	// publisher's choosing, signed by courier when signing is on.
+	HeaderBatch = batch.HeaderBatch
 )
 
 // DroppedHeader is a message header that HTTP cannot carry.
 type DroppedHeader struct {
 	Name   string
 	Reason string
+}
+
+// DroppedKind is what one log line says of the headers of one message that
+// HTTP could not carry for one reason: a message with thousands of such
+// values makes one line per reason, not one per value.
+type DroppedKind struct {
+	// Reason is DroppedHeader.Reason.
+	Reason string
+	// Names are the headers' names, distinct, sorted, made printable and
+	// at most MaxDroppedNames of them; More counts the others.
+	Names []string
+	More  int
+	// Values counts the DroppedHeaders of this reason.
+	Values int
+}
+
+// MaxDroppedNames bounds DroppedKind.Names.
+const MaxDroppedNames = 8
+
+// DroppedKinds groups what AppHeaders dropped by reason, in the order the
+// reasons first appear.
+func DroppedKinds(dropped []DroppedHeader) []DroppedKind {
+	var kinds []DroppedKind
+	names := map[string]map[string]bool{}
+	for _, d := range dropped {
+		i := slices.IndexFunc(kinds, func(k DroppedKind) bool { return k.Reason == d.Reason })
+		if i < 0 {
+			kinds = append(kinds, DroppedKind{Reason: d.Reason})
+			names[d.Reason] = map[string]bool{}
+			i = len(kinds) - 1
+		}
+		kinds[i].Values++
+		names[d.Reason][d.Name] = true
+	}
+	for i := range kinds {
+		all := slices.Sorted(maps.Keys(names[kinds[i].Reason]))
+		n := min(len(all), MaxDroppedNames)
+		for _, name := range all[:n] {
+			kinds[i].Names = append(kinds[i].Names, printable.Line(name, 64))
+		}
+		kinds[i].More = len(all) - n
+	}
+	return kinds
 }
 
 // AppHeaders copies a message's application headers into h as HTTP carries
@@ -72,7 +124,7 @@ func IsNATSHeader(name string) bool { return len(name) >= 5 && strings.EqualFold
 
 func isReserved(canon string) bool {
 	switch canon {
-	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished,
+	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished, HeaderBatch,
 		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade", "Keep-Alive", "Proxy-Connection":
 		return true
 	}

@@ -139,7 +139,13 @@ func (d *DeadLetter) Original() nats.Header {
 
 // Republish returns the message Replay publishes for d: to the original
 // subject, the original body, and the headers of Original (load a reference
-// dead letter's first, see Queue.Load).
+// dead letter's first, see Queue.Load) but NATS's own (Nats-*), of which
+// only Nats-Msg-Id and Nats-TTL are kept. The others act when the message
+// is published, beyond the message itself, and a replay is not its first
+// publish: Nats-Rollup would remove the messages stored on its subject (or
+// in its stream) since the original, Nats-Schedule-* would make new
+// messages on a schedule, Nats-Trace-Dest would have the server publish a
+// trace to a subject of the header's choosing, Nats-Incr would count again.
 //
 // An original whose dedup key courier derived, having neither a non-empty
 // idempotencyHeader (looked up as the delivery loop does: as sent, then in
@@ -156,6 +162,11 @@ func (d *DeadLetter) Original() nats.Header {
 // a replay of a replay would store nothing.
 func (d *DeadLetter) Republish(idempotencyHeader string) *nats.Msg {
 	h := d.Original()
+	for name := range h {
+		if hasPrefixFold(name, "Nats-") && name != msgIDHeader && name != ttlHeader {
+			delete(h, name)
+		}
+	}
 	if idempotencyHeader != "" && natshdr.Get(h, idempotencyHeader) == "" && h.Get(msgIDHeader) == "" && !d.StreamCreated.IsZero() {
 		h.Set(idempotencyHeader, DerivedKey(d.Stream, d.StreamCreated, d.StreamSequence))
 	}

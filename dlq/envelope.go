@@ -122,8 +122,12 @@ func Reasons() []string {
 // MaxErrorLen bounds HeaderError, in bytes.
 const MaxErrorLen = 1024
 
-// msgIDHeader is JetStream's dedup header (jetstream.MsgIDHeader).
-const msgIDHeader = "Nats-Msg-Id"
+// msgIDHeader is JetStream's dedup header (jetstream.MsgIDHeader), and
+// ttlHeader its per-message TTL (jetstream.MsgTTLHeader).
+const (
+	msgIDHeader = "Nats-Msg-Id"
+	ttlHeader   = "Nats-TTL"
+)
 
 // Letter is one dead letter: the original message as it was stored, where it
 // came from, and why courier gave up on it. It is what the delivery loop

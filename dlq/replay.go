@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Outcome is what Replay did with one dead letter.
@@ -34,9 +37,21 @@ const (
 	Failed
 	// WouldReplay: a dry run; nothing was published or removed.
 	WouldReplay
+	// Refused: the dead letter names a target replay never publishes to
+	// (ReplayResult.Why says which): a subject NATS reserves (subject
+	// Reserved: its API, stores, system account, inboxes), one that is
+	// not among the subjects of the stream the dead letter names as
+	// read from the server, or none at all. Nothing is published and the
+	// dead letter is kept, for an operator to inspect (dlq show) and
+	// remove (dlq purge); every later replay refuses it again. Courier
+	// writes no such dead letter: one was written by someone else who
+	// may publish on the dead-letter subject, or altered. A dry run
+	// reports it too.
+	Refused
 )
 
-// String returns "replayed", "kept", "failed" or "would replay".
+// String returns "replayed", "kept", "failed", "would replay" or
+// "refused".
 func (o Outcome) String() string {
 	switch o {
 	case Replayed:
@@ -47,6 +62,8 @@ func (o Outcome) String() string {
 		return "failed"
 	case WouldReplay:
 		return "would replay"
+	case Refused:
+		return "refused"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -69,7 +86,11 @@ type ReplayResult struct {
 	// Why, for Kept, says why the duplicate was not taken for an earlier
 	// replay's copy, in a phrase such as "stream ORDERS calls the
 	// republish a duplicate of the original (sequence 7), whose
-	// Nats-Msg-Id is still inside its duplicate window".
+	// Nats-Msg-Id is still inside its duplicate window"; for Refused, why
+	// the target was refused, in a phrase such as "its subject
+	// "$JS.API.STREAM.DELETE.ORDERS" starts with $JS., which NATS
+	// reserves". Subjects in it are quoted with %q: it holds no control
+	// character of the dead letter's.
 	Why string
 	// RetryAt, for Kept, is when the Nats-Msg-Id leaves the source
 	// stream's duplicate window: the stream timestamp of the message
@@ -103,9 +124,9 @@ type ReplayOptions struct {
 
 // ReplaySummary counts the outcomes of a Replay.
 type ReplaySummary struct {
-	// Replayed, Kept, Failed and WouldReplay count the dead letters of
-	// each Outcome.
-	Replayed, Kept, Failed, WouldReplay int
+	// Replayed, Kept, Failed, WouldReplay and Refused count the dead
+	// letters of each Outcome.
+	Replayed, Kept, Failed, WouldReplay, Refused int
 	// RetryAt is the latest RetryAt of the kept dead letters: after it,
 	// all of them can be replayed. Zero when none was kept.
 	RetryAt time.Time
@@ -116,6 +137,15 @@ type ReplaySummary struct {
 // once the source stream has acknowledged it, removes the dead letter from
 // the dead-letter stream. It handles dead letters one at a time, in
 // sequence order, up to the stream's last sequence when it began.
+//
+// A dead letter is what anyone allowed to publish on the dead-letter
+// subject wrote, so its target is checked before anything is published:
+// sel.Stream is required (the stream whose dead letters are replayed, not
+// a header the writer chose), and the subject must not be one NATS
+// reserves and must be among the subjects of that stream as the server
+// reports them (streams' subjects do not overlap, so the republish lands
+// there). A dead letter that fails these checks is Refused: kept,
+// reported, never published.
 //
 // A reference dead letter (BodyOmitted) is republished with the body read
 // from the source stream (Load); when the original is gone it fails with
@@ -146,11 +176,13 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 		return ReplaySummary{}, fmt.Errorf("dlq: ReplayOptions.Limit %d must not be negative (0: no limit)", opts.Limit)
 	case opts.Rate < 0:
 		return ReplaySummary{}, fmt.Errorf("dlq: ReplayOptions.Rate %g must not be negative (0: no limit)", opts.Rate)
+	case sel.Stream == "":
+		return ReplaySummary{}, errors.New("dlq: Replay needs Selection.Stream, the stream whose dead letters are replayed: a dead letter's own Courier-Stream is written by whoever published it")
 	}
 	var (
 		sum     ReplaySummary
 		pace    = newPacer(opts.Rate)
-		windows = map[string]time.Duration{}
+		streams = streamCache{}
 		stopErr error
 		n       int
 	)
@@ -159,15 +191,17 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 			return false
 		}
 		n++
-		var r ReplayResult
-		if opts.DryRun {
+		r, checked := q.checkTarget(ctx, d, streams)
+		switch {
+		case !checked:
+		case opts.DryRun:
 			r = ReplayResult{Letter: d, Outcome: WouldReplay}
-		} else {
+		default:
 			if err := pace.wait(ctx); err != nil {
 				stopErr = err
 				return false
 			}
-			r = q.replayOne(ctx, d, opts.IdempotencyHeader, windows)
+			r = q.replayOne(ctx, d, opts.IdempotencyHeader, streams)
 		}
 		switch r.Outcome {
 		case Replayed:
@@ -181,6 +215,8 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 			sum.Failed++
 		case WouldReplay:
 			sum.WouldReplay++
+		case Refused:
+			sum.Refused++
 		}
 		if opts.Progress != nil {
 			opts.Progress(r)
@@ -200,16 +236,77 @@ func (q *Queue) Replay(ctx context.Context, sel Selection, opts ReplayOptions) (
 	return sum, nil
 }
 
-// replayOne republishes d and removes it as Replay describes. windows caches
-// the source streams' duplicate windows.
-func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, idempotencyHeader string, windows map[string]time.Duration) ReplayResult {
+// streamCache holds the info of the source streams a replay has read,
+// by name.
+type streamCache map[string]*jetstream.StreamInfo
+
+// streamInfo returns the info of the stream named name, read from the
+// server once per replay.
+func (q *Queue) streamInfo(ctx context.Context, name string, c streamCache) (*jetstream.StreamInfo, error) {
+	if info, ok := c[name]; ok {
+		return info, nil
+	}
+	s, err := q.js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	info := s.CachedInfo()
+	c[name] = info
+	return info, nil
+}
+
+// checkTarget checks where d would be republished, as Replay describes.
+// It reports true when d may be replayed; otherwise the result says why
+// not: Refused, or Failed when the stream could not be read.
+func (q *Queue) checkTarget(ctx context.Context, d *DeadLetter, streams streamCache) (ReplayResult, bool) {
+	r := ReplayResult{Letter: d, Outcome: Refused}
+	refuse := func(format string, args ...any) (ReplayResult, bool) {
+		r.Why = fmt.Sprintf(format, args...)
+		return r, false
+	}
+	subj := d.Subject
+	if subj == "" {
+		return refuse("it has no %s: nowhere to republish it", HeaderSubject)
+	}
+	if p := subject.Reserved(subj); p != "" {
+		return refuse("its subject %q starts with %s, which NATS reserves for itself (an API call, a store's write, a reply): replay never publishes there", subj, p)
+	}
+	if !publishable(subj) {
+		return refuse("its subject %q is not one a message is published to (an empty token, a wildcard, or white space)", subj)
+	}
+	info, err := q.streamInfo(ctx, d.Stream, streams)
+	if err != nil {
+		r.Outcome, r.Err = Failed, fmt.Errorf("dlq: dead letter %d names stream %q, which cannot be read to check its subject, it is kept: %w", d.Sequence, d.Stream, err)
+		return r, false
+	}
+	if !slices.ContainsFunc(info.Config.Subjects, func(f string) bool { return subject.Matches(f, subj) }) {
+		return refuse("its subject %q is not among the subjects of stream %s (%s), which it names", subj, d.Stream, strings.Join(info.Config.Subjects, ", "))
+	}
+	return ReplayResult{}, true
+}
+
+// publishable reports whether subj can be published to as it is: no
+// empty token, no wildcard token, no white space or line break (which
+// would end the subject in the protocol).
+func publishable(subj string) bool {
+	if strings.ContainsAny(subj, " \t\r\n") {
+		return false
+	}
+	for t := range strings.SplitSeq(subj, ".") {
+		if t == "" || t == "*" || t == ">" {
+			return false
+		}
+	}
+	return true
+}
+
+// replayOne republishes d, whose target checkTarget accepted, and removes
+// it as Replay describes. streams caches the source streams' info.
+func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, idempotencyHeader string, streams streamCache) ReplayResult {
 	r := ReplayResult{Letter: d}
 	fail := func(err error) ReplayResult {
 		r.Outcome, r.Err = Failed, err
 		return r
-	}
-	if d.Subject == "" {
-		return fail(fmt.Errorf("dlq: dead letter %d has no %s: nowhere to republish it", d.Sequence, HeaderSubject))
 	}
 	if err := q.Load(ctx, d); err != nil {
 		return fail(fmt.Errorf("dlq: dead letter %d cannot be replayed, it is kept: %w", d.Sequence, err))
@@ -221,7 +318,7 @@ func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, idempotencyHeader 
 	}
 	r.Ack = ack
 	if ack.Duplicate {
-		if keep := q.checkDuplicate(ctx, d, msg, ack, windows, &r); keep {
+		if keep := q.checkDuplicate(ctx, d, msg, ack, streams, &r); keep {
 			r.Outcome = Kept
 			return r
 		}
@@ -238,12 +335,12 @@ func (q *Queue) replayOne(ctx context.Context, d *DeadLetter, idempotencyHeader 
 // checkDuplicate decides whether the republish msg of d, which the source
 // stream called a duplicate, was stored by an earlier replay (false) or
 // stored nothing and d must be kept (true, with r.Why and r.RetryAt set).
-func (q *Queue) checkDuplicate(ctx context.Context, d *DeadLetter, msg *nats.Msg, ack *jetstream.PubAck, windows map[string]time.Duration, r *ReplayResult) bool {
+func (q *Queue) checkDuplicate(ctx context.Context, d *DeadLetter, msg *nats.Msg, ack *jetstream.PubAck, streams streamCache, r *ReplayResult) bool {
 	// Kept even if the window cannot be learned: the republish stored
 	// nothing.
 	retryAt := func(stored time.Time) {
-		if window, err := q.duplicateWindow(ctx, ack.Stream, windows); err == nil {
-			r.RetryAt = stored.Add(window)
+		if info, err := q.streamInfo(ctx, ack.Stream, streams); err == nil {
+			r.RetryAt = stored.Add(info.Config.Duplicates)
 		}
 	}
 	if ack.Stream == d.Stream && ack.Sequence == d.StreamSequence {
@@ -305,20 +402,6 @@ func sameHeaders(a, b nats.Header) bool {
 		}
 	}
 	return true
-}
-
-// duplicateWindow returns the duplicate window of stream, cached in windows.
-func (q *Queue) duplicateWindow(ctx context.Context, stream string, windows map[string]time.Duration) (time.Duration, error) {
-	if w, ok := windows[stream]; ok {
-		return w, nil
-	}
-	s, err := q.js.Stream(ctx, stream)
-	if err != nil {
-		return 0, fmt.Errorf("dlq: stream %q: %w", stream, err)
-	}
-	w := s.CachedInfo().Config.Duplicates
-	windows[stream] = w
-	return w, nil
 }
 
 // pacer spaces out calls to wait to at most rate per second; a rate of 0 or

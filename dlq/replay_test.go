@@ -14,13 +14,16 @@ import (
 	"github.com/courierhq/courier/internal/natstest"
 )
 
+// orders selects the dead letters of stream ORDERS, which Replay needs.
+var orders = dlq.Selection{Stream: "ORDERS"}
+
 // replayAll replays every dead letter and returns the summary and the one
 // result it expects.
 func (e *toolsEnv) replayAll(opts dlq.ReplayOptions) (dlq.ReplaySummary, dlq.ReplayResult) {
 	e.t.Helper()
 	var res []dlq.ReplayResult
 	opts.Progress = func(r dlq.ReplayResult) { res = append(res, r) }
-	sum, err := e.queue().Replay(ctx(e.t, 10*time.Second), dlq.Selection{}, opts)
+	sum, err := e.queue().Replay(ctx(e.t, 10*time.Second), orders, opts)
 	if err != nil || len(res) != 1 {
 		e.t.Fatalf("Replay = %+v, %v, %d results; want one result", sum, err, len(res))
 	}
@@ -168,11 +171,14 @@ func TestReplayReferenceDeadLetter(t *testing.T) {
 func TestReplayPurgeOptionsRefused(t *testing.T) {
 	e := newToolsEnv(t)
 	q := e.queue()
-	if _, err := q.Replay(ctx(t, 5*time.Second), dlq.Selection{}, dlq.ReplayOptions{Limit: -1}); err == nil || !strings.Contains(err.Error(), "Limit") {
+	if _, err := q.Replay(ctx(t, 5*time.Second), orders, dlq.ReplayOptions{Limit: -1}); err == nil || !strings.Contains(err.Error(), "Limit") {
 		t.Errorf("Replay with Limit -1 = %v, want an error naming Limit", err)
 	}
-	if _, err := q.Replay(ctx(t, 5*time.Second), dlq.Selection{}, dlq.ReplayOptions{Rate: -1}); err == nil || !strings.Contains(err.Error(), "Rate") {
+	if _, err := q.Replay(ctx(t, 5*time.Second), orders, dlq.ReplayOptions{Rate: -1}); err == nil || !strings.Contains(err.Error(), "Rate") {
 		t.Errorf("Replay with Rate -1 = %v, want an error naming Rate", err)
+	}
+	if _, err := q.Replay(ctx(t, 5*time.Second), dlq.Selection{}, dlq.ReplayOptions{}); err == nil || !strings.Contains(err.Error(), "Selection.Stream") {
+		t.Errorf("Replay without a stream = %v, want an error naming Selection.Stream", err)
 	}
 	if _, err := q.Purge(ctx(t, 5*time.Second), dlq.Selection{}, dlq.PurgeOptions{Limit: -1}); err == nil || !strings.Contains(err.Error(), "Limit") {
 		t.Errorf("Purge with Limit -1 = %v, want an error naming Limit", err)

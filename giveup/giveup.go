@@ -56,6 +56,12 @@ const (
 	// ResultRetry: fetching the message or storing its dead letter failed;
 	// the advisory was NAK'd and comes back.
 	ResultRetry = "retry"
+	// ResultRefused: the consumer's state on the server says it did not
+	// give up on the message the advisory names (it never delivered it,
+	// or it is not of its filter, or it has no delivery limit): the
+	// advisory was not the server's. It was terminated and nothing
+	// dead-lettered.
+	ResultRefused = "refused"
 )
 
 // maxDeleteTries bounds how often an advisory is handled again because the
@@ -109,9 +115,9 @@ func New(js jetstream.JetStream, stream jetstream.Stream, consumer string, dl De
 	}
 	handled := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_giveup_advisories_total",
-		Help: "Max-deliveries advisories (JetStream gave up on a message) handled, by result: dead_lettered, duplicate (dead letter already stored), gone (message no longer in the stream), malformed (terminated), retry (NAK'd, comes back).",
+		Help: "Max-deliveries advisories (JetStream gave up on a message) handled, by result: dead_lettered, duplicate (dead letter already stored), gone (message no longer in the stream), malformed (terminated), retry (NAK'd, comes back), refused (the consumer's state says it did not give up on the message: terminated).",
 	}, []string{"result"})
-	for _, r := range []string{ResultDeadLettered, ResultDuplicate, ResultGone, ResultMalformed, ResultRetry} {
+	for _, r := range []string{ResultDeadLettered, ResultDuplicate, ResultGone, ResultMalformed, ResultRetry, ResultRefused} {
 		handled.WithLabelValues(r)
 	}
 	if err := o.Registerer.Register(handled); err != nil {

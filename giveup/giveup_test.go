@@ -375,11 +375,11 @@ func TestGiveUpCatcherTwoReplicasOneDeadLetter(t *testing.T) {
 	b := e.newCatcher(nil).run(t)
 	seq := e.publish("orders.created", "twice", nil)
 	// The same advisory three times (as a server would send it again if
-	// an ack were lost): two copies, then the real one.
+	// an ack were lost): the real one and two copies.
+	e.exhaust()
 	adv := advisoryJSON(seq, 2, time.Now().Add(time.Minute))
 	e.sendAdvisory(adv)
 	e.sendAdvisory(adv)
-	e.exhaust()
 	poll.Until(t, 15*time.Second, "three advisories handled", func() bool {
 		total := 0
 		for _, c := range []*catcher{a, b} {

@@ -70,10 +70,33 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 	log := c.log.With("seq", a.StreamSeq, "deliveries", a.Deliveries, "advisory", a.ID)
 
 	orig, ok := c.fetchOriginal(work, m, a, tries, log)
-	if !ok || c.settledAsReference(work, m, a, orig, tries, log) {
+	if !ok || c.refused(work, m, a, orig, tries, log) || c.settledAsReference(work, m, a, orig, tries, log) {
 		return
 	}
 	c.deadLetter(work, m, a, orig, tries, log)
+}
+
+// refused checks the advisory against the consumer's state (verify); it
+// reports true when it terminated the advisory as one the server did not
+// send, or NAK'd it because the state could not be read.
+func (c *Catcher) refused(work context.Context, m jetstream.Msg, a advisory, orig *jetstream.RawStreamMsg, tries int, log *slog.Logger) bool {
+	err := c.verify(work, a, orig)
+	var r *refusal
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &r):
+		log.Error("max-deliveries advisory refused: the consumer's state on the server says it did not give up on that message (an advisory not sent by the server, on a subject others may publish to); nothing dead-lettered, advisory terminated",
+			"why", r.why, "subject", m.Subject(), "consumer", a.Consumer)
+		if err := m.TermWithReason("courier: advisory refused: " + r.why); err != nil {
+			log.Warn("cannot terminate refused advisory", "error", err)
+		}
+		c.count(ResultRefused)
+	default:
+		log.Error("cannot check the max-deliveries advisory against the consumer's state; advisory handled again later", "error", err)
+		c.retry(m, tries, log)
+	}
+	return true
 }
 
 // fetchOriginal fetches the message the advisory names. When it cannot go on

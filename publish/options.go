@@ -23,10 +23,12 @@ type Options struct {
 	// "Authorization: Bearer <token>"; "" asks for none. It is called on
 	// every request, so a token re-read from a file takes effect at once;
 	// it must be fast and safe for concurrent use. Nil asks for none.
-	// Without a token, a request must name courier in its Host by a
-	// loopback name or the listen address (so that a browser page cannot
-	// reach it by DNS rebinding); with one, by any name. A browser's
-	// cross-site request is refused either way.
+	// Without a token, a request must come from this host (a loopback
+	// address, or the address it reached: a client in the same pod) and
+	// name courier in its Host by a loopback name or the listen address
+	// (so that a browser page cannot reach it by DNS rebinding); with
+	// one, from any peer by any name. A browser's cross-site request is
+	// refused either way.
 	Token func() string
 	// Timeout bounds one publish, from its arrival to the stream's
 	// acknowledgement, courier's own retries included; past it the caller
@@ -39,6 +41,16 @@ type Options struct {
 	// within its time, so that memory stays bounded however many requests
 	// arrive. Default 256.
 	MaxConcurrent int
+	// MaxConns bounds the connections the API holds at once; past it the
+	// one longest without a request in progress (idle, or not yet sent
+	// its request) is closed to make room (internal/connlimit). Default
+	// twice what may be in progress: MaxConcurrent publishes and the
+	// batch requests (64).
+	MaxConns int
+	// IdleTimeout closes a keep-alive connection after this long without
+	// a request, and ReadHeaderTimeout one that has not sent a request's
+	// headers after this long. Defaults 1m and 5s.
+	IdleTimeout, ReadHeaderTimeout time.Duration
 	// MaxBatchBytes bounds the body of a batch request (BatchPath); a
 	// larger one is refused 413 before it is read. Default 8 MiB.
 	MaxBatchBytes int64
@@ -79,6 +91,15 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxConcurrent <= 0 {
 		o.MaxConcurrent = 256
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 2 * (o.MaxConcurrent + maxBatches)
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = time.Minute
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 5 * time.Second
 	}
 	if o.MaxBatchBytes <= 0 {
 		o.MaxBatchBytes = 8 << 20

@@ -39,6 +39,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/courierhq/courier/internal/connlimit"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/subject"
 )
@@ -55,11 +56,6 @@ const attemptTimeout = 3 * time.Second
 // retryPolicy spaces the attempts within one request's time: soon at
 // first (a leader election takes a moment), at most a second apart.
 var retryPolicy = retry.Policy{Initial: 50 * time.Millisecond, Max: time.Second, Multiplier: 2}
-
-// reservedPrefixes start subjects NATS itself acts on (its API, key-value
-// and object stores, system account, inboxes): never published to through
-// courier, whatever Options.Subjects allows.
-var reservedPrefixes = [...]string{"$JS.", "$KV.", "$O.", "$SYS.", "$SRV.", "_INBOX."}
 
 // Server is the publish API. Create it with Listen, call Start once (it
 // serves from then on), Connect once the NATS connection is made, and
@@ -144,16 +140,26 @@ func Listen(addr string, opts Options) (*Server, error) {
 	}
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.route),
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: opts.ReadHeaderTimeout,
 		// The body must arrive within the publish's own time.
 		ReadTimeout:    opts.Timeout,
 		WriteTimeout:   opts.Timeout + 5*time.Second,
-		IdleTimeout:    time.Minute,
+		IdleTimeout:    opts.IdleTimeout,
 		MaxHeaderBytes: maxHeaderBytes,
+		ConnState:      connlimit.New(opts.MaxConns).ConnState,
 		BaseContext:    func(net.Listener) context.Context { return base },
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return s, nil
+}
+
+// loopbackOnly reports whether the API listens on a loopback address
+// alone.
+func (s *Server) loopbackOnly() bool {
+	if s.listenName != "" {
+		return strings.EqualFold(s.listenName, "localhost")
+	}
+	return s.listenIP.IsLoopback()
 }
 
 // Connect hands the server the NATS connection and its JetStream to
@@ -187,6 +193,9 @@ func (s *Server) Start() {
 		}()
 		s.log.Info("publish API listening", "addr", s.Addr(), "subjects", strings.Join(s.o.Subjects, ","),
 			"timeout", s.o.Timeout.String(), "max_concurrent", s.o.MaxConcurrent)
+		if !s.loopbackOnly() && (s.o.Token == nil || s.o.Token() == "") {
+			s.log.Warn("publish API listens beyond loopback without a token: only clients on this host (in this pod) are admitted; set COURIER_APP_TOKEN_FILE to admit others", "addr", s.Addr())
+		}
 	})
 }
 
@@ -307,10 +316,11 @@ func (s *Server) allowed(subj string) error {
 			return refuse(http.StatusBadRequest, outcomeInvalid, "%s", err.Error())
 		}
 	}
-	for _, p := range reservedPrefixes {
-		if strings.HasPrefix(subj, p) {
-			return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
-		}
+	// NATS's own subjects (its API, key-value and object stores, system
+	// account, inboxes) are never published to through courier, whatever
+	// Options.Subjects allows.
+	if p := subject.Reserved(subj); p != "" {
+		return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
 	}
 	for _, f := range s.o.Subjects {
 		if subject.Matches(f, subj) {

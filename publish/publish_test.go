@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -612,5 +613,65 @@ func TestPublishBodyLengths(t *testing.T) {
 	}
 	if n := msgCount(t, js, "ORDERS"); n != 4 {
 		t.Errorf("%d messages stored, want 4", n)
+	}
+}
+
+// TestIdleAndSilentConnectionsBounded: the API holds at most MaxConns
+// connections (the one longest without a request makes room for a new
+// one), closes a keep-alive connection left idle past IdleTimeout, and
+// still serves a client that sends its request.
+func TestIdleAndSilentConnectionsBounded(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	a := startAPI(t, srv.ClientURL(), Options{MaxConns: 4, IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: time.Hour})
+	addr := strings.TrimPrefix(a.url, "http://")
+
+	publishOn := func(c net.Conn) {
+		t.Helper()
+		req := "POST " + PathPrefix + "orders.created HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n\r\nx"
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("publish: %s", resp.Status)
+		}
+	}
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+
+	var silent []net.Conn
+	for range 10 {
+		silent = append(silent, dial())
+	}
+	c := dial()
+	publishOn(c)
+	for i, s := range silent[:7] {
+		if !closed(s) {
+			t.Errorf("silent connection %d of 10 held past the bound of 4", i+1)
+		}
+	}
+	if !closed(c) {
+		t.Error("a keep-alive connection idle past IdleTimeout was not closed")
 	}
 }

@@ -107,7 +107,14 @@ func (s *Server) refuseRequest(w http.ResponseWriter, r *http.Request, start tim
 // admit decides whether a request may publish at all, whatever it
 // publishes: never a browser page's cross-site request (403); with a
 // token asked for, only a request carrying it (401); without one, only a
-// request whose Host names this courier as a local client does (403).
+// request from this host (localPeer) whose Host names this courier as a
+// local client does (403).
+//
+// Without a token nothing tells one caller from another: courier bound to
+// every interface (0.0.0.0, as a pod's other containers may need) would
+// publish for any peer of the network that sends an acceptable Host, an
+// app in another pod included. So only a peer of this host (this pod's
+// network namespace) is admitted; others need the token.
 //
 // A page open in a browser on a host where courier runs can reach courier
 // at localhost, so without a token any page could publish through it. A
@@ -134,6 +141,10 @@ func (s *Server) admit(r *http.Request) *result {
 		// by; and apps in other pods may reach a courier that asks for
 		// one by its Service's name.
 		return nil
+	}
+	if !localPeer(r) {
+		return &result{status: http.StatusForbidden, outcome: outcomeForbidden,
+			msg: fmt.Sprintf("without a token only a client on courier's own host (in its pod) may publish, and %s is not one: ask for a token (COURIER_APP_TOKEN_FILE) to admit clients of the network", r.RemoteAddr)}
 	}
 	if !s.hostAllowed(r) {
 		return &result{status: http.StatusForbidden, outcome: outcomeForbidden,
@@ -192,4 +203,21 @@ func (s *Server) hostAllowed(r *http.Request) bool {
 	}
 	local, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
 	return ok && local.AddrPort().Addr().Unmap().WithZone("") == ip.WithZone("")
+}
+
+// localPeer reports whether a request came from this host: from a
+// loopback address, or from the very address it reached (a connection to
+// one of the host's own addresses gets that address as its source), as a
+// client in the same pod connecting to the pod's IP does.
+func localPeer(r *http.Request) bool {
+	remote, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := remote.Addr().Unmap().WithZone("")
+	if ip.IsLoopback() {
+		return true
+	}
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	return ok && local.AddrPort().Addr().Unmap().WithZone("") == ip
 }

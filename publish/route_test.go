@@ -1,10 +1,12 @@
 package publish
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -294,5 +296,69 @@ func TestCleanPath(t *testing.T) {
 		if got := cleanPath(p); got != want {
 			t.Errorf("cleanPath(%q) = %v, want %v", p, got, want)
 		}
+	}
+}
+
+// TestPeerOfAnotherHostRefusedWithoutToken: courier listening beyond
+// loopback (0.0.0.0, as a pod's other containers may need) without a
+// token publishes only for a client on its own host, whatever Host the
+// request sends; a client of the network needs the token. A peer on
+// another host cannot be made in a test: its request is handed to the
+// API as net/http would, with the addresses such a connection has.
+func TestPeerOfAnotherHostRefusedWithoutToken(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	open := startAPIAt(t, "0.0.0.0:0", srv.ClientURL(), Options{})
+	tok := startAPIAt(t, "0.0.0.0:0", srv.ClientURL(), Options{Token: func() string { return "t0ken" }})
+
+	fromNetwork := func(a *api, headers ...string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "http://localhost"+PathPrefix+"orders.created", strings.NewReader("x"))
+		req.RemoteAddr = "198.51.100.7:40312" // another pod
+		req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, &net.TCPAddr{IP: net.ParseIP("192.0.2.2"), Port: 7416}))
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		rec := httptest.NewRecorder()
+		a.srv.route(rec, req)
+		return rec
+	}
+	for _, host := range []string{"localhost", "127.0.0.1:7416", "192.0.2.2:7416", "0.0.0.0"} {
+		rec := fromNetwork(open, "Host", host)
+		if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "COURIER_APP_TOKEN_FILE") {
+			t.Errorf("without a token, from another host with Host %q: %d %s, want 403 naming the token", host, rec.Code, rec.Body)
+		}
+	}
+	for _, batch := range []bool{false, true} {
+		path := PathPrefix + "orders.created"
+		if batch {
+			path = BatchPath + "/orders.created"
+		}
+		req := httptest.NewRequest(http.MethodPost, "http://localhost"+path, strings.NewReader(`{"entries":[{"data":1}]}`))
+		req.RemoteAddr = "[2001:db8::7]:40312"
+		rec := httptest.NewRecorder()
+		open.srv.route(rec, req)
+		if rec.Code != http.StatusForbidden {
+			t.Errorf("without a token, a batch %v from another host: %d %s, want 403", batch, rec.Code, rec.Body)
+		}
+	}
+	if rec := fromNetwork(tok, "Authorization", "Bearer t0ken"); rec.Code != http.StatusOK {
+		t.Errorf("with the token, from another host: %d %s, want 200", rec.Code, rec.Body)
+	}
+	if rec := fromNetwork(tok); rec.Code != http.StatusUnauthorized {
+		t.Errorf("without the token, from another host, token asked for: %d %s, want 401", rec.Code, rec.Body)
+	}
+	// The same pod, by loopback or by the pod's own address: admitted.
+	_, port, _ := net.SplitHostPort(open.srv.Addr())
+	if r := do(t, "POST", "http://127.0.0.1:"+port+PathPrefix+"orders.created", "x", "Host", "localhost"); r.status != http.StatusOK {
+		t.Errorf("from loopback: %d %q", r.status, r.body)
+	}
+	if ip := hostIP(t); ip != "" {
+		if r := do(t, "POST", "http://"+net.JoinHostPort(ip, port)+PathPrefix+"orders.created", "x"); r.status != http.StatusOK {
+			t.Errorf("from this host's own address %s: %d %q", ip, r.status, r.body)
+		}
+	}
+	if n := msgCount(t, js, "ORDERS"); n < 2 {
+		t.Errorf("%d messages stored, want those of the admitted requests", n)
 	}
 }

@@ -23,8 +23,8 @@ const HeaderStatus = "Courier-Status"
 func (s *Service) requestHeaders(req micro.Request) http.Header {
 	src := nats.Header(req.Headers())
 	h := make(http.Header, len(src)+2)
-	for _, d := range apphttp.AppHeaders(h, src, true) {
-		s.drop(req.Subject(), d.Name, d.Reason)
+	if dropped := apphttp.AppHeaders(h, src, true); len(dropped) > 0 {
+		s.drop(req.Subject(), dropped)
 	}
 	// NATS allows control characters in a subject; HTTP does not in a value.
 	if subj := req.Subject(); apphttp.ValidFieldValue(subj) {
@@ -38,15 +38,23 @@ func (s *Service) requestHeaders(req micro.Request) http.Header {
 	return h
 }
 
-func (s *Service) drop(subject, name, reason string) {
-	s.m.dropped.Inc()
-	s.log.Warn("header not passed to the app", "subject", subject, "header", name, "reason", reason)
+// drop counts each dropped header value and logs one line per reason: a
+// request is its sender's to fill with thousands of values HTTP cannot
+// carry, which must not become as many lines.
+func (s *Service) drop(subject string, dropped []apphttp.DroppedHeader) {
+	s.m.dropped.Add(float64(len(dropped)))
+	for _, k := range apphttp.DroppedKinds(dropped) {
+		s.log.Warn("headers not passed to the app", "subject", subject, "reason", k.Reason,
+			"headers", strings.Join(k.Names, ","), "more_headers", k.More, "values", k.Values)
+	}
 }
 
 // replyHeaders returns the app's response headers to send on the reply: not
 // HTTP's hop-by-hop or framing ones (or any the Connection header names),
 // not Nats-* ones (the app's answer must not pose as NATS's or micro's own,
-// such as the service error headers), not Courier-Status (courier's).
+// such as the service error headers), not Courier-Status (courier's), not
+// Set-Cookie: no NATS client keeps cookies, and a session a web framework
+// opens for every request would only travel on NATS as a credential.
 func replyHeaders(src http.Header) nats.Header {
 	if len(src) == 0 {
 		return nil
@@ -62,7 +70,7 @@ func replyHeaders(src http.Header) nats.Header {
 	h := make(nats.Header, len(src))
 	for name, vs := range src {
 		switch {
-		case hop[name], hopByHop(name), name == HeaderStatus,
+		case hop[name], hopByHop(name), name == HeaderStatus, name == "Set-Cookie",
 			len(name) >= 5 && strings.EqualFold(name[:5], "Nats-"):
 			continue
 		}

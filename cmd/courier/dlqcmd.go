@@ -50,11 +50,15 @@ is (or was) in the stream courier consumes.
            this consumer. A republish the source stream calls a duplicate
            of the original (its Nats-Msg-Id still inside the duplicate
            window), or of another message stored under the same id, keeps
-           the dead letter and says why and when to retry. A line per dead
-           letter and, on a long run, progress go to stderr; the summary
-           "replayed N, kept M (duplicate window), failed K" to stdout
-           (--dry-run: the plan, a line per dead letter, to stdout). Exit
-           status 0 when all were replayed, 1 when some were not.
+           the dead letter and says why and when to retry. A dead letter
+           whose subject NATS reserves ($JS., $KV., _INBOX., ...) or is not
+           among COURIER_STREAM's subjects is refused: never republished,
+           kept, reported (courier writes no such dead letter). A line per
+           dead letter and, on a long run, progress go to stderr; the
+           summary "replayed N, kept M (duplicate window), failed K" (and
+           ", refused R" when some were) to stdout (--dry-run: the plan, a
+           line per dead letter, to stdout). Exit status 0 when all were
+           replayed, 1 when some were not.
   purge    delete the selected dead letters for good; needs --yes.
 
 Filters (all must hold):

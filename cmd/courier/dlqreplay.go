@@ -26,11 +26,17 @@ func dlqReplay(ctx context.Context, q *dlq.Queue, sel dlq.Selection, opts dlq.Re
 	opts.Progress = func(r dlq.ReplayResult) {
 		handled++
 		d := r.Letter
+		// Every field of a dead letter is as its writer chose: cleaned.
 		subject := cell(d.Subject, 1<<10)
-		switch r.Outcome {
-		case dlq.WouldReplay:
-			fmt.Fprintf(stdout, "would replay %d (%s sequence %d) to %s (%s, %s)\n", d.Sequence, d.Stream, d.StreamSequence, subject, d.Reason, plural(d.Attempts, "attempt"))
+		switch {
+		case r.Outcome == dlq.WouldReplay:
+			fmt.Fprintf(stdout, "would replay %d (%s sequence %d) to %s (%s, %s)\n", d.Sequence, cell(d.Stream, 64), d.StreamSequence, subject, cell(d.Reason, 64), plural(d.Attempts, "attempt"))
 			return
+		case r.Outcome == dlq.Refused && opts.DryRun:
+			fmt.Fprintf(stdout, "would refuse %d: %s\n", d.Sequence, r.Why)
+			return
+		}
+		switch r.Outcome {
 		case dlq.Replayed:
 			counts.Replayed++
 			if r.Earlier {
@@ -44,18 +50,22 @@ func dlqReplay(ctx context.Context, q *dlq.Queue, sel dlq.Selection, opts dlq.Re
 			fmt.Fprintf(stderr, "kept %d: %s; %s\n", d.Sequence, r.Why, retryHint(r.RetryAt))
 		case dlq.Failed:
 			counts.Failed++
-			fmt.Fprintf(stderr, "failed %d: %v\n", d.Sequence, r.Err)
+			fmt.Fprintf(stderr, "failed %d: %s\n", d.Sequence, cell(r.Err.Error(), 0))
+		case dlq.Refused:
+			counts.Refused++
+			fmt.Fprintf(stderr, "refused %d: %s; courier writes no such dead letter: it is kept and never republished (look at it with 'courier dlq show %d', remove it with 'courier dlq purge --yes %d')\n",
+				d.Sequence, r.Why, d.Sequence, d.Sequence)
 		}
 		if handled%replayProgressEvery == 0 || time.Since(lastReport) >= time.Second {
 			lastReport = time.Now()
-			fmt.Fprintf(stderr, "progress: %d handled so far: replayed %d, kept %d, failed %d\n", handled, counts.Replayed, counts.Kept, counts.Failed)
+			fmt.Fprintf(stderr, "progress: %d handled so far: replayed %d, kept %d, failed %d%s\n", handled, counts.Replayed, counts.Kept, counts.Failed, refusedCount(counts.Refused))
 		}
 	}
 	sum, err := q.Replay(ctx, sel, opts)
 	if opts.DryRun {
-		fmt.Fprintf(stdout, "dry run: would replay %d, nothing changed\n", sum.WouldReplay)
+		fmt.Fprintf(stdout, "dry run: would replay %d%s, nothing changed\n", sum.WouldReplay, refusedCount(sum.Refused))
 	} else {
-		fmt.Fprintf(stdout, "replayed %d, kept %d (duplicate window), failed %d\n", sum.Replayed, sum.Kept, sum.Failed)
+		fmt.Fprintf(stdout, "replayed %d, kept %d (duplicate window), failed %d%s\n", sum.Replayed, sum.Kept, sum.Failed, refusedCount(sum.Refused))
 		if sum.Kept > 1 {
 			fmt.Fprintf(stderr, "the kept dead letters can be replayed again %s\n", strings.TrimPrefix(retryHint(sum.RetryAt), "retry "))
 		}
@@ -63,8 +73,8 @@ func dlqReplay(ctx context.Context, q *dlq.Queue, sel dlq.Selection, opts dlq.Re
 	switch {
 	case err != nil:
 		return err
-	case sum.Kept+sum.Failed > 0:
-		return &exitError{code: 1, err: fmt.Errorf("dlq replay: %d kept, %d failed", sum.Kept, sum.Failed)}
+	case sum.Kept+sum.Failed+sum.Refused > 0:
+		return &exitError{code: 1, err: fmt.Errorf("dlq replay: %d kept, %d failed%s", sum.Kept, sum.Failed, refusedCount(sum.Refused))}
 	case missingSequences(sel, opts.Limit, handled):
 		return &exitError{code: 1, err: fmt.Errorf("dlq replay: %d of the %d sequences given hold no dead letter of this consumer matching the filters",
 			len(sel.Sequences)-handled, len(sel.Sequences))}
@@ -82,7 +92,7 @@ func dlqPurge(ctx context.Context, q *dlq.Queue, sel dlq.Selection, limit int, s
 			fmt.Fprintf(stderr, "failed %d: %v\n", r.Letter.Sequence, r.Err)
 			return
 		}
-		fmt.Fprintf(stderr, "purged %d (%s, %s)\n", r.Letter.Sequence, r.Letter.Reason, r.Letter.Subject)
+		fmt.Fprintf(stderr, "purged %d (%s, %s)\n", r.Letter.Sequence, cell(r.Letter.Reason, 64), cell(r.Letter.Subject, 1<<10))
 	}})
 	fmt.Fprintf(stdout, "purged %d, failed %d\n", sum.Purged, sum.Failed)
 	switch {
@@ -95,6 +105,15 @@ func dlqPurge(ctx context.Context, q *dlq.Queue, sel dlq.Selection, limit int, s
 			len(sel.Sequences)-handled, len(sel.Sequences))}
 	}
 	return nil
+}
+
+// refusedCount is ", refused N" for the summaries, or "" when none was
+// refused (the usual case, whose summary stays as it was).
+func refusedCount(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return ", refused " + strconv.Itoa(n)
 }
 
 // missingSequences reports whether sequences were given and fewer dead

@@ -211,13 +211,16 @@ func showLetter(ctx context.Context, q *dlq.Queue, d *dlq.DeadLetter, asJSON boo
 	default:
 		fmt.Fprintln(stdout, "Headers")
 	}
+	// The original's headers are its publisher's, or a planted dead
+	// letter's writer's: an escape sequence or a line break among them
+	// would act on the terminal or forge a line of this output.
 	for _, name := range slices.Sorted(maps.Keys(h)) {
 		for _, v := range h[name] {
-			fmt.Fprintf(stdout, "  %s: %s\n", name, v)
+			fmt.Fprintf(stdout, "  %s: %s\n", printable.Line(name, 0), printable.Line(v, 0))
 		}
 	}
 	if d.BodyOmitted {
-		where := fmt.Sprintf("stream %s sequence %d", d.Stream, d.StreamSequence)
+		where := fmt.Sprintf("stream %s sequence %d", cell(d.Stream, 64), d.StreamSequence)
 		if loadErr != nil {
 			_, err := fmt.Fprintf(stdout, "Body (%d bytes): not in the dead letter (too large to carry); it was left in %s, but cannot be read there: %v\n", d.BodySize, where, loadErr)
 			return err

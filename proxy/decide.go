@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -220,9 +221,14 @@ func (a alone) send(d *delivery, h http.Header, _ string, _ *attemptSpan, ready 
 // (way.handOff); it reports whether it did the latter.
 func (dc *decider) attempt(d *delivery) (handedOff bool) {
 	h, ct, dropped := dc.way.headers(d)
-	for _, dh := range dropped {
-		dc.m.dropped.Inc()
-		d.log.Warn("header not passed to the app", "header", dh.Name, "reason", dh.Reason)
+	if len(dropped) > 0 {
+		// Counted per value, logged once per reason: a publisher's
+		// thousands of values HTTP cannot carry make one line each.
+		dc.m.dropped.Add(float64(len(dropped)))
+		for _, k := range apphttp.DroppedKinds(dropped) {
+			d.log.Warn("headers not passed to the app", "reason", k.Reason,
+				"headers", strings.Join(k.Names, ","), "more_headers", k.More, "values", k.Values)
+		}
 	}
 	span := dc.trace.startAttempt(d, h)
 	if dc.way.handOff(d, h, ct, span, dc.goAhead(d, span)) {

@@ -55,8 +55,8 @@ type Options struct {
 	// BatchMax is how many messages one request carries (batcher.go): 1,
 	// the default, sends each alone. BatchBytes bounds a batch's message
 	// data (default 1 MiB; a larger message goes alone), and a batch goes
-	// BatchWait after its first entry if it is not full by then (default
-	// 0: as soon as it has what has come).
+	// BatchWait after its first entry if it is not full by then (0 sends
+	// each entry at once, alone; the configuration refuses it).
 	BatchMax   int
 	BatchBytes int
 	BatchWait  time.Duration

@@ -40,6 +40,12 @@ import (
 type keyedApp struct {
 	url   string
 	delay time.Duration // how long each request takes
+	// unordered: messages of a key may come in any order and at once
+	// (order per key off); only what is lost and repeated is checked.
+	// prefixes are the keys' prefixes (k0, k1, ... by default). Set
+	// before the first request.
+	unordered bool
+	prefixes  []string
 	// answers, when set, gives the answer to the try-th request of
 	// message n of key, and how long it takes, in place of answerFor and
 	// delay. Set before the first request.
@@ -49,6 +55,7 @@ type keyedApp struct {
 	busy     map[string]int // requests of the key at the app now
 	done     map[string]int // key → highest N answered 2xx
 	tries    map[string]int // "key/N" → requests so far
+	answered map[string]bool // "key/N" answered 2xx (unordered)
 	last     string         // the path of the latest request: who sent it
 	ok       int            // messages answered 2xx, each once
 	batches  int            // batch requests (COURIER_BATCH_MAX)
@@ -66,7 +73,7 @@ type keyedApp struct {
 func newKeyedApp(t *testing.T, delay time.Duration) *keyedApp {
 	t.Helper()
 	a := &keyedApp{delay: delay, busy: map[string]int{}, done: map[string]int{}, tries: map[string]int{},
-		trace: map[string][]string{}}
+		answered: map[string]bool{}, trace: map[string][]string{}, prefixes: []string{"k"}}
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
 	a.url = srv.URL
@@ -166,6 +173,10 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 		last = -1
 	}
 	switch {
+	case a.unordered:
+		if a.answered[fmt.Sprint(key, "/", n)] {
+			a.dups++
+		}
 	case a.busy[key] > 0:
 		a.problem(key, "%s/%d sent while another message of %s was at the app", key, n, key)
 	case n > last+1:
@@ -196,17 +207,31 @@ func (a *keyedApp) leave(key, number string, status int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.busy[key]--
+	if status < 300 && a.unordered {
+		if id := fmt.Sprint(key, "/", n); !a.answered[id] {
+			a.answered[id] = true
+			a.done[key] = max(a.done[key], n)
+			a.firstOK()
+		}
+		return
+	}
 	if status < 300 {
 		if last, seen := a.done[key]; !seen && n == 0 || seen && n == last+1 {
 			a.done[key] = n
-			a.ok++
-			now := time.Now()
-			if !a.lastOK.IsZero() {
-				a.longestGap = max(a.longestGap, now.Sub(a.lastOK))
-			}
-			a.lastOK = now
+			a.firstOK()
 		}
 	}
+}
+
+// firstOK counts a message answered 2xx for the first time. Called with
+// mu held.
+func (a *keyedApp) firstOK() {
+	a.ok++
+	now := time.Now()
+	if !a.lastOK.IsZero() {
+		a.longestGap = max(a.longestGap, now.Sub(a.lastOK))
+	}
+	a.lastOK = now
 }
 
 // answerFor is the app's answer to the try-th request of message n of key.
@@ -257,17 +282,26 @@ func (a *keyedApp) check(t *testing.T, keys, rounds int) {
 		t.Error(p)
 	}
 	var lost []string
-	for i := range keys {
-		key := fmt.Sprint("k", i)
-		if last, seen := a.done[key]; !seen || last != rounds-1 {
-			lost = append(lost, key)
-			if len(lost) <= 5 {
-				t.Errorf("%s: messages up to %d answered 2xx, want up to %d", key, last, rounds-1)
+	for _, prefix := range a.prefixes {
+		for i := range keys {
+			key := fmt.Sprint(prefix, i)
+			last, seen := a.done[key]
+			full := seen && last == rounds-1
+			if a.unordered {
+				for n := range rounds {
+					full = full && a.answered[fmt.Sprint(key, "/", n)]
+				}
+			}
+			if !full {
+				lost = append(lost, key)
+				if len(lost) <= 5 {
+					t.Errorf("%s: messages up to %d answered 2xx, want 0..%d", key, last, rounds-1)
+				}
 			}
 		}
 	}
 	if len(lost) > 0 {
-		t.Errorf("%d of %d keys not delivered in full", len(lost), keys)
+		t.Errorf("%d of %d keys not delivered in full", len(lost), keys*len(a.prefixes))
 	}
 	t.Logf("%d messages answered 2xx, %d duplicate requests", a.ok, a.dups)
 	shown := map[string]bool{}
@@ -284,7 +318,7 @@ func (a *keyedApp) check(t *testing.T, keys, rounds int) {
 func (a *keyedApp) finished(keys, rounds int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.ok == keys*rounds
+	return a.ok == keys*rounds*len(a.prefixes)
 }
 
 // waitAllDelivered waits until every key's messages 0..rounds-1 were

@@ -52,14 +52,14 @@ type keyedApp struct {
 	answers func(key string, n, try int) (status int, retryAfter string, took time.Duration)
 
 	mu       sync.Mutex
-	busy     map[string]int // requests of the key at the app now
-	done     map[string]int // key → highest N answered 2xx
-	tries    map[string]int // "key/N" → requests so far
+	busy     map[string]int  // requests of the key at the app now
+	done     map[string]int  // key → highest N answered 2xx
+	tries    map[string]int  // "key/N" → requests so far
 	answered map[string]bool // "key/N" answered 2xx (unordered)
-	last     string         // the path of the latest request: who sent it
-	ok       int            // messages answered 2xx, each once
-	batches  int            // batch requests (COURIER_BATCH_MAX)
-	largest  int64          // the largest batch request's body
+	last     string          // the path of the latest request: who sent it
+	ok       int             // messages answered 2xx, each once
+	batches  int             // batch requests (COURIER_BATCH_MAX)
+	largest  int64           // the largest batch request's body
 	dups     int
 	problems []string
 	troubled []string            // the keys of the problems, in their order

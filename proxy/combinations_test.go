@@ -265,3 +265,34 @@ func TestOrderWhenThePinMovesFromALiveCourier(t *testing.T) {
 		})
 	}
 }
+
+// While the consumer is paused, no request starts, in every way of
+// sending: not those that waited for a slot or for their batch when the
+// pause was seen; after the resume everything is delivered.
+func TestNoRequestWhilePaused(t *testing.T) {
+	for _, l := range limits {
+		t.Run(l.name, func(t *testing.T) {
+			e := setup(t)
+			app := newArrivals(t, e, 300*time.Millisecond, http.StatusOK)
+			e.publish(t, 80, []byte("x"))
+			o := proxy.Options{MaxDeliver: 5, MaxInflight: 32, AckWait: 30 * time.Second, InfoInterval: 50 * time.Millisecond}
+			l.apply(&o)
+			r, _ := e.runWith(t, nil, o)
+			poll.Until(t, 10*time.Second, "requests at the app", func() bool { return app.open.Load() > 0 })
+			ctx := context.Background()
+			if _, err := e.js.PauseConsumer(ctx, "S", "c", time.Now().Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			poll.Until(t, 10*time.Second, "the pause seen", func() bool { return r.Ready() != nil })
+			seen := time.Now()
+			time.Sleep(1500 * time.Millisecond) // real time is what is tested: nothing may start in it
+			if after, all := app.since(seen.Add(100 * time.Millisecond)); after != 0 {
+				t.Errorf("%d requests started while the consumer was paused (of %d); want none", after, all)
+			}
+			if _, err := e.js.ResumeConsumer(ctx, "S", "c"); err != nil {
+				t.Fatal(err)
+			}
+			poll.Until(t, 30*time.Second, "every message settled after the resume", func() bool { return e.settled(t) })
+		})
+	}
+}

@@ -131,10 +131,6 @@ func (c *checker) checkRetries(cfg *Config) {
 	}
 }
 
-// reservedPrefixes start subjects NATS itself acts on: what courier
-// publishes there would be API calls or system traffic, not stored messages.
-var reservedPrefixes = []string{"$JS.", "$KV.", "$O.", "$SYS.", "_INBOX."}
-
 // checkPublishSubject checks a subject courier publishes to with a
 // JetStream acknowledgement (dead letters, success records): literal, not
 // reserved, and not consumed by courier itself. It reports whether the
@@ -369,16 +365,6 @@ func (c *checker) checkPublish(cfg *Config) {
 			c.add(subjects, "%q: subjects starting with %s are reserved by NATS", s, p)
 		}
 	}
-}
-
-// reservedPrefix returns the reserved prefix subject starts with, or "".
-func reservedPrefix(subject string) string {
-	for _, p := range reservedPrefixes {
-		if strings.HasPrefix(subject, p) {
-			return p
-		}
-	}
-	return ""
 }
 
 // validBucket reports whether s is a JetStream key-value bucket name.

@@ -57,3 +57,8 @@ func natsSubjectMatches(filter, s string) bool { return subject.Matches(filter, 
 // subjectsCollide reports whether some literal subject matches both
 // patterns.
 func subjectsCollide(a, b string) bool { return subject.Overlap(a, b) }
+
+// reservedPrefix returns the start of s that NATS keeps for itself, or ""
+// (internal/subject's Reserved): what courier publishes there would be API
+// calls, system traffic or replies, not stored messages.
+func reservedPrefix(s string) string { return subject.Reserved(s) }

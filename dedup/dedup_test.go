@@ -85,6 +85,63 @@ func TestOpenCreatesPrivateDir(t *testing.T) {
 	}
 }
 
+// A directory others can write is narrowed to 0700 when it is courier's
+// user's, and reported when it is another's: whoever can write it can add
+// keys, messages then acked as duplicates without reaching the app.
+func TestOpenDirWritableByOthers(t *testing.T) {
+	if runtime.GOOS == "windows" || runtime.GOOS == "plan9" {
+		t.Skip("no Unix permissions")
+	}
+	shared := func(t *testing.T) string {
+		t.Helper()
+		dir := filepath.Join(t.TempDir(), "courier-data")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, 0o777); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return dir
+	}
+	mode := func(t *testing.T, dir string) fs.FileMode {
+		t.Helper()
+		info, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Mode().Perm()
+	}
+
+	t.Run("courier's", func(t *testing.T) {
+		dir := shared(t)
+		var logs logBuffer
+		openStore(t, dir, Options{Logger: logs.logger()})
+		if perm := mode(t, dir); perm != 0o700 {
+			t.Errorf("%s left with mode %v, want 0700", dir, perm)
+		}
+		if logs.count("level=WARN", "writable by other users", "now 0700", "was=0777") != 1 {
+			t.Errorf("no warning that the mode was narrowed:\n%s", logs.String())
+		}
+	})
+	t.Run("another user's", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("giving the directory to another user needs root")
+		}
+		dir := shared(t)
+		if err := os.Chown(dir, 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+		var logs logBuffer
+		openStore(t, dir, Options{Logger: logs.logger()})
+		if perm := mode(t, dir); perm != 0o777 {
+			t.Errorf("%s, another user's, changed to mode %v", dir, perm)
+		}
+		if logs.count("level=WARN", "writable by other users", "not courier's user", "mode=0777", "owner=4242") != 1 {
+			t.Errorf("no warning that the directory is writable by others:\n%s", logs.String())
+		}
+	})
+}
+
 func TestBadKeys(t *testing.T) {
 	s := openStore(t, t.TempDir(), Options{Scope: "c"})
 	ctx := context.Background()

@@ -59,7 +59,9 @@ const (
 )
 
 // Open opens (creating if needed, with mode 0700) the store in dir. The
-// caller must Close the Store.
+// caller must Close the Store. A dir that exists and that other users can
+// write is narrowed to 0700 when courier's user owns it, and logged as a
+// warning either way (see checkDirMode).
 //
 // Its errors name the directory and say what to do: one wrapping ErrLocked
 // when another process or Store holds dir, one wrapping ErrCorrupt when dir
@@ -88,6 +90,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err := prepareDir(dir); err != nil {
 		return nil, err
 	}
+	checkDirMode(dir, log)
 	if err := checkTables(dir); err != nil {
 		return nil, err
 	}
@@ -210,6 +213,41 @@ func prepareDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// checkDirMode keeps dir private to courier's user: whoever else can write
+// it can add keys (messages then acked as duplicates without reaching the
+// app) or remove them. A directory courier's user owns is narrowed to 0700;
+// another's courier cannot change, so it is only reported. (A Kubernetes
+// emptyDir is 0777 and root's: point COURIER_DEDUP_DIR below its mount, and
+// courier creates the directory itself.)
+func checkDirMode(dir string, log *slog.Logger) {
+	info, err := os.Stat(dir)
+	if err != nil {
+		return // prepareDir used it a moment ago; Badger reports what changed
+	}
+	perm := info.Mode().Perm()
+	uid, ok := fileOwner(info)
+	if !ok || perm&0o022 == 0 {
+		return
+	}
+	mode := fmt.Sprintf("%#o", perm)
+	if uid == os.Geteuid() {
+		err := os.Chmod(dir, 0o700)
+		if err == nil {
+			log.Warn("the dedup directory was writable by other users, who could add or remove keys: its mode is now 0700",
+				"dir", dir, "was", mode)
+			return
+		}
+		log.Warn("the dedup directory is writable by other users, who could add keys (messages then acked as duplicates "+
+			"without reaching the app) or remove them, and courier could not make it 0700: make it so",
+			"dir", dir, "mode", mode, "error", err)
+		return
+	}
+	log.Warn("the dedup directory is writable by other users, who could add keys (messages then acked as duplicates "+
+		"without reaching the app) or remove them, and it is not courier's user's, so courier cannot make it 0700: "+
+		"give it to courier's user with mode 0700, or set COURIER_DEDUP_DIR to a directory courier creates",
+		"dir", dir, "mode", mode, "owner", uid, "courier_uid", os.Geteuid())
 }
 
 // openBadger opens Badger in a directory prepareDir accepted.

@@ -34,3 +34,11 @@ func diskUsage(info fs.FileInfo) int64 {
 	}
 	return info.Size()
 }
+
+// fileOwner is the user id that owns a file.
+func fileOwner(info fs.FileInfo) (uid int, ok bool) {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid), true
+	}
+	return 0, false
+}

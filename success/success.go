@@ -74,13 +74,17 @@ type Record struct {
 }
 
 // hopByHop are the response headers that describe one HTTP connection, not
-// the answer (RFC 9110 7.6.1), and Content-Length, which the record's own
-// size replaces.
+// the answer (RFC 9110 7.6.1; Proxy-* ones are left out by their prefix),
+// and Content-Length, which the record's own size replaces.
 var hopByHop = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
+	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
 	"Upgrade": true, "Content-Length": true, "Date": true,
 }
+
+// cookies are the headers that set the app's cookies (RFC 6265; Set-Cookie2,
+// RFC 2965, is obsolete but still sent): a record goes to every reader of
+// the success stream, where a session cookie would be a credential.
+var cookies = map[string]bool{"Set-Cookie": true, "Set-Cookie2": true}
 
 // MsgID is the record's Nats-Msg-Id: one per consumer (its stream and
 // name, as dedup keys are scoped) and key, so that a record published twice
@@ -100,20 +104,36 @@ func Message(subj string, r Record) *nats.Msg {
 }
 
 // appHeaders are the app's response headers a record may carry: neither
-// hop-by-hop ones nor NATS's own Nats-* (NATS acts on them at publish: an
-// expectation refuses the record for ever, a rollup purges the stream, a
+// hop-by-hop ones (those above, Proxy-* ones and any the Connection header
+// names), nor cookies, nor NATS's own Nats-* (NATS acts on them at publish:
+// an expectation refuses the record for ever, a rollup purges the stream, a
 // TTL expires it; an app's answer must not pose as them, as on a reply),
 // nor the app's trace context when the record carries the message's.
 func appHeaders(r Record) http.Header {
+	named := map[string]bool{}
+	for _, v := range r.Header.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				named[http.CanonicalHeaderKey(f)] = true
+			}
+		}
+	}
 	out := make(http.Header, len(r.Header))
 	for name, vs := range r.Header {
-		if hopByHop[http.CanonicalHeaderKey(name)] || len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") ||
-			len(r.Trace) > 0 && (strings.EqualFold(name, "traceparent") || strings.EqualFold(name, "tracestate")) {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case hopByHop[canon], named[canon], cookies[canon], hasPrefixFold(name, "Proxy-"), hasPrefixFold(name, "Nats-"),
+			len(r.Trace) > 0 && (strings.EqualFold(name, "traceparent") || strings.EqualFold(name, "tracestate")):
 			continue
 		}
 		out[name] = vs
 	}
 	return out
+}
+
+// hasPrefixFold reports whether s begins with prefix in any case.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // build is Message leaving out the app's headers in omitted (listed in

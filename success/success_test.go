@@ -56,6 +56,41 @@ func TestMessage(t *testing.T) {
 	}
 }
 
+// A record carries the app's answer, not its session nor what described one
+// HTTP connection: Set-Cookie would hand every reader of the success stream
+// the app's cookies; hop-by-hop headers, Proxy-* ones and any the
+// Connection header names are dropped, whatever their case.
+func TestMessageLeavesOutCookiesAndHopByHop(t *testing.T) {
+	r := Record{
+		Status: 200,
+		Header: http.Header{
+			"Set-Cookie": {"session=secret; HttpOnly", "csrf=t0k"}, "set-cookie2": {"old=1"},
+			"Connection": {"keep-alive, X-Hop"}, "X-Hop": {"1"}, "Keep-Alive": {"timeout=5"},
+			"Transfer-Encoding": {"chunked"}, "Upgrade": {"h2c"}, "Te": {"trailers"}, "Trailer": {"X-Sum"},
+			"Proxy-Authenticate": {"Basic"}, "Proxy-Connection": {"close"}, "Proxy-Status": {"edge"},
+			"proxy-authentication-info": {"x"},
+			"X-Order":                   {"42"}, "Content-Type": {"application/json"}, "Cache-Control": {"no-store"},
+		},
+		Subject: "orders.created", Stream: "ORDERS", Consumer: "c", Sequence: 1, Attempt: 1, Key: "k",
+	}
+	for name, m := range map[string]*nats.Msg{"Message": Message("ok.orders", r), "Fit": Fit("ok.orders", r, 1<<20)} {
+		for h := range m.Header {
+			switch http.CanonicalHeaderKey(h) {
+			case "X-Order", "Content-Type", "Cache-Control":
+			default:
+				if !strings.HasPrefix(h, "Courier-") && h != "Idempotency-Key" && h != "Nats-Msg-Id" {
+					t.Errorf("%s: the record carries %s: %q", name, h, m.Header[h])
+				}
+			}
+		}
+		for _, h := range []string{"X-Order", "Content-Type", "Cache-Control"} {
+			if m.Header.Get(h) != r.Header.Get(h) {
+				t.Errorf("%s: %s = %q, want the app's %q", name, h, m.Header.Get(h), r.Header.Get(h))
+			}
+		}
+	}
+}
+
 // Fit leaves out the app's largest headers first, then the body if it does
 // not fit even alone, and keeps courier's own headers and the trace
 // context; the list of what it left out is bounded, so that naming many

@@ -83,7 +83,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	cmd, ok := lookup(name)
 	if !ok {
 		fmt.Fprint(stderr, usage())
-		return usageError("unknown command %q", name)
+		return unknownCommand(name)
 	}
 	if takesSubscription(cmd.name) {
 		var err error

@@ -57,8 +57,10 @@ under annotations for a Prometheus that scrapes by annotation.
       value: ":{{ $v.adminPort }}"
     - name: COURIER_SHUTDOWN_GRACE
       value: "{{ $v.shutdownGraceSeconds }}s"
+    # Below the emptyDir (0777 and root's), so that courier creates the
+    # store's directory itself, private to its user.
     - name: COURIER_DEDUP_DIR
-      value: {{ $v.dedup.mountPath | quote }}
+      value: {{ printf "%s/dedup" (trimSuffix "/" $v.dedup.mountPath) | quote }}
     {{- range $mounts }}
     {{- $dir := .dir }}
     {{- range .items }}

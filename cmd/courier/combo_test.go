@@ -131,7 +131,7 @@ func (c combo) env(k *cluster, base string, i int) []string {
 		extra = append(extra, "COURIER_MAX_RATE="+strconv.Itoa(c.rate))
 	}
 	if !c.shared {
-		extra = append(extra, "COURIER_DEDUP_STORE=embedded")
+		extra = append(extra, "COURIER_DEDUP_STORE=badger")
 	}
 	if c.subs {
 		extra = append(extra, "COURIER_SUBSCRIPTIONS=orders,audit",

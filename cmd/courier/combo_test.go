@@ -207,7 +207,8 @@ type comboApp struct {
 	storm atomic.Bool
 	slow  atomic.Bool
 
-	mu   sync.Mutex
+	// The listener and servers; keyedApp's mu guards what the app saw.
+	lmu  sync.Mutex
 	ln   net.Listener
 	srvs []*http.Server
 	wg   sync.WaitGroup
@@ -239,18 +240,18 @@ func (a *comboApp) url() string { return "http://" + a.addr }
 
 func (a *comboApp) serve(ln net.Listener) {
 	srv := &http.Server{Handler: a.keyedApp, ReadHeaderTimeout: 5 * time.Second}
-	a.mu.Lock()
+	a.lmu.Lock()
 	a.ln = ln
 	a.srvs = append(a.srvs, srv)
-	a.mu.Unlock()
+	a.lmu.Unlock()
 	a.wg.Go(func() { _ = srv.Serve(ln) })
 }
 
 // down refuses connections from now on: the app unreachable. Connections
 // kept alive are closed once their request is answered.
 func (a *comboApp) down() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lmu.Lock()
+	defer a.lmu.Unlock()
 	_ = a.ln.Close()
 	for _, s := range a.srvs {
 		s.SetKeepAlivesEnabled(false)
@@ -270,9 +271,9 @@ func (a *comboApp) up() {
 
 func (a *comboApp) close() {
 	a.down()
-	a.mu.Lock()
+	a.lmu.Lock()
 	srvs := a.srvs
-	a.mu.Unlock()
+	a.lmu.Unlock()
 	for _, s := range srvs {
 		_ = s.Close()
 	}

@@ -101,6 +101,11 @@ type keyLine struct {
 	// come back before the head is settled by the courier that has it now;
 	// let go by the consumer's ack floor, or once stale.
 	retained bool
+	// next, of a retained line whose head was with a worker: the first
+	// message given back behind it, awaited once the head is settled
+	// here (the pin may come back, and the key's later messages with it,
+	// before that message does).
+	next uint64
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
@@ -289,6 +294,16 @@ func (o *orderer) settled(k string, seq uint64) int {
 		o.stale--
 	}
 	n := len(l.waiting)
+	if n == 0 && l.retained && l.next != 0 {
+		// Its head was with a worker when the pin moved away, and what
+		// waited behind it was given back: the first of that is the
+		// key's next, awaited as a retried head.
+		o.headSettledAfterDrain(k, seq)
+		l.head, l.next, l.inFlight = l.next, 0, false
+		o.awaitRetained(l, o.now())
+		o.mu.Unlock()
+		return 0
+	}
 	if n == 0 {
 		delete(o.lines, k)
 		switch {
@@ -485,14 +500,18 @@ func (o *orderer) unpinned() []queued {
 	o.epoch++
 	heads := make(map[string]keyLine, len(o.lines))
 	for k, l := range o.lines {
-		heads[k] = keyLine{head: l.head, inFlight: l.inFlight, marked: l.marked}
+		h := keyLine{head: l.head, inFlight: l.inFlight, marked: l.marked}
+		if l.inFlight && len(l.waiting) > 0 {
+			h.next = l.waiting[0].seq
+		}
+		heads[k] = h
 	}
 	o.mu.Unlock()
 	out := o.drain()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, h := range heads {
-		l := &keyLine{head: h.head, inFlight: h.inFlight, marked: h.marked, retained: true}
+		l := &keyLine{head: h.head, inFlight: h.inFlight, marked: h.marked, next: h.next, retained: true}
 		o.lines[k] = l
 		if !l.inFlight {
 			o.awaitRetained(l, o.now())

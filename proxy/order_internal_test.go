@@ -116,3 +116,43 @@ func seqs(qs []queued) []uint64 {
 	}
 	return out
 }
+
+// The pin moved away while a key's head was with a worker and a later
+// message waited behind it (given back), then came back before that
+// message did (a consumer leader change moves the pin and gives it again):
+// once the head is settled here, the given-back message is the key's next,
+// and a still later one arriving first waits for it.
+func TestOrderPinBackAwaitsWhatWasGivenBack(t *testing.T) {
+	for _, marks := range []bool{false, true} {
+		t.Run(fmt.Sprint("marks=", marks), func(t *testing.T) {
+			o, _ := testOrderer(t)
+			if marks {
+				o.marks = newMarker(nil, slog.Default()) // never written: not run
+			}
+			if !o.admit(&queued{m: &fakeMsg{seq: 6, subject: "s.k"}}) {
+				t.Fatal("the key's first message waits")
+			}
+			if q, ok := o.rel.pop(); ok {
+				t.Fatalf("%d let go: admit sends the head itself", q.seq)
+			}
+			if o.admit(&queued{m: &fakeMsg{seq: 7, subject: "s.k"}}) {
+				t.Fatal("7 went while 6 was with a worker")
+			}
+			back := o.unpinned()
+			if len(back) != 1 || back[0].seq != 7 {
+				t.Fatalf("unpinned gave back %v, want 7", seqs(back))
+			}
+			o.settled("k", 6) // the head's request was answered 2xx
+			if o.admit(&queued{m: &fakeMsg{seq: 8, subject: "s.k"}}) {
+				t.Fatal("8 went before 7, which was given back, came back")
+			}
+			if !o.admit(&queued{m: &fakeMsg{seq: 7, subject: "s.k"}}) {
+				t.Fatal("7, the key's next, waits")
+			}
+			o.settled("k", 7)
+			if q, ok := o.rel.pop(); !ok || q.seq != 8 {
+				t.Fatalf("after 7, let go %v %v, want 8", q.seq, ok)
+			}
+		})
+	}
+}

@@ -78,8 +78,8 @@ type Server struct {
 	log *slog.Logger
 	// sched is what delayed publishes know of streams (delayed.go).
 	sched *schedStreams
-	m   *metrics
-	hdr answerHeaders
+	m     *metrics
+	hdr   answerHeaders
 	// pubOpts are every attempt's: one attempt each, courier's retry
 	// loop spacing them (made once, not per attempt).
 	pubOpts []jetstream.PublishOpt

@@ -282,3 +282,38 @@ func scheduledAnswer(res result) scheduledBody {
 	return scheduledBody{Stream: res.ack.Stream, Seq: res.ack.Sequence, Schedule: res.sched.id.String(),
 		DeliverAt: res.sched.at.UTC().Format(time.RFC3339Nano), Duplicate: res.dup}
 }
+
+// LogSchedules logs, for each stream that captures Options.Subjects,
+// whether delayed publishes to it are taken and where they wait, or why
+// not and what fixes it. Call it once Connect was, at start-up; it stops
+// early when ctx ends.
+func (s *Server) LogSchedules(ctx context.Context) {
+	select {
+	case <-s.connected:
+	default:
+		return
+	}
+	seen := map[string]bool{}
+	for _, subj := range s.o.Subjects {
+		lister := s.js.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
+		for name := range lister.Name() {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			st, err := s.sched.check(ctx, s, name)
+			switch {
+			case err != nil:
+				s.log.Warn("delayed publishing: cannot read the stream", "stream", name, "error", err)
+			case st.err != nil:
+				s.log.Warn("delayed publishing off for this stream: a publish with "+schedule.HeaderDelay+" or "+schedule.HeaderDeliverAt+" is refused (409)",
+					"stream", name, "reason", st.err.Error())
+			default:
+				s.log.Info("delayed publishing on", "stream", name, "schedules", schedule.Subjects(s.o.SchedulePrefix, name))
+			}
+		}
+		if err := lister.Err(); err != nil && ctx.Err() == nil {
+			s.log.Warn("delayed publishing: cannot list the streams", "subjects", subj, "error", err)
+		}
+	}
+}

@@ -226,7 +226,12 @@ func (c *schedStreams) check(ctx context.Context, s *Server, name string) (*sche
 		return st, nil
 	}
 	lister := str.ListConsumers(ctx)
+	holder := false
 	for ci := range lister.Info() {
+		if ci.Config.Durable == schedule.Holder {
+			holder = true
+			continue
+		}
 		if ci.Config.Durable == "" || !schedule.Receives(ci.Config, s.o.SchedulePrefix, name) {
 			continue
 		}
@@ -239,6 +244,15 @@ func (c *schedStreams) check(ctx context.Context, s *Server, name string) (*sche
 	}
 	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("listing the consumers of stream %s: %w", name, err)
+	}
+	if cfg.Retention == jetstream.InterestPolicy && !holder {
+		if _, err := str.CreateOrUpdateConsumer(ctx, schedule.HolderConfig(s.o.SchedulePrefix, name)); err != nil {
+			st.err = refuse(http.StatusConflict, outcomeNoSchedules,
+				"stream %s has interest retention, which drops a schedule no consumer takes in, and courier cannot create the consumer that keeps them (%v): create it with `%s`",
+				name, err, schedule.HolderCommand(s.o.SchedulePrefix, name))
+			return st, nil
+		}
+		s.log.Info("created the consumer that keeps delayed messages on an interest stream until their time", "stream", name, "consumer", schedule.Holder)
 	}
 	return st, nil
 }

@@ -325,3 +325,31 @@ func (a *api) do(method, path string) (int, string) {
 	}
 	return resp.StatusCode, b.String()
 }
+
+// TestDelayedPublishInterest: on an interest stream, which drops a message
+// no consumer takes in, courier creates the consumer that keeps the
+// schedules (schedule.Holder), and the message is delivered at its time.
+func TestDelayedPublishInterest(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	createStream(t, js, schedulesStream(func(c *jetstream.StreamConfig) { c.Retention = jetstream.InterestPolicy }))
+	got := watchOrders(t, js)
+	a := startAPI(t, srv.ClientURL(), Options{})
+
+	ans := a.post("orders.created", "later", "Courier-Delay", "1s")
+	if ans.status != http.StatusAccepted {
+		t.Fatalf("answer %+v", ans)
+	}
+	at, _ := time.Parse(time.RFC3339Nano, ans.DeliverAt)
+	poll.Until(t, 5*time.Second, "the delayed message delivered", func() bool { return len(got.all()) > 0 })
+	if m := got.all()[0]; m.at.Before(at) || string(m.msg.Data()) != "later" {
+		t.Errorf("delivered %q at %s, asked for %s", m.msg.Data(), m.at, ans.DeliverAt)
+	}
+	natstest.Try(t, "the holder", func(ctx context.Context) error {
+		c, err := js.Consumer(ctx, "ORDERS", schedule.Holder)
+		if err == nil && c.CachedInfo().Config.FilterSubject != "_sched.ORDERS.>" {
+			t.Errorf("holder filters %q", c.CachedInfo().Config.FilterSubject)
+		}
+		return err
+	})
+}

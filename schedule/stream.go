@@ -168,3 +168,27 @@ func Receives(cc jetstream.ConsumerConfig, prefix, stream string) bool {
 	}
 	return slices.ContainsFunc(filters, func(f string) bool { return subject.Overlap(f, mine) })
 }
+
+// Holder is the durable consumer that keeps the schedules of an interest
+// stream: such a stream drops at once a message no consumer's filter takes
+// in, and courier's durables leave the schedules out. It takes in the
+// schedules alone and is never pulled, so each waits until the server
+// delivers (and purges) it, or a cancel does.
+const Holder = "courier-schedules"
+
+// HolderConfig is the Holder of stream under prefix.
+func HolderConfig(prefix, stream string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       Holder,
+		Description:   "courier: keeps the delayed messages of an interest stream until their time (never pulled; COURIER_SCHEDULE_PREFIX)",
+		FilterSubject: Subjects(prefix, stream),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// HolderCommand is the nats CLI command that creates the Holder of stream
+// under prefix, for when courier may not.
+func HolderCommand(prefix, stream string) string {
+	return fmt.Sprintf("nats consumer add %s %s --pull --filter='%s' --ack=explicit --deliver=all --defaults", stream, Holder, Subjects(prefix, stream))
+}

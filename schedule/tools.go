@@ -117,20 +117,24 @@ func List(ctx context.Context, js jetstream.JetStream, prefix, stream string) ([
 		return nil, err
 	}
 	var out []Info
-	if len(si.State.Subjects) == 0 {
+	left := 0 // each subject holds one schedule (a rollup)
+	for _, n := range si.State.Subjects {
+		left += int(n)
+	}
+	if left == 0 {
 		return out, nil
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{all}, HeadersOnly: true})
 	if err != nil {
 		return nil, err
 	}
-	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
+	for left > 0 {
+		batch, err := cons.Fetch(min(left, 256), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return nil, err
 		}
-		var pending uint64
 		n := 0
+		var pending uint64
 		for m := range batch.Messages() {
 			n++
 			md, err := m.Metadata()
@@ -145,9 +149,11 @@ func List(ctx context.Context, js jetstream.JetStream, prefix, stream string) ([
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
+		// Those delivered or cancelled meanwhile are not waited for.
 		if n == 0 || pending == 0 {
 			break
 		}
+		left -= n
 	}
 	slices.SortFunc(out, func(a, b Info) int { return a.DeliverAt.Compare(b.DeliverAt) })
 	return out, nil

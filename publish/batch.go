@@ -26,6 +26,9 @@ package publish
 // failure is never swallowed: the status says one happened, the entries
 // which. Entries with an idempotencyKey can be sent again as they are;
 // courier's own ids (for entries without one) hold only within one request.
+// An entry whose headers hold Courier-Delay or Courier-Deliver-At is
+// delivered later (delayed.go): its answer is 202 with "schedule" and
+// "deliver_at", and it counts as stored.
 
 import (
 	"context"

@@ -20,6 +20,11 @@
 //
 // POST BatchPath publishes a batch of messages in one request, each entry
 // answered on its own (batch.go).
+//
+// A publish (or a batch entry) with Courier-Delay or Courier-Deliver-At is
+// delivered later, by JetStream's message schedules: it is answered 202
+// with the schedule's id, which DELETE SchedulesPath + id cancels
+// (delayed.go, cancel.go).
 package publish
 
 import (

@@ -53,10 +53,8 @@ var ErrExpectation = errors.New("a delayed message is stored at its time, when n
 // server as a wrong last sequence rather than replacing it. m is left as
 // it is.
 func Message(m *nats.Msg, stream, prefix string, at time.Time, key string) (*nats.Msg, ID, error) {
-	for name := range m.Header {
-		if strings.HasPrefix(name, "Nats-Expected-") && name != "Nats-Expected-Stream" {
-			return nil, ID{}, fmt.Errorf("%s: %w", name, ErrExpectation)
-		}
+	if err := CheckExpectations(m.Header); err != nil {
+		return nil, ID{}, err
 	}
 	id := ID{Stream: stream, Token: NewToken()}
 	if key != "" {
@@ -82,6 +80,18 @@ func Message(m *nats.Msg, stream, prefix string, at time.Time, key string) (*nat
 	h[hdrScheduleTarget] = []string{m.Subject}
 	h[hdrLastSubjectSeq] = []string{"0"}
 	return &nats.Msg{Subject: id.Subject(prefix), Header: h, Data: m.Data}, id, nil
+}
+
+// CheckExpectations refuses, with an error wrapping ErrExpectation, the
+// headers of a delayed message that hold a Nats-Expected-* header but
+// Nats-Expected-Stream (as JetStream spells them).
+func CheckExpectations(h nats.Header) error {
+	for name := range h {
+		if strings.HasPrefix(name, "Nats-Expected-") && name != "Nats-Expected-Stream" {
+			return fmt.Errorf("%s: %w", name, ErrExpectation)
+		}
+	}
+	return nil
 }
 
 // Info is a waiting schedule as read back from its stream.

@@ -67,10 +67,12 @@ func TestID(t *testing.T) {
 			t.Errorf("ParseID(%q) = %v, want ErrBadID", bad, err)
 		}
 	}
-	if KeyToken("a") == KeyToken("b") || KeyToken("a") != KeyToken("a") || len(KeyToken("a")) != 26 {
-		t.Errorf("KeyToken: %q %q", KeyToken("a"), KeyToken("b"))
+	a, again, b := KeyToken("a"), KeyToken("a"), KeyToken("b")
+	if a == b || a != again || len(a) != 26 {
+		t.Errorf("KeyToken: %q, %q again, %q for b", a, again, b)
 	}
-	if !validToken(KeyToken("x")) || !validToken(NewToken()) || NewToken() == NewToken() {
+	n1, n2 := NewToken(), NewToken()
+	if !validToken(a) || !validToken(n1) || n1 == n2 {
 		t.Error("tokens are not unique subject tokens")
 	}
 }

@@ -4,7 +4,8 @@ package publish
 // come (schedule.Cancel): 204, then 404 (delivered, cancelled or unknown);
 // 409 once its time is within schedule.CancelMargin (it is left to be
 // delivered); 400 for what is no schedule id. Who may cancel is who may
-// publish (admit).
+// publish (admit), and what: a schedule to a subject it may publish to
+// (403 otherwise).
 
 import (
 	"context"
@@ -58,7 +59,15 @@ func (s *Server) cancel(r *http.Request, id string) result {
 	}
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
-	info, err := schedule.Cancel(ctx, s.js, s.o.SchedulePrefix, sid, time.Now())
+	// What a caller may cancel is what it may publish: a schedule whose
+	// subject is among Options.Subjects.
+	info, err := schedule.Lookup(ctx, s.js, s.o.SchedulePrefix, sid)
+	if err == nil {
+		if err := s.allowed(info.Target); err != nil {
+			return fail(err)
+		}
+		info, err = schedule.Cancel(ctx, s.js, s.o.SchedulePrefix, sid, time.Now())
+	}
 	switch {
 	case err == nil:
 		s.m.cancelled.Inc()

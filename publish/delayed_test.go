@@ -258,6 +258,13 @@ func TestCancelSchedule(t *testing.T) {
 	if st, _ := a.do(http.MethodGet, SchedulesPath+ans.Schedule); st != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %d, want 405", st)
 	}
+	// A schedule to a subject this API may not publish to is not its to
+	// cancel.
+	other := startAPI(t, srv.ClientURL(), Options{Subjects: []string{"orders.other.>"}})
+	mine := a.post("orders.created", "mine", "Courier-Delay", "1h")
+	if st, body := other.do(http.MethodDelete, SchedulesPath+mine.Schedule); st != http.StatusForbidden {
+		t.Errorf("cancel of another's subject: %d %s, want 403", st, body)
+	}
 	due := a.post("orders.created", "due", "Courier-Delay", "500ms")
 	if st, body := a.do(http.MethodDelete, SchedulesPath+due.Schedule); st != http.StatusConflict || !strings.Contains(body, "too late to cancel") {
 		t.Errorf("cancel of one due: %d %s, want 409", st, body)

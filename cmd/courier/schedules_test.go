@@ -331,3 +331,50 @@ func TestSchedulePartitions(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleStreamFixed: the command courier names fixes the stream; the
+// durable courier set up before takes the schedules in, so a delayed
+// publish is refused (409, naming it) until courier restarts, whose
+// durable then leaves them out; the message is then delivered once, at
+// its time.
+func TestScheduleStreamFixed(t *testing.T) {
+	h := newHarness(t)
+	a := newApp(t, nil)
+	env := h.env(a.URL, publishEnv...)
+	c := start(t, env)
+	addr := publishAddr(t, c)
+	poll.Until(t, 20*time.Second, "the durable", func() bool { return h.consumerInfo("courier") != nil })
+	if ans := postDelayed(t, addr, "orders.created", "x", "Courier-Delay", "1m"); ans.status != http.StatusConflict {
+		t.Fatalf("before the fix: %+v, want 409", ans)
+	}
+
+	// What `nats stream edit ORDERS --allow-schedules --subjects='orders.>,_sched.ORDERS.>'` does.
+	natstest.Try(t, "fix the stream", func(ctx context.Context) error {
+		cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}
+		withSchedules(&cfg)
+		_, err := h.js.UpdateStream(ctx, cfg)
+		return err
+	})
+	ans := postDelayed(t, addr, "orders.created", "x", "Courier-Delay", "1m")
+	if ans.status != http.StatusConflict || !strings.Contains(ans.Error, `courier's durable "courier" on stream ORDERS takes in _sched.ORDERS.>`) {
+		t.Fatalf("fixed, before courier's restart: %d %q, want 409 naming the durable", ans.status, ans.Error)
+	}
+	if h.streamMsgs() != 0 {
+		t.Fatalf("%d messages stored", h.streamMsgs())
+	}
+
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+	c = start(t, env)
+	addr = publishAddr(t, c)
+	poll.Until(t, 20*time.Second, "the durable narrowed", func() bool {
+		info := h.consumerInfo("courier")
+		return info != nil && info.Config.FilterSubject == "orders.>"
+	})
+	ans = postDelayed(t, addr, "orders.created", "fixed", "Courier-Delay", "2s", "Idempotency-Key", "fixed-1")
+	if ans.status != http.StatusAccepted {
+		t.Fatalf("after the restart: %+v, want 202", ans)
+	}
+	deliveredOnceAt(t, a, "fixed", ans.at(t))
+}

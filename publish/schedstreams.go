@@ -56,28 +56,25 @@ func newSchedStreams() *schedStreams {
 }
 
 // forSubject returns the stream that captures subj, checked within
-// streamCheckTTL. Its error is a 404 refusal when no stream captures subj,
+// streamCheckTTL (the subject looked up again with it: a stream may have
+// been replaced). Its error is a 404 refusal when no stream captures subj,
 // else a failed look-up that another attempt may fix.
 func (c *schedStreams) forSubject(ctx context.Context, s *Server, subj string) (*schedStream, error) {
 	c.mu.Lock()
-	name := c.bySubject[subj]
-	st := c.byName[name]
+	st := c.byName[c.bySubject[subj]]
 	c.mu.Unlock()
-	if name == "" {
-		var err error
-		name, err = s.js.StreamNameBySubject(ctx, subj)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, refuse(http.StatusNotFound, outcomeNoStream, "no stream captures the subject")
-		}
-		if err != nil {
-			return nil, fmt.Errorf("looking up the stream of %s: %w", subj, err)
-		}
+	if st != nil && st.err == nil && time.Since(st.checked) <= streamCheckTTL {
+		return st, nil
 	}
-	if st == nil || st.err != nil || time.Since(st.checked) > streamCheckTTL {
-		var err error
-		if st, err = c.check(ctx, s, name); err != nil {
-			return nil, err
-		}
+	name, err := s.js.StreamNameBySubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, refuse(http.StatusNotFound, outcomeNoStream, "no stream captures the subject")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up the stream of %s: %w", subj, err)
+	}
+	if st, err = c.check(ctx, s, name); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -11,6 +11,7 @@ package schedule
 // its target a subject of the same stream.
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -114,9 +115,14 @@ func FixCommand(cfg jetstream.StreamConfig, prefix string) string {
 // that takes in the schedules and more is replaced by its meets with the
 // stream's subjects, those under prefix dropped. changed is false when no
 // filter takes in a schedule: filters are returned as they are (none stays
-// none, the whole stream, whatever it captures later). An error says that
-// the schedules cannot be left out, when the stream holds schedules (with
-// allow_msg_schedules off no schedule can be stored, and filters stand).
+// none, the whole stream, whatever it captures later). When the schedules
+// cannot be left out (a stream subject such as ">" takes them in with
+// others) and the stream allows schedules, filters are returned as they
+// are with an error wrapping ErrCannotLeave, for the caller to warn of
+// (Check refuses delayed publishes to such a stream, so courier stores no
+// schedule there); with allow_msg_schedules off no schedule can be stored
+// and filters stand. Any other error says that every filter is under the
+// prefix.
 func Leave(cfg jetstream.StreamConfig, filters []string, prefix string) (out []string, changed bool, err error) {
 	mine := Subjects(prefix, cfg.Name)
 	courier := prefix + ".>"
@@ -142,7 +148,7 @@ func Leave(cfg jetstream.StreamConfig, filters []string, prefix string) (out []s
 			case subject.Within(m, courier):
 				// the schedules, or other subjects under courier's prefix
 			case cfg.AllowMsgSchedules:
-				return nil, false, fmt.Errorf("the filter %q takes in stream %s's subject %q, which holds the schedules of delayed messages (%s) and more: JetStream has no filter that excludes, so the durable would receive the schedules themselves; give the stream %s as a subject of its own and narrow %q, or set COURIER_SUBJECTS to leave it out", f, cfg.Name, s, mine, mine, s)
+				return filters, false, fmt.Errorf("the filter %q takes in stream %s's subject %q, which takes in %s, where delayed messages wait, and more (JetStream has no filter that excludes), so the durable would be handed any schedule stored there; courier stores none there, but give the stream %s as a subject of its own and narrow %q, or set COURIER_SUBJECTS to leave it out: %w", f, cfg.Name, s, mine, mine, s, ErrCannotLeave)
 			default:
 				return filters, false, nil // no schedule can be stored
 			}
@@ -153,6 +159,10 @@ func Leave(cfg jetstream.StreamConfig, filters []string, prefix string) (out []s
 	}
 	return slices.Compact(out), true, nil
 }
+
+// ErrCannotLeave is Leave's error for filters that cannot leave the
+// schedules out.
+var ErrCannotLeave = errors.New("the schedules cannot be left out of the durable")
 
 // Receives reports whether a consumer of stream with configuration cc is
 // handed schedules under prefix, the stream capturing them: its filter

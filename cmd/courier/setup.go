@@ -220,7 +220,10 @@ func setFilters(cc *jetstream.ConsumerConfig, filters []string) {
 func durableFilters(cfg config.Config, stream jetstream.Stream, log *slog.Logger) ([]string, error) {
 	sc := stream.CachedInfo().Config
 	filters, changed, err := schedule.Leave(sc, cfg.Subjects, cfg.SchedulePrefix)
-	if err != nil {
+	switch {
+	case errors.Is(err, schedule.ErrCannotLeave):
+		log.Warn("the durable cannot leave out the schedules of delayed messages", "stream", cfg.Stream, "consumer", cfg.Consumer, "why", err.Error())
+	case err != nil:
 		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
 	if changed {

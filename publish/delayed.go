@@ -164,7 +164,8 @@ func (s *Server) LogSchedules(ctx context.Context) {
 			case err != nil:
 				s.log.Warn("delayed publishing: cannot read the stream", "stream", name, "error", err)
 			case st.err != nil:
-				s.log.Warn("delayed publishing off for this stream: a publish with "+schedule.HeaderDelay+" or "+schedule.HeaderDeliverAt+" is refused (409)",
+				// Info, not a warning: most apps publish nothing delayed.
+				s.log.Info("delayed publishing off for this stream: a publish with "+schedule.HeaderDelay+" or "+schedule.HeaderDeliverAt+" is refused (409)",
 					"stream", name, "reason", st.err.Error())
 			default:
 				s.log.Info("delayed publishing on", "stream", name, "schedules", schedule.Subjects(s.o.SchedulePrefix, name))

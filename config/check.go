@@ -27,6 +27,7 @@ func (c *checker) check(cfg *Config) {
 	c.checkReplies(cfg)
 	c.checkStandards(cfg)
 	c.checkPublish(cfg)
+	c.checkSchedulePrefix(cfg)
 	c.checkOperations(cfg)
 	c.checkTracing(cfg)
 }
@@ -334,6 +335,33 @@ func (c *checker) checkReplies(cfg *Config) {
 	if cfg.ReplyURL == "" && len(cfg.ReplySubjects) > 0 && cfg.AppURL != "" {
 		cfg.ReplyURL = cfg.AppURL
 		c.derived["COURIER_REPLY_URL"] = redactHTTPURL(cfg.AppURL)
+	}
+}
+
+// checkSchedulePrefix checks where delayed publishes wait: literal tokens,
+// outside what NATS reserves and what courier publishes to itself.
+func (c *checker) checkSchedulePrefix(cfg *Config) {
+	const name = "COURIER_SCHEDULE_PREFIX"
+	p := cfg.SchedulePrefix
+	switch {
+	case p == "":
+		c.add(name, "must not be empty (unset: _sched)")
+		return
+	case checkSubject(p) != "":
+		c.add(name, "%s", checkSubject(p))
+		return
+	case !isLiteral(p):
+		c.add(name, "must be literal subject tokens, such as _sched: '*' and '>' are wildcards")
+		return
+	case reservedPrefix(p+".") != "":
+		c.add(name, "subjects starting with %s are reserved by NATS", reservedPrefix(p+"."))
+		return
+	}
+	all := p + ".>"
+	for _, own := range []struct{ name, subject string }{{"COURIER_DLQ_SUBJECT", cfg.DLQSubject}, {"COURIER_SUCCESS_SUBJECT", cfg.SuccessSubject}} {
+		if own.subject != "" && natsSubjectMatches(all, own.subject) {
+			c.add(name, "%s %q is under it: delayed messages wait there, and the durables courier sets up leave it out", own.name, own.subject)
+		}
 	}
 }
 

@@ -148,6 +148,10 @@ type Config struct {
 	// to, NATS wildcards allowed; required with PublishAddr.
 	PublishAddr     string   `env:"COURIER_PUBLISH_ADDR"`
 	PublishSubjects []string `env:"COURIER_PUBLISH_SUBJECTS"`
+	// SchedulePrefix is where delayed publishes wait (package schedule):
+	// <prefix>.<STREAM>.<token> in the target's stream. The publish API
+	// stores them there, and the durables courier sets up leave them out.
+	SchedulePrefix string `env:"COURIER_SCHEDULE_PREFIX" envDefault:"_sched"`
 
 	// SubscriptionNames are COURIER_SUBSCRIPTIONS as listed: with them one
 	// courier serves several durable consumers, each set by its

@@ -3,7 +3,6 @@ package dedup
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,19 +70,4 @@ func (s *Shared) readLast(ctx context.Context, bk string) (*lastRecord, error) {
 		}
 	}
 	return rec, nil
-}
-
-// apiPrefix is the JetStream API prefix js sends requests to.
-func apiPrefix(js jetstream.JetStream) string {
-	o := js.Options()
-	switch {
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		if !strings.HasSuffix(o.APIPrefix, ".") {
-			return o.APIPrefix + "."
-		}
-		return o.APIPrefix
-	}
-	return jetstream.DefaultAPIPrefix
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
 )
 
 // What a key holds in the bucket. A processed key is empty, as the earlier
@@ -157,7 +159,7 @@ func OpenShared(ctx context.Context, js jetstream.JetStream, local *Store, o Sha
 	if err := s.openBucket(ctx); err != nil {
 		return nil, err
 	}
-	s.msgGet = apiPrefix(js) + "STREAM.MSG.GET." + s.stream
+	s.msgGet = jsutil.APIPrefix(js) + "STREAM.MSG.GET." + s.stream
 	if s.m, err = newSharedMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("dedup: shared store metrics: %w", err)
 	}

@@ -33,10 +33,20 @@ type invoiceApp struct {
 	mu        sync.Mutex
 	retried   bool
 	stored    int
+	// arrived is when each key was first stored (delayed.go).
+	arrived map[string]time.Time
 }
 
 func newInvoiceApp(say func(string, ...any)) *invoiceApp {
-	return &invoiceApp{say: say, published: make(chan struct{})}
+	return &invoiceApp{say: say, published: make(chan struct{}), arrived: map[string]time.Time{}}
+}
+
+// arrival is when the entry of key was stored, if it was.
+func (a *invoiceApp) arrival(key string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.arrived[key]
+	return t, ok
 }
 
 func (a *invoiceApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,6 +80,9 @@ func (a *invoiceApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			a.retried, st = true, "RETRY" // its row was locked: try again later
 		} else {
 			a.stored++
+			if _, ok := a.arrived[e.IdempotencyKey]; !ok {
+				a.arrived[e.IdempotencyKey] = time.Now()
+			}
 		}
 		out = append(out, status{e.EntryID, st})
 		said = append(said, fmt.Sprintf("%s (attempt %d) %s", e.IdempotencyKey, e.Attempt, st))
@@ -93,7 +106,9 @@ func (a *invoiceApp) storedCount() int {
 func runBatches(ctx context.Context, sidecar Sidecar, js jetstream.JetStream, natsURL, dir, appURL string, app *invoiceApp, timeout time.Duration) error {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(sctx, jetstream.StreamConfig{Name: invoicesStream, Subjects: []string{"invoices.>"}}); err != nil {
+	// It holds the schedules of delayed publishes too (delayed.go).
+	if _, err := js.CreateStream(sctx, jetstream.StreamConfig{Name: invoicesStream, Subjects: []string{"invoices.>", "_sched." + invoicesStream + ".>"},
+		AllowMsgSchedules: true}); err != nil {
 		return fmt.Errorf("demo: create stream: %w", err)
 	}
 	publishAddr, err := freeAddr()
@@ -136,6 +151,7 @@ wait:
 		case <-tick.C:
 			if app.storedCount() >= 4 {
 				app.say("all 4 invoices stored: invoice-3 retried on its own, through JetStream, as any message")
+				result = sendReminder(runCtx, app, "http://"+publishAddr, timeout)
 				break wait
 			}
 		}

@@ -2,7 +2,8 @@
 // installed: an embedded JetStream server, a small sample app that fails some
 // requests on purpose, and a handful of messages that show a success, a
 // retry honouring Retry-After, a retry with backoff, a duplicate, a dead
-// letter, a success record, a request/reply round trip and a batch. It tells
+// letter, a success record, a request/reply round trip, a batch and a
+// delayed publish. It tells
 // its story on one writer, in the same order every run; courier's own log
 // goes where the caller's Sidecar writes it (`courier demo`: a file it
 // names).

@@ -48,7 +48,9 @@ func (s *Server) settle(reqCtx context.Context, deadline time.Time, m *nats.Msg,
 	case errors.As(err, &tr):
 		return s.timedOut(reqCtx, tr)
 	}
-	return fail(err)
+	res := fail(err)
+	res.maybeStored = maybeStored
+	return res
 }
 
 // acknowledged is the answer to a publish the stream acknowledged with ack.

@@ -26,6 +26,9 @@ package publish
 // failure is never swallowed: the status says one happened, the entries
 // which. Entries with an idempotencyKey can be sent again as they are;
 // courier's own ids (for entries without one) hold only within one request.
+// An entry whose headers hold Courier-Delay or Courier-Deliver-At is
+// delivered later (delayed.go): its answer is 202 with "schedule" and
+// "deliver_at", and it counts as stored.
 
 import (
 	"context"
@@ -91,6 +94,10 @@ type entryAnswer struct {
 	Stream    string `json:"stream,omitempty"`
 	Seq       uint64 `json:"seq,omitempty"`
 	Duplicate *bool  `json:"duplicate,omitempty"`
+	// Schedule and DeliverAt answer a delayed entry (202), as a single
+	// delayed publish's answer does.
+	Schedule  string `json:"schedule,omitempty"`
+	DeliverAt string `json:"deliver_at,omitempty"`
 	Error     string `json:"error,omitempty"`
 }
 
@@ -106,6 +113,10 @@ type pending struct {
 	m         *nats.Msg
 	generated bool        // courier made its Nats-Msg-Id
 	carrier   http.Header // where its trace context comes from
+	// delayed entries are delivered at at (Courier-Delay or
+	// Courier-Deliver-At; delayed.go).
+	delayed bool
+	at      time.Time
 }
 
 func (s *Server) serveBatch(w http.ResponseWriter, r *http.Request, subj string) {
@@ -379,11 +390,16 @@ func (s *Server) entryMsg(r *http.Request, e *batchEntry, pathSubj string) (pend
 	if err != nil {
 		return pending{}, err
 	}
+	at, delayed, err := takeDelay(h, time.Now())
+	if err != nil {
+		return pending{}, err
+	}
 	carrier := r.Header
 	if len(src["Traceparent"]) > 0 {
 		carrier = src
 	}
-	return pending{id: e.EntryID, m: &nats.Msg{Subject: subj, Header: h, Data: data}, generated: generated, carrier: carrier}, nil
+	return pending{id: e.EntryID, m: &nats.Msg{Subject: subj, Header: h, Data: data}, generated: generated, carrier: carrier,
+		delayed: delayed, at: at}, nil
 }
 
 // checkSizes refuses (413) a batch with an entry larger than the server's
@@ -411,8 +427,14 @@ func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.
 	futures := make([]jetstream.PubAckFuture, len(entries))
 	errs := make([]error, len(entries))
 	connected := s.nc.IsConnected()
+	var wg sync.WaitGroup
+	maxPayload := s.nc.MaxPayload()
 	for i, p := range entries {
 		spans[i] = s.startSpan(reqCtx, p.carrier, p.m)
+		if p.delayed { // its stream is checked first: a publish of its own
+			wg.Go(func() { results[i] = s.publishDelayed(reqCtx, deadline, p.m, p.generated, p.at, maxPayload) })
+			continue
+		}
 		if !connected {
 			errs[i] = &transient{errNotConnected}
 			continue
@@ -453,7 +475,6 @@ func (s *Server) publishBatch(r *http.Request, entries []pending, deadline time.
 			results[i] = acknowledged(ack, entries[i].generated, false)
 		}
 	}
-	var wg sync.WaitGroup
 	for i, err := range errs {
 		if err == nil {
 			continue
@@ -496,8 +517,11 @@ func batchOutcome(entries []pending, results []result) (int, batchAnswer) {
 		} else {
 			e.Error = res.msg
 		}
+		if res.sched != nil {
+			e.Schedule, e.DeliverAt = res.sched.id.String(), res.sched.at.UTC().Format(time.RFC3339Nano)
+		}
 		ans.Entries[i] = e
-		if res.status == http.StatusOK {
+		if res.status == http.StatusOK || res.status == http.StatusAccepted {
 			continue
 		}
 		failed++

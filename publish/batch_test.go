@@ -36,6 +36,8 @@ type batchReply struct {
 		Stream    string `json:"stream"`
 		Seq       uint64 `json:"seq"`
 		Duplicate *bool  `json:"duplicate"`
+		Schedule  string `json:"schedule"`
+		DeliverAt string `json:"deliver_at"`
 		Error     string `json:"error"`
 	} `json:"entries"`
 	Error string `json:"error"`

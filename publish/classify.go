@@ -13,6 +13,7 @@ import (
 // The outcomes of a publish, as courier_publish_requests_total counts them.
 const (
 	outcomeStored       = "stored"             // 200: acknowledged, stored now
+	outcomeScheduled    = "scheduled"          // 202: acknowledged, stored as a schedule to deliver later
 	outcomeDuplicate    = "duplicate"          // 200: acknowledged as a duplicate of a message stored earlier
 	outcomeUnauthorized = "unauthorized"       // 401: no or wrong bearer token
 	outcomeForbidden    = "forbidden"          // 403: subject outside the allowed ones
@@ -20,14 +21,15 @@ const (
 	outcomeNoStream     = "no_stream"          // 404: no stream captures the subject
 	outcomeTooLarge     = "too_large"          // 413: over max_payload or the stream's limit
 	outcomeExpectation  = "expectation_failed" // 412: a Nats-Expected-* header did not hold
+	outcomeNoSchedules  = "no_schedules"       // 409: a delayed publish to a stream that cannot hold schedules
 	outcomeUnavailable  = "unavailable"        // 503: no acknowledgement in time
 	outcomeBusy         = "busy"               // 503: MaxConcurrent publishes in progress
 	outcomeCanceled     = "canceled"           // the caller went away before the answer
 )
 
 // outcomes lists every outcome, so that each series exists from start-up.
-var outcomes = [...]string{outcomeStored, outcomeDuplicate, outcomeUnauthorized, outcomeForbidden, outcomeInvalid,
-	outcomeNoStream, outcomeTooLarge, outcomeExpectation, outcomeUnavailable, outcomeBusy, outcomeCanceled}
+var outcomes = [...]string{outcomeStored, outcomeScheduled, outcomeDuplicate, outcomeUnauthorized, outcomeForbidden, outcomeInvalid,
+	outcomeNoStream, outcomeTooLarge, outcomeExpectation, outcomeNoSchedules, outcomeUnavailable, outcomeBusy, outcomeCanceled}
 
 // The JetStream API errors a publish can meet (nats-server
 // server/errors.json), decided by code, never by text.
@@ -89,6 +91,15 @@ func classify(ctx context.Context, err error, noStream func(ctx context.Context)
 // what a moment may fix (no quorum, an election, a full stream a consumer
 // may drain) to another attempt, other requests the server calls bad to 400.
 func classifyAPI(e *jetstream.APIError) error {
+	err := classifyCode(e)
+	var ref *refusal
+	if errors.As(err, &ref) {
+		ref.code = e.ErrorCode
+	}
+	return err
+}
+
+func classifyCode(e *jetstream.APIError) error {
 	switch e.ErrorCode {
 	case errStreamNotMatch, errStreamSequenceNotMatch, errWrongLastMsgID, errWrongLastSequence,
 		errWrongLastSequenceConst, errMinLastSequence:

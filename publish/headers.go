@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"golang.org/x/net/http/httpguts"
 )
@@ -145,6 +146,7 @@ type refusal struct {
 	status  int
 	outcome string
 	msg     string
+	code    jetstream.ErrorCode // the JetStream API error refused for, if any
 }
 
 func (r *refusal) Error() string { return r.msg }

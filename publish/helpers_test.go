@@ -78,6 +78,9 @@ type answer struct {
 	Seq        uint64 `json:"seq"`
 	Duplicate  bool   `json:"duplicate"`
 	Error      string `json:"error"`
+	// A delayed publish's (202).
+	Schedule  string `json:"schedule"`
+	DeliverAt string `json:"deliver_at"`
 }
 
 // post publishes body to subject with headers (name, value pairs).

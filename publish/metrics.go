@@ -15,6 +15,8 @@ type metrics struct {
 	retries  prometheus.Counter
 	// batchSize is the entries of each batch request published.
 	batchSize prometheus.Histogram
+	// cancelled counts the schedules cancelled (cancel.go).
+	cancelled prometheus.Counter
 	// byOutcome holds each outcome's series, looked up once here rather
 	// than by label on every request; read-only after newMetrics.
 	byOutcome map[string]outcomeSeries
@@ -30,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "courier_publish_requests_total",
-			Help: "Publishes through courier's HTTP API, by outcome: stored and duplicate (200, acknowledged by a stream), unauthorized (401), forbidden (403), invalid (400), no_stream (404), too_large (413), expectation_failed (412), unavailable (503, no acknowledgement in time), busy (503, too many at once), canceled (the caller went away). Each entry of a batch counts as a publish; a batch refused whole counts once.",
+			Help: "Publishes through courier's HTTP API, by outcome: stored and duplicate (200, acknowledged by a stream; a delayed publish sent again is a duplicate too), scheduled (202, a delayed publish stored as a schedule), unauthorized (401), forbidden (403), invalid (400), no_stream (404), too_large (413), expectation_failed (412), no_schedules (409, a delayed publish to a stream that cannot hold schedules), unavailable (503, no acknowledgement in time), busy (503, too many at once), canceled (the caller went away). Each entry of a batch counts as a publish; a batch refused whole counts once.",
 		}, []string{"outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "courier_publish_duration_seconds",
@@ -50,12 +52,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Entries of each batch request published (POST /v1/publish-batch); each entry also counts in courier_publish_requests_total as a publish of its own.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
+		cancelled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "courier_schedules_cancelled_total",
+			Help: "Delayed publishes cancelled before their time (DELETE /v1/schedules/<id>); those stored are counted in courier_publish_requests_total{outcome=\"scheduled\"}.",
+		}),
 	}
 	m.byOutcome = make(map[string]outcomeSeries, len(outcomes))
 	for _, o := range outcomes {
 		m.byOutcome[o] = outcomeSeries{m.requests.WithLabelValues(o), m.latency.WithLabelValues(o)}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries, m.batchSize} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inflight, m.retries, m.batchSize, m.cancelled} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("publish: registering metrics: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/courierhq/courier/internal/subject"
+	"github.com/courierhq/courier/schedule"
 )
 
 // Options tunes a Server. Subjects is required; every other zero value means
@@ -64,6 +65,19 @@ type Options struct {
 	// Propagator reads the request's trace context and writes the
 	// message's. Default W3C Trace Context.
 	Propagator propagation.TextMapPropagator
+	// SchedulePrefix is where delayed publishes wait
+	// (COURIER_SCHEDULE_PREFIX): a message published with Courier-Delay or
+	// Courier-Deliver-At is stored as a schedule on
+	// <SchedulePrefix>.<STREAM>.<token> in its subject's stream (package
+	// schedule), and nothing may be published there directly. Default
+	// schedule.DefaultPrefix (_sched).
+	SchedulePrefix string
+	// DurableDescription is the description of the durable consumers
+	// courier sets up ("courier sidecar"). A delayed publish to a stream
+	// is refused (409) while one of them would be handed the schedules
+	// themselves (set up before the stream captured them; it leaves them
+	// out from its next start). "": no consumer is told for courier's.
+	DurableDescription string
 	// Logger receives logs, narrowed with component=publish; default
 	// discards. Publishes are logged at debug only.
 	Logger *slog.Logger
@@ -85,6 +99,12 @@ func (o *Options) defaults() error {
 		if err := subject.Check(s); err != nil {
 			return fmt.Errorf("publish: subject %w", err)
 		}
+	}
+	if o.SchedulePrefix == "" {
+		o.SchedulePrefix = schedule.DefaultPrefix
+	}
+	if err := subject.CheckLiteral(o.SchedulePrefix); err != nil {
+		return fmt.Errorf("publish: schedule prefix %w", err)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second

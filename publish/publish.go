@@ -20,6 +20,11 @@
 //
 // POST BatchPath publishes a batch of messages in one request, each entry
 // answered on its own (batch.go).
+//
+// A publish (or a batch entry) with Courier-Delay or Courier-Deliver-At is
+// delivered later, by JetStream's message schedules: it is answered 202
+// with the schedule's id, which DELETE SchedulesPath + id cancels
+// (delayed.go, cancel.go).
 package publish
 
 import (
@@ -42,6 +47,7 @@ import (
 	"github.com/courierhq/courier/internal/connlimit"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/subject"
+	"github.com/courierhq/courier/schedule"
 )
 
 // PathPrefix is where the API is served: POST PathPrefix + subject.
@@ -75,8 +81,10 @@ type Server struct {
 
 	o   Options
 	log *slog.Logger
-	m   *metrics
-	hdr answerHeaders
+	// sched is what delayed publishes know of streams (delayed.go).
+	sched *schedStreams
+	m     *metrics
+	hdr   answerHeaders
 	// pubOpts are every attempt's: one attempt each, courier's retry
 	// loop spacing them (made once, not per attempt).
 	pubOpts []jetstream.PublishOpt
@@ -119,7 +127,7 @@ func Listen(addr string, opts Options) (*Server, error) {
 	base, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		connected: make(chan struct{}),
-		o:         opts, m: m,
+		o:         opts, m: m, sched: newSchedStreams(),
 		hdr:         newAnswerHeaders(opts.RetryAfter),
 		pubOpts:     []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
 		log:         opts.Logger.With("component", "publish"),
@@ -227,12 +235,18 @@ type result struct {
 	msg     string // why, for a refusal
 	ack     *jetstream.PubAck
 	dup     bool // the ack's duplicate flag, as the app should read it
+	// sched is the schedule a delayed publish stored (202); nil for others.
+	sched *scheduled
+	// code is the JetStream API error a refusal answers; maybeStored
+	// says that an attempt of this request may have been stored.
+	code        jetstream.ErrorCode
+	maybeStored bool
 }
 
 func fail(err error) result {
 	var ref *refusal
 	if errors.As(err, &ref) {
-		return result{status: ref.status, outcome: ref.outcome, msg: ref.msg}
+		return result{status: ref.status, outcome: ref.outcome, msg: ref.msg, code: ref.code}
 	}
 	return result{status: http.StatusServiceUnavailable, outcome: outcomeUnavailable, msg: err.Error()}
 }
@@ -283,9 +297,18 @@ func (s *Server) handle(r *http.Request, subj string, deadline time.Time) result
 	if err != nil {
 		return fail(err)
 	}
+	at, delayed, err := takeDelay(h, time.Now())
+	if err != nil {
+		return fail(err)
+	}
 	m := &nats.Msg{Subject: subj, Header: h, Data: data}
 	sp := s.startSpan(r.Context(), r.Header, m)
-	res := s.publishMsg(r.Context(), deadline, m, generated, maxPayload)
+	var res result
+	if delayed {
+		res = s.publishDelayed(r.Context(), deadline, m, generated, at, maxPayload)
+	} else {
+		res = s.publishMsg(r.Context(), deadline, m, generated, maxPayload)
+	}
 	sp.end(res)
 	return res
 }
@@ -321,6 +344,12 @@ func (s *Server) allowed(subj string) error {
 	// Options.Subjects allows.
 	if p := subject.Reserved(subj); p != "" {
 		return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s are reserved by NATS", subj, p)
+	}
+	// Where delayed messages wait: a message stored there directly would
+	// pose as one.
+	if subject.Matches(s.o.SchedulePrefix+".>", subj) {
+		return refuse(http.StatusForbidden, outcomeForbidden, "subject %q: subjects starting with %s. are where delayed messages wait (COURIER_SCHEDULE_PREFIX); publish to the message's own subject with %s or %s",
+			subj, s.o.SchedulePrefix, schedule.HeaderDelay, schedule.HeaderDeliverAt)
 	}
 	for _, f := range s.o.Subjects {
 		if subject.Matches(f, subj) {
@@ -360,6 +389,11 @@ func (s *Server) answer(w http.ResponseWriter, res result) {
 	if res.status == http.StatusOK {
 		w.WriteHeader(res.status)
 		_, _ = w.Write(appendAck(make([]byte, 0, 96), res.ack, res.dup))
+		return
+	}
+	if res.sched != nil {
+		w.WriteHeader(res.status)
+		_ = json.NewEncoder(w).Encode(scheduledAnswer(res))
 		return
 	}
 	switch res.status {

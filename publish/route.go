@@ -26,11 +26,15 @@ var allowPost = []string{http.MethodPost}
 // redirect to a cleaned path: a client that follows a 307 publishes to a
 // subject it did not send.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if id, ok := strings.CutPrefix(r.URL.Path, SchedulesPath); ok {
+		s.serveCancel(w, r, id) // cancel.go
+		return
+	}
 	batch, subj, ok := apiPath(r.URL.Path)
 	switch {
 	case !ok:
 		s.answer(w, result{status: http.StatusNotFound,
-			msg: fmt.Sprintf("no such path %q: the publish API serves POST %s<subject> and POST %s[/<subject>]", r.URL.Path, PathPrefix, BatchPath)})
+			msg: fmt.Sprintf("no such path %q: the publish API serves POST %s<subject>, POST %s[/<subject>] and DELETE %s<id>", r.URL.Path, PathPrefix, BatchPath, SchedulesPath)})
 		return
 	case r.Method != http.MethodPost:
 		w.Header()["Allow"] = allowPost

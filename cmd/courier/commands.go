@@ -26,6 +26,7 @@ func commands() []command {
 		{name: "", summary: "run the sidecar (configured by environment variables)", run: runSidecarCommand},
 		{name: "config", args: "[--wide]", summary: "print every variable, its meaning, default and value; warn about unknown ones", run: runConfigCommand},
 		{name: "dlq", args: "ls|show|replay|purge [--subscription NAME]", summary: "list, show, replay or purge dead letters ('courier dlq help')", run: runDLQ},
+		{name: "schedules", args: "ls|cancel", summary: "list or cancel delayed messages waiting for their time ('courier schedules help')", run: runSchedules},
 		{name: "pause", args: "[--for D | --until RFC3339] [--subscription NAME]", summary: "pause the durable consumer on the server: every courier of it stops fetching", run: runPause},
 		{name: "resume", args: "[--subscription NAME]", summary: "resume the paused durable consumer", run: runResume},
 		{name: "status", args: "[--subscription NAME]", summary: "print the consumer's state: paused until, pending, ack pending, redelivered, dead letters", run: runStatus},

@@ -44,7 +44,13 @@ type partitions struct {
 // durable (consumerConfig), keeping an operator's settings.
 func ensurePartitions(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, log *slog.Logger) (*partition.Durable, error) {
 	token, _ := orderkey.SubjectToken(cfg.OrderKey) // config.Load checked it
-	o := partition.EnsureOptions{Consumer: cfg.Consumer, Filters: cfg.Subjects, Token: token, Partitions: cfg.OrderPartitions,
+	// The work stream copies what the durable consumes: never the
+	// schedules of delayed messages (durableFilters).
+	filters, err := durableFilters(cfg, stream, log)
+	if err != nil {
+		return nil, err
+	}
+	o := partition.EnsureOptions{Consumer: cfg.Consumer, Filters: filters, Token: token, Partitions: cfg.OrderPartitions,
 		Template: consumerConfig(cfg), Keep: keepOperatorSettings, Transient: transientSetupError, Logger: log}
 	if cfg.DeliverPolicy == "new" {
 		o.StartAt = time.Now()

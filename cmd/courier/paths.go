@@ -12,6 +12,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/schedule"
 )
 
 // A path is one subscription's delivery path (COURIER_SUBSCRIPTIONS;
@@ -44,6 +45,8 @@ type path struct {
 	// deadLetters counts the path's dead letters by reason, whoever stores
 	// them.
 	deadLetters *prometheus.CounterVec
+	// late counts how late the delayed messages reach the app.
+	late *schedule.Lateness
 
 	// What undoes the path's steps; nil until the step ran.
 	stopGiveup, stopMembers func()
@@ -65,6 +68,11 @@ func newPaths(s *sidecar, cfg config.Config) []*path {
 			p.reg = prometheus.WrapRegistererWith(prometheus.Labels{"subscription": sub.Name}, s.reg)
 		}
 		p.reg.MustRegister(p.deadLetters) // courier_dead_letters_total
+		late, err := schedule.NewLateness(p.reg, nil)
+		if err != nil {
+			panic(err) // a name registered twice: a bug, as MustRegister says
+		}
+		p.late = late
 		out = append(out, p)
 	}
 	return out

@@ -46,6 +46,10 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 		Registerer: s.reg,
 		// COURIER_APP_TOKEN_FILE's token, as last read ("" = none asked).
 		Token: s.auth.Token,
+		// Delayed publishes wait there; a stream where one of courier's
+		// durables would be handed them refuses them.
+		SchedulePrefix:     cfg.SchedulePrefix,
+		DurableDescription: consumerDescription,
 	})
 	if err != nil {
 		return nil, err
@@ -86,11 +90,21 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// connectPublish hands the publish API, if on, the NATS connection.
-func (s *sidecar) connectPublish() {
-	if s.publisher != nil {
-		s.publisher.Connect(s.nc, s.js)
+// schedulesReportTimeout bounds the start-up report of where delayed
+// publishes wait: a few stream reads.
+const schedulesReportTimeout = 5 * time.Second
+
+// connectPublish hands the publish API, if on, the NATS connection, and
+// logs for each stream it publishes to whether delayed publishing is on
+// and where the schedules wait, or why it is off and what fixes it.
+func (s *sidecar) connectPublish(ctx context.Context) {
+	if s.publisher == nil {
+		return
 	}
+	s.publisher.Connect(s.nc, s.js)
+	ctx, cancel := context.WithTimeout(ctx, schedulesReportTimeout)
+	defer cancel()
+	s.publisher.LogSchedules(ctx)
 }
 
 // awaitPublishQuiet waits until no publish has been in progress or begun

@@ -16,6 +16,7 @@ import (
 	"github.com/courierhq/courier/internal/editdist"
 	"github.com/courierhq/courier/internal/retry"
 	"github.com/courierhq/courier/internal/subject"
+	"github.com/courierhq/courier/schedule"
 	"github.com/courierhq/courier/success"
 )
 
@@ -93,6 +94,11 @@ func setUp(ctx context.Context, js jetstream.JetStream, cfg config.Config, polic
 		return stream, nil, nil // the partitions' consumers instead (ensurePartitions)
 	}
 	want := consumerConfig(cfg)
+	filters, err := durableFilters(cfg, stream, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	setFilters(&want, filters)
 	if existing, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer); err == nil {
 		have := existing.CachedInfo().Config
 		if err := keepDeliverPolicy(&want, have, policyGiven, cfg.Stream); err != nil {
@@ -189,14 +195,42 @@ func consumerConfig(cfg config.Config) jetstream.ConsumerConfig {
 		cc.PriorityGroups = []string{orderGroup}
 		cc.PinnedTTL = orderPinnedTTL(cfg)
 	}
-	switch len(cfg.Subjects) {
+	setFilters(&cc, cfg.Subjects)
+	return cc
+}
+
+// setFilters sets a consumer's filter subjects: none (the whole stream),
+// one (FilterSubject) or several (FilterSubjects).
+func setFilters(cc *jetstream.ConsumerConfig, filters []string) {
+	cc.FilterSubject, cc.FilterSubjects = "", nil
+	switch len(filters) {
 	case 0:
 	case 1:
-		cc.FilterSubject = cfg.Subjects[0]
+		cc.FilterSubject = filters[0]
 	default:
-		cc.FilterSubjects = cfg.Subjects
+		cc.FilterSubjects = filters
 	}
-	return cc
+}
+
+// durableFilters is what the durable consumes of stream: COURIER_SUBJECTS
+// (none: the whole stream) but the schedules of delayed messages, which
+// the stream holds on COURIER_SCHEDULE_PREFIX (schedule.Leave). A durable
+// handed a schedule would deliver the message when it is published, and on
+// a work-queue or interest stream its ack would delete the schedule.
+func durableFilters(cfg config.Config, stream jetstream.Stream, log *slog.Logger) ([]string, error) {
+	sc := stream.CachedInfo().Config
+	filters, changed, err := schedule.Leave(sc, cfg.Subjects, cfg.SchedulePrefix)
+	switch {
+	case errors.Is(err, schedule.ErrCannotLeave):
+		log.Warn("the durable cannot leave out the schedules of delayed messages", "stream", cfg.Stream, "consumer", cfg.Consumer, "why", err.Error())
+	case err != nil:
+		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	if changed {
+		log.Info("the durable leaves out the schedules of delayed messages", "stream", cfg.Stream, "consumer", cfg.Consumer,
+			"schedules", schedule.Subjects(cfg.SchedulePrefix, cfg.Stream), "filters", strings.Join(filters, ","))
+	}
+	return filters, nil
 }
 
 // keepDeliverPolicy keeps the deliver policy of an existing durable, which

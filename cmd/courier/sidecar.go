@@ -139,7 +139,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
 	}
-	s.connectPublish()
+	s.connectPublish(ctx)
 	// Request/reply (README, "Results out"): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
@@ -411,7 +411,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		Success:           p.successPublisher(),
 		Tracer:            p.tracing.Tracer(),     // nil: tracing off
 		Propagator:        p.tracing.Propagator(), // W3C Trace Context
-		Stamp:             deliveryStamp(cfg, p.auth),
+		Stamp:             observeLateness(deliveryStamp(cfg, p.auth), p.late),
 		// A pause, or an ack wait another courier changed, is noticed
 		// within half an ack wait (at most 5s).
 		InfoInterval: min(5*time.Second, max(cfg.AckWait/2, 100*time.Millisecond)),

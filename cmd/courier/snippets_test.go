@@ -127,6 +127,9 @@ func TestSnippets(t *testing.T) {
 		{[]string{"verify-python", "verify-node"}, runVerify},
 		{[]string{"batch-app"}, runBatchApp},
 		{[]string{"publish-curl", "publish-batch-curl"}, nil}, // run together by runPublishCurl
+		{[]string{"delayed-python", "delayed-node"}, func(t *testing.T, s snippet) { runDelayedClient(t, s, snippets["delayed-output"]) }},
+		{[]string{"delayed-output"}, nil},              // compared by runDelayedClient
+		{[]string{"delayed-curl", "cancel-curl"}, nil}, // run together by runDelayedCurl
 	}
 	used := map[string]bool{}
 	for _, sc := range scenarios {
@@ -144,6 +147,9 @@ func TestSnippets(t *testing.T) {
 	}
 	if a, b := snippets["publish-curl"], snippets["publish-batch-curl"]; a.name != "" && b.name != "" {
 		t.Run("publish-curl", func(t *testing.T) { runPublishCurl(t, a, b) })
+	}
+	if a, b := snippets["delayed-curl"], snippets["cancel-curl"]; a.name != "" && b.name != "" {
+		t.Run("delayed-curl", func(t *testing.T) { runDelayedCurl(t, a, b) })
 	}
 	for name, s := range snippets {
 		if !used[name] {

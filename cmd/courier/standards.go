@@ -7,6 +7,7 @@ import (
 	"github.com/courierhq/courier/appauth"
 	"github.com/courierhq/courier/cloudevents"
 	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/schedule"
 )
 
 // openAppAuth opens the files of COURIER_SIGNING_SECRETS_FILE and
@@ -38,6 +39,19 @@ func deliveryStamp(cfg config.Config, a *appauth.Auth) func(http.Header, []byte)
 		return a.Stamp
 	}
 	return nil
+}
+
+// observeLateness is stamp (nil: none) after counting, on l, how late
+// the delayed messages a request carries reach the app
+// (courier_schedule_deliveries_total).
+func observeLateness(stamp func(http.Header, []byte), l *schedule.Lateness) func(http.Header, []byte) {
+	if stamp == nil {
+		return l.Observe
+	}
+	return func(h http.Header, body []byte) {
+		l.Observe(h, body)
+		stamp(h, body)
+	}
 }
 
 // requestStamp is the request/reply service's reply.Options.Stamp: the

@@ -108,7 +108,9 @@ func TestDemoRunsAndStops(t *testing.T) {
 	at := 0
 	for _, next := range []string{"published 6 messages", "app got order-1 (attempt 1) → 200", "app got order-2 (attempt 1) → 429",
 		"app got order-3 (attempt 1) → 503", "app got order-4 (attempt 1) → 422", "app got order-5 (attempt 1) → 200",
-		"every message settled", "app published 4 invoices", "app got a batch of 4", "app got a batch of 1", "all 4 invoices stored", "demo: stopped"} {
+		"every message settled", "app published 4 invoices", "app got a batch of 4", "app got a batch of 1", "all 4 invoices stored",
+		"app published a payment reminder with Courier-Delay: 2s → 202", "invoice-1-reminder (attempt 1) SUCCESS",
+		"the reminder reached the app 2.", "demo: stopped"} {
 		i := strings.Index(out[at:], next)
 		if i < 0 {
 			t.Errorf("demo output lacks %q after what came before:\n%s", next, out)

@@ -120,3 +120,56 @@ func Overlap(a, b string) bool {
 	}
 	return len(at) == len(bt)
 }
+
+// Within reports whether every subject filter a matches is matched by b
+// too: a is b itself or narrower ("orders.*" is within "orders.>", and
+// "orders.>" is not within "orders.*").
+func Within(a, b string) bool {
+	at := strings.Split(a, ".")
+	bt := strings.Split(b, ".")
+	for i, y := range bt {
+		if i >= len(at) {
+			return false
+		}
+		x := at[i]
+		switch {
+		case y == ">":
+			return true // x is one token or more, as '>' takes
+		case x == ">":
+			return false
+		case y == "*" || x == y:
+			continue
+		}
+		return false
+	}
+	return len(at) == len(bt)
+}
+
+// Meet returns the filter that matches exactly the subjects both a and b
+// match, and false when they have none in common (they do not Overlap):
+// a token of each, the narrower of the two ("orders.>" and "*.paid" meet
+// in "orders.paid").
+func Meet(a, b string) (string, bool) {
+	if !Overlap(a, b) {
+		return "", false
+	}
+	at := strings.Split(a, ".")
+	bt := strings.Split(b, ".")
+	out := make([]string, 0, max(len(at), len(bt)))
+	for i := 0; ; i++ {
+		x, y := at[i], bt[i]
+		switch {
+		case x == ">":
+			return strings.Join(append(out, bt[i:]...), "."), true
+		case y == ">":
+			return strings.Join(append(out, at[i:]...), "."), true
+		case x == "*":
+			out = append(out, y)
+		default:
+			out = append(out, x)
+		}
+		if i == len(at)-1 { // Overlap: as many tokens in both
+			return strings.Join(out, "."), true
+		}
+	}
+}

@@ -116,3 +116,56 @@ func TestOverlap(t *testing.T) {
 		}
 	}
 }
+
+func TestWithin(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"a.b", "a.b", true},
+		{"a.b", "a.*", true},
+		{"a.*", "a.b", false},
+		{"a.*", "a.>", true},
+		{"a.>", "a.*", false},
+		{"a.b.c", "a.>", true},
+		{"a", "a.>", false},
+		{"a.>", "a.>", true},
+		{"a.>", ">", true},
+		{">", "a.>", false},
+		{"_sched.ORDERS.>", "_sched.>", true},
+		{"_sched.>", "_sched.ORDERS.>", false},
+		{"a.b", "a.b.c", false},
+		{"a.b.c", "a.b", false},
+		{"*.b", "a.b", false},
+	}
+	for _, tt := range tests {
+		if got := subject.Within(tt.a, tt.b); got != tt.want {
+			t.Errorf("Within(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+		}
+	}
+}
+
+func TestMeet(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want string // "" for none
+	}{
+		{"a.b", "a.b", "a.b"},
+		{"a.b", "a.c", ""},
+		{"a.*", "*.b", "a.b"},
+		{">", "orders.>", "orders.>"},
+		{"orders.>", "*.paid", "orders.paid"},
+		{"a.*.c", "a.>", "a.*.c"},
+		{"a.>", "a.b.>", "a.b.>"},
+		{"*.>", "a", ""},
+		{"*.*", "a.>", "a.*"},
+	}
+	for _, tt := range tests {
+		for _, pair := range [][2]string{{tt.a, tt.b}, {tt.b, tt.a}} {
+			got, ok := subject.Meet(pair[0], pair[1])
+			if got != tt.want || ok != (tt.want != "") {
+				t.Errorf("Meet(%q, %q) = %q, %v, want %q", pair[0], pair[1], got, ok, tt.want)
+			}
+		}
+	}
+}

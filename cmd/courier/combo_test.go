@@ -52,6 +52,9 @@ type combo struct {
 	rate     int    // COURIER_MAX_RATE; 0: none
 	shared   bool   // the shared store and three couriers, else the embedded store and one
 	subs     bool   // two subscriptions, orders (with a route) and audit, else one
+	// delayed: every message is published as a JetStream schedule due a
+	// second later (delayed delivery), on streams that hold schedules.
+	delayed bool
 }
 
 // drawCombo draws a combination.
@@ -63,6 +66,7 @@ func drawCombo(rng *rand.Rand) combo {
 		rate:     []int{0, 150}[rng.IntN(2)],
 		shared:   rng.IntN(3) != 0,
 		subs:     rng.IntN(2) == 0,
+		delayed:  rng.IntN(3) == 0,
 	}
 }
 
@@ -77,7 +81,11 @@ func (c combo) String() string {
 	if c.subs {
 		subs = "two subscriptions with a route"
 	}
-	return fmt.Sprintf("order %s, batches of %d, in flight %s, %s, %s, %s", c.order, c.batch, c.inflight, rate, store, subs)
+	delayed := ""
+	if c.delayed {
+		delayed = ", every message delayed 1s"
+	}
+	return fmt.Sprintf("order %s, batches of %d, in flight %s, %s, %s, %s%s", c.order, c.batch, c.inflight, rate, store, subs, delayed)
 }
 
 // couriers is how many run at once.
@@ -291,6 +299,19 @@ func comboMsg(stream, key string, n int) *nats.Msg {
 	return m
 }
 
+// delayedMsg is m published as a schedule due after d, on a subject of
+// its own under the stream's schedule prefix (schedule.Subjects).
+func delayedMsg(stream string, m *nats.Msg, d time.Duration) *nats.Msg {
+	s := nats.NewMsg(fmt.Sprintf("_sched.%s.%s", stream, strings.ReplaceAll(m.Header.Get("Nats-Msg-Id"), ".", "-")))
+	s.Data = m.Data
+	for k, vs := range m.Header {
+		s.Header[k] = vs
+	}
+	s.Header.Set("Nats-Schedule", "@at "+time.Now().Add(d).UTC().Format(time.RFC3339Nano))
+	s.Header.Set("Nats-Schedule-Target", m.Subject)
+	return s
+}
+
 // comboKeyPrefix is the keys' prefix of stream's messages.
 func comboKeyPrefix(stream string) string {
 	if stream == "AUDIT" {
@@ -300,10 +321,18 @@ func comboKeyPrefix(stream string) string {
 }
 
 func runCombo(t *testing.T, p comboPlan, c combo) {
-	k := newCluster(t, func(sc *jetstream.StreamConfig) { sc.Subjects = []string{"orders.*.*"} })
+	schedules := func(sc *jetstream.StreamConfig) {
+		if c.delayed {
+			sc.AllowMsgSchedules = true
+			sc.Subjects = append(sc.Subjects, "_sched."+sc.Name+".>")
+		}
+	}
+	k := newCluster(t, func(sc *jetstream.StreamConfig) { sc.Subjects = []string{"orders.*.*"}; schedules(sc) })
 	if c.subs {
 		natstest.Try(t, "creating the AUDIT stream", func(ctx context.Context) error {
-			_, err := k.js.CreateStream(ctx, jetstream.StreamConfig{Name: "AUDIT", Subjects: []string{"audit.*.*"}, Replicas: 3})
+			sc := jetstream.StreamConfig{Name: "AUDIT", Subjects: []string{"audit.*.*"}, Replicas: 3}
+			schedules(&sc)
+			_, err := k.js.CreateStream(ctx, sc)
 			return err
 		})
 	}
@@ -339,7 +368,11 @@ func runCombo(t *testing.T, p comboPlan, c combo) {
 		for n := range rounds {
 			for _, st := range c.subscriptions() {
 				for e := range p.entities {
-					if err := publishChaos(k.js, comboMsg(st, fmt.Sprint(comboKeyPrefix(st), e), n)); err != nil {
+					m := comboMsg(st, fmt.Sprint(comboKeyPrefix(st), e), n)
+					if c.delayed {
+						m = delayedMsg(st, m, time.Second)
+					}
+					if err := publishChaos(k.js, m); err != nil {
 						pubErr <- err
 						return
 					}

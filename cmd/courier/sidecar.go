@@ -405,6 +405,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		MaxPayload:        p.nc.MaxPayload(),
 		BreakerFailures:   cfg.BreakerFailures,
 		BreakerProbe:      cfg.BreakerProbe,
+		BreakerProbeMax:   cfg.BreakerProbeMax,
 		MaxRate:           cfg.MaxRate,
 		Connected:         p.nc.IsConnected,
 		TermKeepsMessage:  p.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,

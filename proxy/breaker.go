@@ -180,18 +180,18 @@ func (b *breaker) nextProbe() string {
 }
 
 // probeState is the breaker's state for State: whether it is open, when the
-// next probe goes (zero while one is under way or none is due) and the wait
-// between probes.
-func (b *breaker) probeState() (open bool, next time.Time, wait time.Duration) {
+// next probe goes (zero while one is under way or none is due), the wait
+// between probes and its cap.
+func (b *breaker) probeState() (open bool, next time.Time, wait, most time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.open {
-		return false, time.Time{}, 0
+		return false, time.Time{}, 0, b.most
 	}
 	if b.next.After(b.gate.now()) {
 		next = b.next
 	}
-	return true, next, b.wait
+	return true, next, b.wait, b.most
 }
 
 // enlist makes a held message a probe candidate until leave; its ticket

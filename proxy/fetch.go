@@ -105,6 +105,7 @@ type fetcher struct {
 	reqBatch, reqBytes int
 	ackWait            time.Duration
 	paused             bool
+	pauseUntil         time.Time // zero: not paused, or paused with no end
 	// replicated: the consumer's server is clustered, where a pull with a
 	// byte limit loses the tail of its batch (see pull).
 	replicated bool
@@ -457,6 +458,10 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		f.ackWait = c.AckWait
 		f.track.setAckWait(c.AckWait)
 	}
+	f.pauseUntil = time.Time{}
+	if info.Paused && c.PauseUntil != nil {
+		f.pauseUntil = *c.PauseUntil
+	}
 	if info.Paused != f.paused {
 		f.paused = info.Paused
 		if info.Paused {
@@ -480,6 +485,14 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		return true
 	}
 	return false
+}
+
+// pausedUntil is when the consumer's pause ends, as last read; zero when it
+// is not paused (or its pause has no end).
+func (f *fetcher) pausedUntil() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pauseUntil
 }
 
 // consumerGone returns an error if err means the consumer was deleted.

@@ -179,6 +179,33 @@ func TestStatusWithoutCourier(t *testing.T) {
 	}
 }
 
+// With several subscriptions, status --subscription shows that
+// subscription's delivery path: its app down, while the other's is up.
+func TestStatusOfOneSubscription(t *testing.T) {
+	h := newHarness(t)
+	paymentsStream(t, h)
+	orders := newApp(t, nil)
+	env := subsEnv(h, orders.URL+"/orders", "http://"+freeAddr(t)+"/payments")
+	c := start(t, env)
+	admin := adminAddr(t, c)
+	h.publish("payments.1", "{}", nil)
+	poll.Until(t, 10*time.Second, "/readyz naming payments", func() bool {
+		_, body := get(t, "http://"+admin+"/readyz")
+		return strings.Contains(body, "subscription payments: app unavailable")
+	})
+	out := status(t, env, "--subscription", "payments", "--admin", admin)
+	if got := line(out, "consumer"); !strings.Contains(got, "PAYMENTS/courier") {
+		t.Errorf("consumer line %q\n%s", got, out)
+	}
+	if got := line(out, "app"); !strings.Contains(got, "unavailable for") {
+		t.Errorf("payments' app line %q\n%s", got, out)
+	}
+	out = status(t, env, "--subscription", "orders", "--admin", admin)
+	if got := line(out, "app"); !strings.HasSuffix(got, " available") {
+		t.Errorf("orders' app line %q\n%s", got, out)
+	}
+}
+
 // freeAddr is a loopback address no one listens on (now).
 func freeAddr(t *testing.T) string {
 	t.Helper()

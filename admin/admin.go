@@ -37,7 +37,8 @@ type Server struct {
 // Options bound what a client of the admin port may hold: any peer that
 // reaches the port may connect (it listens on every interface by
 // default), and its clients, the kubelet's probes and Prometheus, send a
-// small request at once. Zero values take the defaults stated.
+// small request at once. State adds /v1/state. Zero values take the
+// defaults stated.
 type Options struct {
 	// MaxConns bounds the connections held at once; past it the one
 	// longest without a request in progress is closed to make room

@@ -1,10 +1,13 @@
 // Package admin serves courier's operator endpoints: /healthz (liveness,
-// never dependent on NATS or the app), /readyz (readiness) and /metrics
-// (docs/behaviour.md#liveness-is-not-readiness).
+// never dependent on NATS or the app), /readyz (readiness), /metrics
+// (docs/behaviour.md#liveness-is-not-readiness) and /v1/state, the
+// courier's own view of what it is doing, as JSON (`courier status` reads
+// it).
 package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,7 +37,8 @@ type Server struct {
 // Options bound what a client of the admin port may hold: any peer that
 // reaches the port may connect (it listens on every interface by
 // default), and its clients, the kubelet's probes and Prometheus, send a
-// small request at once. Zero values take the defaults stated.
+// small request at once. State adds /v1/state. Zero values take the
+// defaults stated.
 type Options struct {
 	// MaxConns bounds the connections held at once; past it the one
 	// longest without a request in progress is closed to make room
@@ -49,6 +53,9 @@ type Options struct {
 	// WriteTimeout bounds the writing of an answer (a large /metrics to a
 	// client that does not read). Default 30s.
 	WriteTimeout time.Duration
+	// State, when set, answers /v1/state: its value as JSON. It must be
+	// fast and safe for concurrent use. Nil: /v1/state is not served.
+	State func() any
 }
 
 // maxHeaderBytes bounds a request's headers: a probe's or a scrape's are
@@ -94,8 +101,13 @@ func ListenWith(addr string, live, ready Check, gatherer prometheus.Gatherer, lo
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}))
+	index := "courier admin: /healthz /readyz /metrics"
+	if o.State != nil {
+		mux.Handle("GET "+StatePath, stateHandler(o.State, log))
+		index += " " + StatePath
+	}
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "courier admin: /healthz /readyz /metrics")
+		fmt.Fprintln(w, index)
 	})
 	conns := connlimit.New(o.MaxConns)
 	return &Server{
@@ -140,6 +152,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = serr
 	}
 	return err
+}
+
+// StatePath is where the courier's own state is served (Options.State).
+const StatePath = "/v1/state"
+
+func stateHandler(state func() any, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		b, err := json.MarshalIndent(state(), "", "  ")
+		if err != nil {
+			log.Warn("cannot encode the state for "+StatePath, "error", err)
+			http.Error(w, "cannot encode the state", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(b, '\n'))
+	})
 }
 
 func checkHandler(c Check) http.Handler {

@@ -3,6 +3,7 @@ package admin
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -66,6 +67,63 @@ func TestEndpoints(t *testing.T) {
 	}
 	if code, _ := get("/healthz"); code != 200 {
 		t.Errorf("liveness must not follow readiness: %d", code)
+	}
+}
+
+// /v1/state answers Options.State as JSON, read anew at each request, and
+// is not served without it.
+func TestStateEndpoint(t *testing.T) {
+	var n atomic.Int32
+	state := func() any {
+		return map[string]any{"subscriptions": []map[string]any{{"stream": "ORDERS", "held": n.Add(1)}}}
+	}
+	s, err := ListenWith("127.0.0.1:0", nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), Options{State: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	for want := int32(1); want <= 2; want++ {
+		resp, err := http.Get("http://" + s.Addr() + StatePath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Subscriptions []struct {
+				Stream string `json:"stream"`
+				Held   int32  `json:"held"`
+			} `json:"subscriptions"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("GET %s = %d %s: %v", StatePath, resp.StatusCode, resp.Header.Get("Content-Type"), err)
+		}
+		if len(got.Subscriptions) != 1 || got.Subscriptions[0].Stream != "ORDERS" || got.Subscriptions[0].Held != want {
+			t.Errorf("GET %s = %+v, want ORDERS held %d", StatePath, got, want)
+		}
+	}
+	if resp, err := http.Get("http://" + s.Addr() + "/"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), StatePath) {
+			t.Errorf("GET / = %q, want it to name %s", b, StatePath)
+		}
+	}
+
+	without, err := Listen("127.0.0.1:0", nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	without.Start()
+	t.Cleanup(func() { _ = without.Shutdown(context.Background()) })
+	resp, err := http.Get("http://" + without.Addr() + StatePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET %s without a state = %d, want 404", StatePath, resp.StatusCode)
 	}
 }
 

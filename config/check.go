@@ -204,6 +204,9 @@ func (c *checker) checkBreaker(cfg *Config) {
 	if c.ok("COURIER_BREAKER_PROBE") && cfg.BreakerProbe <= 0 {
 		c.add("COURIER_BREAKER_PROBE", "must be more than 0")
 	}
+	if c.ok("COURIER_BREAKER_PROBE_MAX") && cfg.BreakerProbeMax <= 0 {
+		c.add("COURIER_BREAKER_PROBE_MAX", "must be more than 0")
+	}
 	if c.ok("COURIER_MAX_RATE") && cfg.MaxRate < 0 {
 		c.add("COURIER_MAX_RATE", "must not be negative (0 means no limit)")
 	}

@@ -93,6 +93,9 @@ type Config struct {
 	BreakerFailures int `env:"COURIER_BREAKER_FAILURES" envDefault:"10"`
 	// BreakerProbe is the wait before the first probe while stopped.
 	BreakerProbe time.Duration `env:"COURIER_BREAKER_PROBE" envDefault:"5s"`
+	// BreakerProbeMax is the longest wait between two probes: the wait
+	// doubles per failed probe up to it (the app's Retry-After wins).
+	BreakerProbeMax time.Duration `env:"COURIER_BREAKER_PROBE_MAX" envDefault:"30s"`
 	// MaxRate caps requests per second to the app, all messages together;
 	// 0 = no limit.
 	MaxRate float64 `env:"COURIER_MAX_RATE" envDefault:"0"`

@@ -17,6 +17,7 @@ func TestNewVariablesBadValues(t *testing.T) {
 		{"breaker failures negative", with(map[string]string{"COURIER_BREAKER_FAILURES": "-1"}), `COURIER_BREAKER_FAILURES="-1": must not be negative`},
 		{"breaker failures word", with(map[string]string{"COURIER_BREAKER_FAILURES": "ten"}), `COURIER_BREAKER_FAILURES="ten": not an integer`},
 		{"breaker probe zero", with(map[string]string{"COURIER_BREAKER_PROBE": "0s"}), `COURIER_BREAKER_PROBE="0s": must be more than 0`},
+		{"breaker probe max zero", with(map[string]string{"COURIER_BREAKER_PROBE_MAX": "0s"}), `COURIER_BREAKER_PROBE_MAX="0s": must be more than 0`},
 		{"breaker probe unit", with(map[string]string{"COURIER_BREAKER_PROBE": "5"}), `COURIER_BREAKER_PROBE="5": missing a unit`},
 		{"max rate negative", with(map[string]string{"COURIER_MAX_RATE": "-1"}), `COURIER_MAX_RATE="-1": must not be negative`},
 		{"max rate word", with(map[string]string{"COURIER_MAX_RATE": "fast"}), `COURIER_MAX_RATE="fast": not a number`},

@@ -80,8 +80,8 @@ func TestReferenceCoversVariables(t *testing.T) {
 		}
 	}
 	// The variables of one message's path, as the contract lists them.
-	if perSub != 31 {
-		t.Errorf("%d variables per subscription, want 31", perSub)
+	if perSub != 32 {
+		t.Errorf("%d variables per subscription, want 32", perSub)
 	}
 }
 

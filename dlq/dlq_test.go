@@ -292,6 +292,33 @@ func TestEnsureStreamCreates(t *testing.T) {
 	}
 }
 
+// Stream names are upper-cased: the dead letters of consumer courier on
+// streams orders and ORDERS would go to one stream name. Each gets a
+// stream of its own, capturing its own subject, and keeps it.
+func TestEnsureStreamBesideNamesake(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	upper, _, err := dlq.EnsureStream(ctx(t, 5*time.Second), js, "dlq.ORDERS.courier", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lower, created, err := dlq.EnsureStream(ctx(t, 5*time.Second), js, "dlq.orders.courier", 1)
+	if err != nil || !created {
+		t.Fatalf("EnsureStream beside its namesake = created %v, %v; want a stream of its own", created, err)
+	}
+	if lower.Config.Name == upper.Config.Name || !slices.Equal(lower.Config.Subjects, []string{"dlq.orders.courier"}) ||
+		!slices.Equal(upper.Config.Subjects, []string{"dlq.ORDERS.courier"}) || len(lower.Config.Name) > 64 {
+		t.Errorf("streams %s %q and %s %q: want two, each capturing its own subject", upper.Config.Name, upper.Config.Subjects,
+			lower.Config.Name, lower.Config.Subjects)
+	}
+	for subject, name := range map[string]string{"dlq.ORDERS.courier": upper.Config.Name, "dlq.orders.courier": lower.Config.Name} {
+		again, created, err := dlq.EnsureStream(ctx(t, 5*time.Second), js, subject, 1)
+		if err != nil || created || again.Config.Name != name {
+			t.Errorf("EnsureStream(%s) again = created %v, %v; want %s found", subject, created, err, name)
+		}
+	}
+}
+
 func TestEnsureStreamUsesExisting(t *testing.T) {
 	s := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, s)

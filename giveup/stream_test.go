@@ -101,6 +101,31 @@ func TestGiveUpEnsureStreamCreates(t *testing.T) {
 	}
 }
 
+// Stream names are upper-cased: the advisories of consumer courier on
+// streams orders and ORDERS would go to one stream name. Each gets a
+// stream of its own, capturing only its own advisories.
+func TestGiveUpEnsureStreamBesideNamesake(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	upper, _, err := giveup.EnsureStream(ctx(t, 5*time.Second), js, "ORDERS", "courier", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lower, created, err := giveup.EnsureStream(ctx(t, 5*time.Second), js, "orders", "courier", 1, 0)
+	if err != nil || !created {
+		t.Fatalf("EnsureStream beside its namesake = created %v, %v; want a stream of its own", created, err)
+	}
+	if lower.Config.Name == upper.Config.Name ||
+		!slices.Equal(lower.Config.Subjects, []string{giveup.AdvisorySubject("orders", "courier")}) {
+		t.Errorf("streams %s and %s %q: want two, each capturing its own advisories", upper.Config.Name, lower.Config.Name, lower.Config.Subjects)
+	}
+	again, created, err := giveup.EnsureStream(ctx(t, 5*time.Second), js, "orders", "courier", 1, 0)
+	if err != nil || created || again.Config.Name != lower.Config.Name {
+		t.Errorf("EnsureStream again = created %v, %v; want %s found", created, err, lower.Config.Name)
+	}
+}
+
 func TestGiveUpEnsureStreamUsesExisting(t *testing.T) {
 	t.Parallel()
 	s := natstest.Start(t, natstest.Options{})

@@ -49,25 +49,27 @@ func PartitionsBucketName(stream, consumer string) string {
 }
 
 // Open creates the bucket of consumer on stream if it is missing (replicas
-// as given) and returns its store.
+// as given) and returns its store. Names can collide (A_B and C, A and B_C):
+// the bucket records its durable in its metadata, and a bucket of another
+// durable is refused with a *jsutil.OwnerError.
 func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
-	return open(ctx, js, BucketName(stream, consumer), replicas)
+	return open(ctx, js, BucketName(stream, consumer), jsutil.Owner{Stream: stream, Consumer: consumer}, replicas)
 }
 
 // OpenPartitions is Open for a durable split into partitions: the store of
 // each partition is Partition of the one it returns.
 func OpenPartitions(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*Store, error) {
-	return open(ctx, js, PartitionsBucketName(stream, consumer), replicas)
+	return open(ctx, js, PartitionsBucketName(stream, consumer), jsutil.Owner{Stream: stream, Consumer: consumer}, replicas)
 }
 
-func open(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*Store, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+func open(ctx context.Context, js jetstream.JetStream, bucket string, owner jsutil.Owner, replicas int) (*Store, error) {
+	kv, err := jsutil.OwnedKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: Description,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-	})
+	}, owner)
 	if err != nil {
 		return nil, fmt.Errorf("order marks bucket %s: %w", bucket, err)
 	}

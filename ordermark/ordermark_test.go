@@ -2,9 +2,14 @@ package ordermark
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/internal/natstest"
 )
 
@@ -83,5 +88,55 @@ func TestPartitionMarks(t *testing.T) {
 	}
 	if got, _ := p0.Marks(ctx); len(got) != 2 {
 		t.Errorf("partition 0 marks %v after partition 1's unmark", got)
+	}
+}
+
+// Two durables whose names make one bucket name (stream A_B, consumer C;
+// stream A, consumer B_C) never share it: the second is refused, naming the
+// owner, and the first's marks are left as they are. A bucket made before
+// owners were recorded is taken by the first durable to open it.
+func TestBucketOfAnotherDurableRefused(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if BucketName("A_B", "C") != BucketName("A", "B_C") {
+		t.Fatal("the names no longer collide: pick two that do")
+	}
+	first, err := Open(ctx, js, "A_B", "C", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Mark(ctx, "k", Mark{Seq: 7}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(ctx, js, "A", "B_C", 1)
+	var oerr *jsutil.OwnerError
+	if !errors.As(err, &oerr) || !strings.Contains(err.Error(), `belongs to consumer "C" on stream "A_B"`) ||
+		!strings.Contains(err.Error(), `not to consumer "B_C" on stream "A"`) {
+		t.Fatalf("Open by another durable = %v, want it refused naming the owner", err)
+	}
+	if _, err := Open(ctx, js, "A_B", "C", 1); err != nil {
+		t.Errorf("Open by its owner again = %v", err)
+	}
+	if marks, err := first.Marks(ctx); err != nil || marks["k"].Seq != 7 {
+		t.Errorf("the owner's marks = %v, %v; want k at 7", marks, err)
+	}
+	_, err = OpenPartitions(ctx, js, "A_B", "C", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenPartitions(ctx, js, "A", "B_C", 1); !errors.As(err, &oerr) {
+		t.Errorf("OpenPartitions by another durable = %v, want it refused", err)
+	}
+
+	// Made by an older courier, without an owner.
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketName("X", "Y_Z"), Description: Description, History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, js, "X", "Y_Z", 1); err != nil {
+		t.Fatalf("Open of a bucket without an owner = %v, want it taken", err)
+	}
+	if _, err := Open(ctx, js, "X_Y", "Z", 1); !errors.As(err, &oerr) {
+		t.Errorf("Open by another durable once taken = %v, want it refused", err)
 	}
 }

@@ -69,6 +69,10 @@ type Options struct {
 	Replicas int
 	// Pins, when set, returns the pins held now, put with each heartbeat.
 	Pins func() map[int]string
+	// Owner, when set, is the durable the bucket is for: recorded in its
+	// metadata when it is made, and a bucket of another durable (whose
+	// names make the same bucket name) is refused (jsutil.OwnedKeyValue).
+	Owner jsutil.Owner
 	// Logger; default discards.
 	Logger *slog.Logger
 	// Now is the clock; default time.Now.
@@ -114,7 +118,7 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:         bucket,
 		Description:    "courier: the live replicas of a partitioned durable (COURIER_ORDER_PARTITIONS)",
 		History:        1,
@@ -122,7 +126,14 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 		LimitMarkerTTL: o.TTL,
 		Storage:        jetstream.FileStorage,
 		Replicas:       max(o.Replicas, 1),
-	})
+	}
+	var kv jetstream.KeyValue
+	var err error
+	if o.Owner != (jsutil.Owner{}) {
+		kv, err = jsutil.OwnedKeyValue(ctx, js, cfg, o.Owner)
+	} else {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -13,7 +14,10 @@ import (
 // fault: the gate closes (cause breakerOpen), courier holds what it has and
 // spends nothing, and lets one probe message through at a time, after
 // BreakerProbe (or the app's Retry-After), doubling per failed probe up to
-// BackoffMax. Any answer that is not a transient failure closes it.
+// BreakerProbeMax: an app that recovers waits at most that long for the
+// next probe, however long the storm lasted. /readyz and the log say when
+// the next probe goes. Any answer that is not a transient failure closes
+// it.
 //
 // It must tell an outage from messages that fail on their own. Only
 // failures of fresh messages (on their first delivery) count toward
@@ -36,6 +40,7 @@ type breaker struct {
 	first     time.Duration
 	most      time.Duration
 	gate      *gate
+	log       *slog.Logger
 
 	mu       sync.Mutex
 	streak   int
@@ -44,6 +49,9 @@ type breaker struct {
 	open     bool
 	wait     time.Duration
 	timer    *time.Timer
+	// next is when the probe timer fires (the gate's clock); past once it
+	// has, while the probe it let go is under way.
+	next time.Time
 	// waiting are the tickets of held messages that may be the probe, in
 	// the order they enlisted.
 	waiting []*probeTicket
@@ -57,8 +65,13 @@ type probeTicket struct {
 	ahead chan struct{} // receives the go-ahead; capacity 1
 }
 
-func newBreaker(threshold int, first, most time.Duration, g *gate) *breaker {
-	return &breaker{threshold: threshold, first: first, most: max(most, first), gate: g}
+// newBreaker returns a breaker that holds g's causeBreaker; most caps the
+// wait between probes (never below first). It tells g what to add to the
+// hold's reason for /readyz: when the next probe goes.
+func newBreaker(threshold int, first, most time.Duration, g *gate, log *slog.Logger) *breaker {
+	b := &breaker{threshold: threshold, first: first, most: max(most, first), gate: g, log: log}
+	g.detail[causeBreaker] = b.nextProbe
+	return b
 }
 
 // success notes an answer that is not a transient failure.
@@ -85,16 +98,26 @@ func (b *breaker) failure(key string, fresh bool, retryAfter time.Duration, prob
 	}
 	b.mu.Lock()
 	if b.open {
-		if probe {
-			if fresh {
-				b.wait = min(2*b.wait, b.most)
-			}
-			if retryAfter > 0 {
-				b.wait = retryAfter
-			}
-			b.schedule()
+		if !probe {
+			b.mu.Unlock()
+			return
 		}
+		was := b.wait
+		if fresh {
+			b.wait = min(2*b.wait, b.most)
+		}
+		if retryAfter > 0 {
+			b.wait = retryAfter
+		}
+		b.schedule()
+		wait, next := b.wait, b.next
 		b.mu.Unlock()
+		if wait != was {
+			// Logged when the wait changes, not at every probe: it settles
+			// at the cap (or the app's Retry-After) within a few probes.
+			b.log.Info("breaker still open: the probe failed", "next_probe_in", wait.Round(time.Millisecond).String(),
+				"next_probe_at", next.UTC().Format(time.RFC3339), "probing_every", b.every(wait, retryAfter))
+		}
 		return
 	}
 	if !fresh {
@@ -117,10 +140,58 @@ func (b *breaker) failure(key string, fresh bool, retryAfter time.Duration, prob
 		b.wait = retryAfter
 	}
 	b.schedule()
-	streak, wait := b.streak, b.wait
+	streak := b.streak
 	b.mu.Unlock()
-	b.gate.hold(causeBreaker, fmt.Sprintf("%d transient failures in a row from the app; probing with one message after %s",
-		streak, wait.Round(time.Millisecond)))
+	// The hold's reason says what opened it; when the next probe goes
+	// changes, and /readyz adds it (nextProbe), as does the log line
+	// the gate writes (gateLog).
+	b.gate.hold(causeBreaker, fmt.Sprintf("%d transient failures in a row from the app; probing with one message at a time", streak))
+}
+
+// every says how often probes go from now on while they fail: the wait,
+// which grows no more once at the cap (unless the app's Retry-After sets
+// it).
+func (b *breaker) every(wait, retryAfter time.Duration) string {
+	if retryAfter > 0 {
+		return "as the app's Retry-After asks"
+	}
+	if wait >= b.most {
+		return wait.Round(time.Millisecond).String() + " (the most)"
+	}
+	return "doubling up to " + b.most.Round(time.Millisecond).String()
+}
+
+// nextProbe says, while the breaker is open, when the next probe goes: ""
+// while it is closed.
+func (b *breaker) nextProbe() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return ""
+	}
+	now := b.gate.now()
+	switch {
+	case b.next.After(now):
+		return fmt.Sprintf("next probe in %s (at %s)", b.next.Sub(now).Round(100*time.Millisecond), b.next.UTC().Format(time.RFC3339))
+	case b.pending:
+		return "next probe: the next message held or fetched"
+	}
+	return "a probe is under way"
+}
+
+// probeState is the breaker's state for State: whether it is open, when the
+// next probe goes (zero while one is under way or none is due), the wait
+// between probes and its cap.
+func (b *breaker) probeState() (open bool, next time.Time, wait, most time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return false, time.Time{}, 0, b.most
+	}
+	if b.next.After(b.gate.now()) {
+		next = b.next
+	}
+	return true, next, b.wait, b.most
 }
 
 // enlist makes a held message a probe candidate until leave; its ticket
@@ -196,6 +267,7 @@ func (b *breaker) schedule() {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
+	b.next = b.gate.now().Add(b.wait)
 	b.timer = time.AfterFunc(b.wait, b.handOn)
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -9,7 +10,7 @@ import (
 
 func newTestBreaker(threshold int, probe time.Duration) (*breaker, *gate) {
 	g := newGate(time.Now, func(cause, bool, string, time.Duration) {})
-	return newBreaker(threshold, probe, 8*probe, g), g
+	return newBreaker(threshold, probe, 8*probe, g, slog.New(slog.DiscardHandler)), g
 }
 
 // got reports whether t has received the go-ahead, waiting up to d.

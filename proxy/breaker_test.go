@@ -2,9 +2,13 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +22,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/testlog"
 	"github.com/courierhq/courier/proxy"
 )
 
@@ -512,5 +517,85 @@ func TestPoisonRetriesDoNotHoldBreakerOpen(t *testing.T) {
 	poll.Until(t, 15*time.Second, "every message settled", func() bool { return e.settled(t) })
 	if got := e.deadLetters(t); got != 2 {
 		t.Errorf("%d dead letters, want p1 and p2 (exhausted once the breaker closed)", got)
+	}
+}
+
+// A long storm: every failed probe on a fresh message doubles the wait
+// before the next, but never past BreakerProbeMax, however long the storm
+// lasts and however far BackoffMax is; /readyz and the log say when the
+// next probe goes. (Reproduced: the wait doubled up to BackoffMax, ten
+// minutes, and delivery resumed long after the app recovered while /readyz
+// still named the first wait.)
+func TestBreakerProbeWaitStaysUnderItsCap(t *testing.T) {
+	e := setup(t)
+	a := newStormApp(t, e)
+	a.storming.Store(true)
+	e.updateConsumer(t, jetstream.ConsumerConfig{MaxDeliver: 20, AckWait: 5 * time.Second})
+	keys := numbered("k", 30) // fresh messages to probe with: each failed one doubles the wait
+	for _, k := range keys {
+		e.publishKeyed(t, "s.k", k)
+	}
+	const probeMax = 400 * time.Millisecond
+	var logs testlog.Buffer
+	r, _ := e.runWith(t, nil, proxy.Options{
+		MaxDeliver: 20, MaxInflight: 1, BreakerFailures: 2,
+		BreakerProbe: 50 * time.Millisecond, BreakerProbeMax: probeMax,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: time.Hour,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+	})
+	waitBreakerOpen(t, r)
+	requests := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.times)
+	}
+	opened := requests()
+	nextProbe := regexp.MustCompile(`next probe in ([0-9.]+[a-zµ]+) \(at `)
+	var waits []time.Duration
+	// Ten failed probes: without a cap the wait would have doubled to
+	// 50ms×2^10, nearly a minute.
+	poll.Until(t, 30*time.Second, "ten probes in the storm", func() bool {
+		if err := r.Ready(); err != nil {
+			if m := nextProbe.FindStringSubmatch(err.Error()); m != nil {
+				d, perr := time.ParseDuration(m[1])
+				if perr != nil {
+					t.Fatalf("/readyz %q: %v", err, perr)
+				}
+				waits = append(waits, d)
+			}
+		}
+		return requests()-opened >= 10
+	})
+	a.storming.Store(false)
+	poll.Until(t, 30*time.Second, "every message delivered after the storm", func() bool { return a.ok.Load() >= int32(len(keys)) && e.settled(t) })
+
+	if len(waits) == 0 {
+		t.Fatal("/readyz never said when the next probe goes")
+	}
+	for _, d := range waits {
+		if d > probeMax {
+			t.Errorf("/readyz: next probe in %s, over BreakerProbeMax %s", d, probeMax)
+		}
+	}
+	var atCap bool
+	for line := range strings.Lines(logs.String()) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil || rec["msg"] != "breaker still open: the probe failed" {
+			continue
+		}
+		d, err := time.ParseDuration(fmt.Sprint(rec["next_probe_in"]))
+		if err != nil || d > probeMax {
+			t.Errorf("log line %s: next probe over BreakerProbeMax %s", strings.TrimSpace(line), probeMax)
+		}
+		if _, err := time.Parse(time.RFC3339, fmt.Sprint(rec["next_probe_at"])); err != nil {
+			t.Errorf("log line %s: next_probe_at is not a time", strings.TrimSpace(line))
+		}
+		atCap = atCap || strings.Contains(fmt.Sprint(rec["probing_every"]), "the most")
+	}
+	if !atCap {
+		t.Errorf("no log line said the probes go at the cap; logs:\n%s", logs.String())
+	}
+	if got := e.deadLetters(t); got != 0 {
+		t.Errorf("%d dead letters from a storm", got)
 	}
 }

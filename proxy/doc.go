@@ -56,8 +56,9 @@
 // From the top down; each uses only those below it (parts_test.go keeps
 // the settler, the send path and what travels from naming anything above):
 //
-//   - the Runner (proxy.go, summary.go): wires one subscription's path and
-//     runs its workers and shutdown;
+//   - the Runner (proxy.go, summary.go, state.go): wires one subscription's
+//     path and runs its workers and shutdown, and says what it is doing
+//     (State);
 //   - the decider (decide.go, checkkey.go, handoff.go): one delivery from
 //     its worker to its ending;
 //   - batches (batcher.go): entries gathered into one request;

@@ -67,6 +67,9 @@ type fetcher struct {
 	maxBytes int64
 	maxMsg   int64 // the largest message, as counted against maxBytes
 	bound    atomic.Bool
+	// lostAt is when pulls stopped reaching the consumer after it was
+	// bound (zero while they reach it). Used by the pull loop alone.
+	lostAt time.Time
 	// noProbe reports that the breaker alone holds deliveries and no
 	// worker holds a message that may be its probe (nil: never). Set once,
 	// before run.
@@ -102,6 +105,7 @@ type fetcher struct {
 	reqBatch, reqBytes int
 	ackWait            time.Duration
 	paused             bool
+	pauseUntil         time.Time // zero: not paused, or paused with no end
 	// replicated: the consumer's server is clustered, where a pull with a
 	// byte limit loses the tail of its batch (see pull).
 	replicated bool
@@ -153,9 +157,6 @@ func (f *fetcher) hasRoom(n int, b int64) bool {
 	return cap(f.queue)-n >= max(cap(f.queue)/2, 1) && f.maxBytes-b >= f.maxBytes/2
 }
 
-// errDisconnected: no pull is sent while the connection is down.
-var errDisconnected = errors.New("not connected to NATS")
-
 // ErrConsumerGone is what Run returns, wrapped, when the consumer it reads
 // (or a partition's) was deleted: fetching has ended for good, and running
 // again needs the consumer made anew.
@@ -203,9 +204,13 @@ func (f *fetcher) pull(ctx context.Context) error {
 	}
 	if f.connected != nil && !f.connected() {
 		// nats.go's Fetch subscribes before it sends the pull request and
-		// leaks the subscription if the request cannot be sent.
-		f.bound.Store(false)
-		return errDisconnected
+		// leaks the subscription if the request cannot be sent. The
+		// connection reconnects by itself: wait for it rather than back
+		// off, so that pulls go again the moment it is back (a backoff
+		// grown through a server restart would keep the consumer unbound
+		// for seconds after).
+		f.notConsuming()
+		return f.waitConnected(ctx)
 	}
 	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(fetchWait)}
 	if f.group != "" {
@@ -237,9 +242,10 @@ func (f *fetcher) pull(ctx context.Context) error {
 		f.checkUnpinned(err)
 	}
 	if endsNormally(err) {
+		f.consuming()
 		return nil
 	}
-	f.bound.Store(false)
+	f.notConsuming()
 	if gone := f.consumerGone(ctx, err); gone != nil {
 		return retry.Permanent(gone)
 	}
@@ -250,6 +256,44 @@ func (f *fetcher) pull(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// connectedPoll is how often a pull waiting for the NATS connection looks
+// whether it is back: the client says so by a flag, not a channel.
+const connectedPoll = 50 * time.Millisecond
+
+// waitConnected waits until the NATS connection is up, or ctx ends (then
+// it returns ctx's error).
+func (f *fetcher) waitConnected(ctx context.Context) error {
+	t := time.NewTicker(connectedPoll)
+	defer t.Stop()
+	for !f.connected() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// notConsuming notes a pull that failed or could not be sent: the consumer
+// is not bound (/readyz) until one succeeds.
+func (f *fetcher) notConsuming() {
+	if f.bound.Swap(false) && f.lostAt.IsZero() {
+		f.lostAt = f.now()
+	}
+}
+
+// consuming notes a pull that ended as pulls do, and says so once after
+// pulls stopped reaching the consumer (a NATS restart, a lost connection):
+// the warnings of the loss have a line that ends them.
+func (f *fetcher) consuming() {
+	if f.lostAt.IsZero() {
+		return
+	}
+	f.log.Info("consuming again", "not_consuming_for", f.now().Sub(f.lostAt).Round(time.Millisecond).String())
+	f.lostAt = time.Time{}
 }
 
 // arrived takes in m, a message of a pull that asked for asked: tracked
@@ -414,6 +458,10 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		f.ackWait = c.AckWait
 		f.track.setAckWait(c.AckWait)
 	}
+	f.pauseUntil = time.Time{}
+	if info.Paused && c.PauseUntil != nil {
+		f.pauseUntil = *c.PauseUntil
+	}
 	if info.Paused != f.paused {
 		f.paused = info.Paused
 		if info.Paused {
@@ -437,6 +485,14 @@ func (f *fetcher) apply(info *jetstream.ConsumerInfo) (limitsChanged bool) {
 		return true
 	}
 	return false
+}
+
+// pausedUntil is when the consumer's pause ends, as last read; zero when it
+// is not paused (or its pause has no end).
+func (f *fetcher) pausedUntil() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pauseUntil
 }
 
 // consumerGone returns an error if err means the consumer was deleted.

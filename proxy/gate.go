@@ -29,6 +29,11 @@ type gate struct {
 	// prober holds and frees causeApp by the app's health (runProber);
 	// set once, before runProber.
 	prober *prober
+	// detail, for a cause that has one, says what changes while it is
+	// held (the breaker's next probe), added to its reason in /readyz and
+	// the log line that it is held; "" adds nothing. Set once, before
+	// the gate is used; called without the gate's lock.
+	detail [nCauses]func() string
 }
 
 // runProber runs the gate's prober until ctx ends.
@@ -97,16 +102,32 @@ func (g *gate) Held(c cause) <-chan struct{} {
 	return g.held[c].ch
 }
 
-// firstHeld returns the first held cause and its reason.
+// firstHeld returns the first held cause and its reason, with its detail.
 func (g *gate) firstHeld() (cause, string, bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	for c, h := range g.held {
+	c, reason, held := cause(0), "", false
+	for i, h := range g.held {
 		if h.on {
-			return cause(c), h.reason, true
+			c, reason, held = cause(i), h.reason, true
+			break
 		}
 	}
-	return 0, "", false
+	g.mu.Unlock()
+	if !held {
+		return 0, "", false
+	}
+	return c, g.withDetail(c, reason), true
+}
+
+// withDetail is reason followed by c's detail, if it has one.
+func (g *gate) withDetail(c cause, reason string) string {
+	if g.detail[c] == nil {
+		return reason
+	}
+	if d := g.detail[c](); d != "" {
+		return reason + "; " + d
+	}
+	return reason
 }
 
 // onlyHeld reports whether c is held and no other cause is.
@@ -138,7 +159,7 @@ func (g *gate) hold(c cause, reason string) {
 		g.open.Store(false)
 	}
 	g.mu.Unlock()
-	g.changed(c, true, reason, 0)
+	g.changed(c, true, g.withDetail(c, reason), 0)
 }
 
 // free ends c's hold (a no-op if it is not held).

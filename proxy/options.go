@@ -117,8 +117,12 @@ type Options struct {
 	BreakerFailures int
 	// BreakerProbe is the wait before the first probe while stopped (the
 	// app's Retry-After wins; it doubles per failed probe up to
-	// BackoffMax). Default 5s.
+	// BreakerProbeMax). Default 5s.
 	BreakerProbe time.Duration
+	// BreakerProbeMax is the longest wait between two probes (the app's
+	// Retry-After wins); never below BreakerProbe. Default 30s, or
+	// BackoffMax if that is shorter.
+	BreakerProbeMax time.Duration
 	// MaxRate caps requests per second to the app, all workers, retries
 	// and probes together; 0 means no limit.
 	MaxRate float64
@@ -203,6 +207,8 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.HealthInterval, 5*time.Second)
 	def(&o.SummaryInterval, time.Minute)
 	def(&o.BreakerProbe, 5*time.Second)
+	def(&o.BreakerProbeMax, min(30*time.Second, o.BackoffMax))
+	o.BreakerProbeMax = max(o.BreakerProbeMax, o.BreakerProbe)
 	if o.BackoffMultiplier == 0 {
 		o.BackoffMultiplier = 2
 	}
@@ -257,7 +263,7 @@ func (o Options) validate() error {
 		{"BackoffInitial", o.BackoffInitial}, {"BackoffMax", o.BackoffMax},
 		{"RetryAfterMax", o.RetryAfterMax}, {"MaxAge", o.MaxAge}, {"ShutdownGrace", o.ShutdownGrace},
 		{"HealthInterval", o.HealthInterval}, {"SummaryInterval", o.SummaryInterval},
-		{"BreakerProbe", o.BreakerProbe},
+		{"BreakerProbe", o.BreakerProbe}, {"BreakerProbeMax", o.BreakerProbeMax},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", d.name, d.v))

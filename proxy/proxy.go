@@ -71,7 +71,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 	} else {
 		gl.wasUp.Store(true)
 	}
-	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BackoffMax, r.gate)
+	r.breaker = newBreaker(o.BreakerFailures, o.BreakerProbe, o.BreakerProbeMax, r.gate, r.log)
 	r.hold = &holder{gate: r.gate, breaker: r.breaker}
 	dc := &decider{o: o, log: r.log, m: r.m, settle: r.settle, breaker: r.breaker, hold: r.hold, gate: r.gate,
 		trace: trace, workers: &r.workers, detach: r.detach, check: unchecked{}}

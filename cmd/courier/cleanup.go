@@ -16,6 +16,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
 )
@@ -283,16 +284,19 @@ func planAdvisoriesOf(ctx context.Context, js jetstream.JetStream, stream, consu
 	s, err := js.Stream(ctx, name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
 	}
-	info := s.CachedInfo()
-	if !slices.Contains(info.Config.Subjects, giveup.AdvisorySubject(stream, consumer)) {
-		// Stream names are upper-cased: this is another stream's
-		// (COURIER_STREAM=orders beside ORDERS).
-		return nil, nil
+	if s == nil || !slices.Contains(s.CachedInfo().Config.Subjects, giveup.AdvisorySubject(stream, consumer)) {
+		// Stream names are upper-cased: that name is another stream's
+		// (COURIER_STREAM=orders beside ORDERS), and this one's advisories
+		// went to a stream of a name of its own, found by its subject.
+		if s, err = ownAdvisoryStream(ctx, js, stream, consumer); s == nil || err != nil {
+			return nil, err
+		}
+		name = s.CachedInfo().Config.Name
 	}
+	info := s.CachedInfo()
 	it := &item{what: fmt.Sprintf("stream %q (max-deliveries advisories, %d waiting)", name, info.State.Msgs)}
 	switch {
 	case !strings.HasPrefix(info.Config.Description, advisoryDescription):
@@ -305,6 +309,29 @@ func planAdvisoriesOf(ctx context.Context, js jetstream.JetStream, stream, consu
 		it.remove = func(ctx context.Context) error { return js.DeleteStream(ctx, name) }
 	}
 	return it, nil
+}
+
+// ownAdvisoryStream is the stream courier created for the advisories of
+// consumer on stream under a name other than giveup.StreamName; nil when
+// there is none (a stream of the operator's capturing them is not courier's
+// to remove).
+func ownAdvisoryStream(ctx context.Context, js jetstream.JetStream, stream, consumer string) (jetstream.Stream, error) {
+	subject := giveup.AdvisorySubject(stream, consumer)
+	name, err := js.StreamNameBySubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("looking up the stream capturing %q: %w", subject, err)
+	}
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up stream %q: %w", name, err)
+	}
+	if !strings.HasPrefix(s.CachedInfo().Config.Description, advisoryDescription) {
+		return nil, nil
+	}
+	return s, nil
 }
 
 // deadLetterDescription is the description dlq gives the stream it creates.
@@ -368,9 +395,15 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	}
 	it := &item{what: fmt.Sprintf("key-value bucket %q (order per key's marks, %d keys)", name, n)}
 	consumer, err := planConsumer(ctx, js, cfg, force)
+	owner := jsutil.CheckOwner("key-value bucket", name, st.CachedInfo().Config.Metadata, jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer})
+	var oerr *jsutil.OwnerError
 	switch {
 	case err != nil:
 		return nil, err
+	case errors.As(owner, &oerr):
+		// Bucket names lose what sets two durables apart: it is the
+		// other's, never removed for this one, even with --force.
+		it.keep = fmt.Sprintf("it is the marks of consumer %q on stream %q, whose names make the same bucket name", oerr.Owner.Consumer, oerr.Owner.Stream)
 	case st.CachedInfo().Config.Description != ordermark.Description:
 		it.keep = "not created by courier: delete it yourself if it is not needed (nats kv rm)"
 	case consumer != nil && consumer.keep != "":
@@ -390,16 +423,24 @@ func planPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		return nil, err
 	}
 	name := partition.MembersBucket(cfg.Stream, cfg.Consumer)
-	if _, err := js.KeyValue(ctx, name); errors.Is(err, jetstream.ErrBucketNotFound) {
+	kv, err := js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
 	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
 	it := &item{what: fmt.Sprintf("key-value bucket %q (the couriers holding the durable's pin)", name)}
 	consumer, err := planConsumer(ctx, js, cfg, force)
+	var oerr *jsutil.OwnerError
 	switch {
 	case err != nil:
 		return nil, err
+	case errors.As(jsutil.CheckOwner("key-value bucket", name, st.Metadata(), jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer}), &oerr):
+		it.keep = fmt.Sprintf("it is the couriers of consumer %q on stream %q, whose names make the same bucket name", oerr.Owner.Consumer, oerr.Owner.Stream)
 	case consumer != nil && consumer.keep != "":
 		it.keep = "the consumer is kept, and the couriers on it name themselves here"
 	default:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
@@ -100,6 +101,7 @@ const (
 // once the runner exists).
 func joinMembers(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger, pins *atomic.Pointer[proxy.Runner]) (*partition.Members, error) {
 	return partition.Join(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer), partition.Options{
+		Owner:      jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer},
 		Partitions: cfg.OrderPartitions, Interval: memberInterval, TTL: memberTTL, Replicas: cfg.StreamReplicas, Logger: log,
 		Pins: func() map[int]string {
 			if r := pins.Load(); r != nil {

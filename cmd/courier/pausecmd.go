@@ -8,27 +8,24 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
-	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/partition"
 )
 
 const pauseUsage = `Usage:
   courier pause [--for D | --until RFC3339]
   courier resume
-  courier status
 
 pause and resume pause the durable consumer COURIER_CONSUMER on the server
 (JetStream consumer pause, nats-server 2.11 or later), so every courier of
 it stops fetching at once: in-flight requests finish, what courier holds
 stays in progress, and a courier that starts or restarts keeps the pause.
 Without --for or --until, the pause lasts until 'courier resume' (a year).
-status prints the consumer's state. Same environment as the sidecar;
+'courier status' shows it. Same environment as the sidecar;
 COURIER_APP_URL is not needed.
 `
 
@@ -142,67 +139,6 @@ func runResume(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	fmt.Fprintf(stdout, "resumed %s/%s\n", cfg.Stream, cfg.Consumer)
 	return nil
-}
-
-// runStatus runs `courier status`.
-func runStatus(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		if args[0] == "-h" || args[0] == "--help" {
-			fmt.Fprint(stdout, pauseUsage)
-			return nil
-		}
-		return usageError("status takes no arguments")
-	}
-	cfg, js, closeConn, err := consumerCommand("status", environ, stderr)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	deadLetters := "unknown"
-	if n, err := dlq.Depth(ctx, js, cfg.DLQSubject); err == nil {
-		deadLetters = fmt.Sprint(n)
-	}
-	if partitioned(cfg) {
-		d, err := partition.Find(ctx, js, cfg.Stream, cfg.Consumer)
-		if err != nil {
-			return err
-		}
-		if d == nil {
-			return missingConsumer(ctx, js, cfg)
-		}
-		return printPartitionStatus(ctx, js, cfg, d, deadLetters, stdout)
-	}
-	cons, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
-	if err != nil {
-		if why := missingConsumer(ctx, js, cfg); why != nil {
-			return why
-		}
-		return fmt.Errorf("consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
-	}
-	info := cons.CachedInfo()
-	paused := "no"
-	if info.Paused && info.Config.PauseUntil != nil {
-		paused = "until " + info.Config.PauseUntil.UTC().Format(time.RFC3339)
-	}
-	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "consumer\t%s/%s\n", cfg.Stream, cfg.Consumer)
-	fmt.Fprintf(w, "paused\t%s\n", paused)
-	fmt.Fprintf(w, "pending\t%d\n", info.NumPending)
-	fmt.Fprintf(w, "ack pending\t%d\n", info.NumAckPending)
-	fmt.Fprintf(w, "redelivered\t%d\n", info.NumRedelivered)
-	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
-	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
-	fmt.Fprintf(w, "in-flight limit\t%s (COURIER_MAX_INFLIGHT, each courier's own)\n", inflightText(cfg))
-	for _, g := range info.PriorityGroups {
-		// Order per key pins the durable to one courier at a time, which
-		// puts its name with its pin in the membership bucket.
-		pinned := "nobody (the next courier to pull takes it)"
-		if g.PinnedClientID != "" {
-			pinned = pinHolder(ctx, js, cfg, g.PinnedClientID) + " since " + g.PinnedTS.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(w, "pinned (%s)\t%s\n", g.Group, pinned)
-	}
-	return w.Flush()
 }
 
 // pinHolder names the courier holding pin: the instance (host or pod name)

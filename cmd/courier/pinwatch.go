@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -74,6 +75,7 @@ func (b pinnedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
 // Assignments mean nothing here: its log is kept to warnings.
 func joinPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger, pins func() map[int]string) (*partition.Members, error) {
 	return partition.Join(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer), partition.Options{
+		Owner:      jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer},
 		Partitions: 1, Interval: memberInterval, TTL: memberTTL, Replicas: cfg.StreamReplicas,
 		Logger: slog.New(minLevel{log.Handler(), slog.LevelWarn}), Pins: pins,
 	})

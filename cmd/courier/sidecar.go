@@ -231,7 +231,7 @@ func (s *sidecar) startAdmin() (func(), error) {
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(s.reg)
 
-	adm, err := admin.Listen(s.cfg.AdminAddr, s.health.Alive, s.health.Ready, s.reg, s.log)
+	adm, err := admin.ListenWith(s.cfg.AdminAddr, s.health.Alive, s.health.Ready, s.reg, s.log, admin.Options{State: s.state})
 	if err != nil {
 		return nil, err
 	}
@@ -405,6 +405,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		MaxPayload:        p.nc.MaxPayload(),
 		BreakerFailures:   cfg.BreakerFailures,
 		BreakerProbe:      cfg.BreakerProbe,
+		BreakerProbeMax:   cfg.BreakerProbeMax,
 		MaxRate:           cfg.MaxRate,
 		Connected:         p.nc.IsConnected,
 		TermKeepsMessage:  p.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,

@@ -286,3 +286,55 @@ func TestBrokerRestartMidStream(t *testing.T) {
 		t.Errorf("courier: %v", err)
 	}
 }
+
+// A NATS restart of several seconds: courier says in one line when it is
+// consuming again, and pulls again as soon as the connection is back
+// rather than after a retry wait grown through the outage (which kept
+// /readyz at "consumer not bound" for seconds after the reconnect).
+func TestConsumingAgainAfterNATSRestart(t *testing.T) {
+	store := t.TempDir()
+	srv := natstest.NewServer(t, natstest.Options{StoreDir: store})
+	port := srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { natstest.Stop(srv) })
+	nc, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	a := newApp(t, nil)
+	c := start(t, []string{
+		"NATS_URL=" + srv.ClientURL(), "COURIER_STREAM=ORDERS", "COURIER_APP_URL=" + a.URL,
+		"COURIER_ADMIN_ADDR=127.0.0.1:0", "COURIER_DEDUP_DIR=" + t.TempDir(), "COURIER_LOG_FORMAT=json",
+	})
+	admin := adminAddr(t, c)
+	poll.Until(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+
+	natstest.Stop(srv)
+	poll.Until(t, 10*time.Second, "courier to see the server gone", func() bool { return len(logLines(c, "disconnected from NATS")) > 0 })
+	// Long enough for a retry wait doubling from 100ms to have grown to
+	// seconds.
+	time.Sleep(5 * time.Second)
+	srv = natstest.NewServer(t, natstest.Options{Port: port, StoreDir: store})
+	poll.Until(t, 15*time.Second, "courier reconnected", func() bool { return len(logLines(c, "reconnected to NATS")) > 0 })
+	poll.Until(t, 15*time.Second, "the line saying courier consumes again", func() bool { return len(logLines(c, "consuming again")) > 0 })
+	poll.Until(t, 15*time.Second, "the test's client back", func() bool { return nc.IsConnected() })
+	if _, err := js.Publish(ctx, "orders.created", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 15*time.Second, "the message published after the restart", func() bool { return a.count() == 1 })
+	poll.Until(t, 10*time.Second, "ready", func() bool { code, _ := get(t, "http://"+admin+"/readyz"); return code == 200 })
+
+	again := logLines(c, "consuming again")
+	if len(again) != 1 {
+		t.Errorf("%d lines %q, want 1", len(again), "consuming again")
+	} else if d, err := time.ParseDuration(fmt.Sprint(again[0]["not_consuming_for"])); err != nil || d < time.Second {
+		t.Errorf("consuming again after %v, want about the outage's length", again[0]["not_consuming_for"])
+	}
+	// While the connection was down the fetcher waited for it: no retry
+	// wait grew meanwhile.
+	for _, rec := range logLines(c, "cannot fetch") {
+		if strings.Contains(fmt.Sprint(rec["error"]), "not connected") {
+			t.Errorf("the fetcher backed off while disconnected: %v", rec)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,6 +68,9 @@ func EnsureCapture(ctx context.Context, js jetstream.JetStream, cfg jetstream.St
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		if info, created, handled, err := createBesideNamesake(ctx, js, cfg, check); handled {
+			return info, created, err
+		}
 		// The stream to create by hand needs a name that is free: a
 		// capturing stream is found by its subject, whatever its name.
 		free := cfg
@@ -78,6 +82,49 @@ func EnsureCapture(ctx context.Context, js jetstream.JetStream, cfg jetstream.St
 		}
 	}
 	return nil, false, lookUpOrCreateError(js, err, "STREAM.CREATE."+cfg.Name, "create a stream capturing", cfg)
+}
+
+// createBesideNamesake handles a create refused because cfg.Name is taken.
+// Names made from text lose its case and punctuation, so the stream of
+// another subject can have cfg's name (dead letters of dlq.orders.courier
+// and of dlq.ORDERS.courier): when the stream of that name is courier's own
+// (its description starts with "courier") and captures another subject,
+// cfg's stream is created under a name of its own (DistinctName): capturing
+// streams are found by their subject, so each keeps its own, and neither is
+// shared. A stream of that name that captures cfg's subject (created
+// meanwhile) is used. handled is false when neither applies: the name is
+// taken by a stream courier did not make, which is for the operator to
+// sort out.
+func createBesideNamesake(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) ([]string, error)) (info *jetstream.StreamInfo, created, handled bool, err error) {
+	subject := cfg.Subjects[0]
+	other, err := js.Stream(ctx, cfg.Name)
+	if err != nil {
+		return nil, false, false, nil
+	}
+	ocfg := other.CachedInfo().Config
+	if slices.Contains(ocfg.Subjects, subject) {
+		info, err := captured(ctx, js, cfg.Name, subject, check)
+		return info, false, true, err
+	}
+	if !strings.HasPrefix(ocfg.Description, "courier") {
+		return nil, false, false, nil
+	}
+	own := cfg
+	own.Name = DistinctName(cfg.Name, subject)
+	s, err := js.CreateStream(ctx, own)
+	if err != nil {
+		return nil, false, true, lookUpOrCreateError(js, err, "STREAM.CREATE."+own.Name, "create a stream capturing", own)
+	}
+	return s.CachedInfo(), true, true, nil
+}
+
+// DistinctName is name made distinct by a hash of unique (what the name was
+// made from), within 64 characters: the name of a stream whose plain name
+// another stream has.
+func DistinctName(name, unique string) string {
+	h := fnv.New32a()
+	h.Write([]byte(unique))
+	return fmt.Sprintf("%s_%08X", name[:min(len(name), maxStreamNameLen-9)], h.Sum32())
 }
 
 // freeStreamName returns name followed by "_2", "_3", ... up to "_99": the

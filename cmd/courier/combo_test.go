@@ -5,7 +5,8 @@ package main
 // none, a header key with one active courier, or partitions; batches off
 // or of 8; the in-flight limit fixed, auto or auto:8; a rate limit or none;
 // the embedded store with one courier or the shared one with three; one
-// subscription, or two with a route) and a schedule of faults (SIGKILL,
+// subscription, or two with a route; every message delayed, published as
+// a JetStream schedule, or none) and a schedule of faults (SIGKILL,
 // SIGTERM, the stream leader's node lost, an app outage, a 503 storm, the
 // pin moved by JetStream's unpin while the couriers live, an app five times
 // slower, a pause and resume), and checks the same invariants: nothing

@@ -44,22 +44,27 @@ type chaosPlan struct {
 	runs     int
 }
 
-// chaosSettings reads COURIERTEST_CHAOS (name=value pairs, comma
-// separated) over the short form CI runs.
+// chaosSettings reads COURIERTEST_CHAOS over the short form CI runs.
 func chaosSettings(t *testing.T) chaosPlan {
 	t.Helper()
-	p := chaosPlan{seed: 1, messages: 600, entities: 30, publish: 10 * time.Second, runs: 1}
-	v := os.Getenv("COURIERTEST_CHAOS")
+	return planFrom(t, "COURIERTEST_CHAOS", chaosPlan{seed: 1, messages: 600, entities: 30, publish: 10 * time.Second, runs: 1})
+}
+
+// planFrom reads the environment variable name (name=value pairs, comma
+// separated) over the plan p.
+func planFrom(t *testing.T, name string, p chaosPlan) chaosPlan {
+	t.Helper()
+	v := os.Getenv(name)
 	if v == "" {
 		return p
 	}
 	for _, kv := range strings.Split(v, ",") {
-		name, value, _ := strings.Cut(kv, "=")
+		setting, value, _ := strings.Cut(kv, "=")
 		n, err := strconv.Atoi(value)
 		if err != nil || n < 1 {
-			t.Fatalf("COURIERTEST_CHAOS: %q is not name=positive number", kv)
+			t.Fatalf("%s: %q is not name=positive number", name, kv)
 		}
-		switch name {
+		switch setting {
 		case "seed":
 			p.seed = uint64(n)
 		case "messages":
@@ -71,7 +76,7 @@ func chaosSettings(t *testing.T) chaosPlan {
 		case "runs":
 			p.runs = n
 		default:
-			t.Fatalf("COURIERTEST_CHAOS: unknown setting %q (seed, messages, entities, seconds, runs)", name)
+			t.Fatalf("%s: unknown setting %q (seed, messages, entities, seconds, runs)", name, setting)
 		}
 	}
 	return p

@@ -27,12 +27,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,7 +38,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natstest"
-	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
 )
 
@@ -152,45 +148,11 @@ func (c combo) env(k *cluster, base string, i int) []string {
 	return k.env(fmt.Sprintf("%s/c%d", base, i), i, extra...)
 }
 
-// comboPlan is a run's size.
-type comboPlan struct {
-	seed     uint64
-	messages int           // published per subscription
-	entities int           // ordering keys per subscription
-	publish  time.Duration // over how long
-	runs     int
-}
-
-// comboSettings reads COURIERTEST_COMBO over the short form CI runs.
-func comboSettings(t *testing.T) comboPlan {
+// comboSettings reads COURIERTEST_COMBO over the short form CI runs:
+// messages and entities per subscription.
+func comboSettings(t *testing.T) chaosPlan {
 	t.Helper()
-	p := comboPlan{seed: 1, messages: 400, entities: 20, publish: 10 * time.Second, runs: 3}
-	v := os.Getenv("COURIERTEST_COMBO")
-	if v == "" {
-		return p
-	}
-	for _, kv := range strings.Split(v, ",") {
-		name, value, _ := strings.Cut(kv, "=")
-		n, err := strconv.Atoi(value)
-		if err != nil || n < 1 {
-			t.Fatalf("COURIERTEST_COMBO: %q is not name=positive number", kv)
-		}
-		switch name {
-		case "seed":
-			p.seed = uint64(n)
-		case "messages":
-			p.messages = n
-		case "entities":
-			p.entities = n
-		case "seconds":
-			p.publish = time.Duration(n) * time.Second
-		case "runs":
-			p.runs = n
-		default:
-			t.Fatalf("COURIERTEST_COMBO: unknown setting %q (seed, messages, entities, seconds, runs)", name)
-		}
-	}
-	return p
+	return planFrom(t, "COURIERTEST_COMBO", chaosPlan{seed: 1, messages: 400, entities: 20, publish: 10 * time.Second, runs: 3})
 }
 
 func TestChaosCombinations(t *testing.T) {
@@ -206,29 +168,18 @@ func TestChaosCombinations(t *testing.T) {
 	}
 }
 
-// comboApp is the app of a combination: keyedApp, behind a listener that
-// an outage closes (connections refused), with a 503 storm and a slowdown
-// to turn on.
+// comboApp is the app of a combination: keyedApp, at an address that an
+// outage leaves (lateApp: connections refused), with a 503 storm and a
+// slowdown to turn on.
 type comboApp struct {
 	*keyedApp
-	t     *testing.T
-	addr  string
+	at    *lateApp
 	storm atomic.Bool
 	slow  atomic.Bool
-
-	// The listener and servers; keyedApp's mu guards what the app saw.
-	lmu  sync.Mutex
-	ln   net.Listener
-	srvs []*http.Server
-	wg   sync.WaitGroup
 }
 
 func newComboApp(t *testing.T, seed uint64, ordered bool) *comboApp {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &comboApp{keyedApp: newKeyedApp(t, 0), t: t, addr: ln.Addr().String()}
+	a := &comboApp{keyedApp: newKeyedApp(t, 0), at: newLateApp(t, nil)}
 	a.unordered = !ordered
 	a.answers = func(key string, n, try int) (int, string, time.Duration) {
 		status, retryAfter, took := chaosAnswer(seed, key, n, try)
@@ -240,54 +191,12 @@ func newComboApp(t *testing.T, seed uint64, ordered bool) *comboApp {
 		}
 		return status, retryAfter, took
 	}
-	a.serve(ln)
-	t.Cleanup(a.close)
+	a.at.h = a.keyedApp
+	a.at.up()
 	return a
 }
 
-func (a *comboApp) url() string { return "http://" + a.addr }
-
-func (a *comboApp) serve(ln net.Listener) {
-	srv := &http.Server{Handler: a.keyedApp, ReadHeaderTimeout: 5 * time.Second}
-	a.lmu.Lock()
-	a.ln = ln
-	a.srvs = append(a.srvs, srv)
-	a.lmu.Unlock()
-	a.wg.Go(func() { _ = srv.Serve(ln) })
-}
-
-// down refuses connections from now on: the app unreachable. Connections
-// kept alive are closed once their request is answered.
-func (a *comboApp) down() {
-	a.lmu.Lock()
-	defer a.lmu.Unlock()
-	_ = a.ln.Close()
-	for _, s := range a.srvs {
-		s.SetKeepAlivesEnabled(false)
-	}
-}
-
-// up listens again on the same address.
-func (a *comboApp) up() {
-	var ln net.Listener
-	poll.Until(a.t, 5*time.Second, "the app's address free", func() bool {
-		var err error
-		ln, err = net.Listen("tcp", a.addr)
-		return err == nil
-	})
-	a.serve(ln)
-}
-
-func (a *comboApp) close() {
-	a.down()
-	a.lmu.Lock()
-	srvs := a.srvs
-	a.lmu.Unlock()
-	for _, s := range srvs {
-		_ = s.Close()
-	}
-	a.wg.Wait()
-}
+func (a *comboApp) url() string { return "http://" + a.at.addr }
 
 // comboMsg is message n of entity key on stream's subjects:
 // <stream>.e<n%3>.<key>.
@@ -321,7 +230,7 @@ func comboKeyPrefix(stream string) string {
 	return "k"
 }
 
-func runCombo(t *testing.T, p comboPlan, c combo) {
+func runCombo(t *testing.T, p chaosPlan, c combo) {
 	schedules := func(sc *jetstream.StreamConfig) {
 		if c.delayed {
 			sc.AllowMsgSchedules = true
@@ -407,9 +316,9 @@ func runCombo(t *testing.T, p comboPlan, c combo) {
 			time.Sleep(f.lasts)
 			k.c.Restart(leader)
 		case "outage":
-			a.down()
+			a.at.down()
 			time.Sleep(f.lasts)
-			a.up()
+			a.at.up()
 		case "storm":
 			a.storm.Store(true)
 			time.Sleep(f.lasts)

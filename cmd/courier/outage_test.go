@@ -36,6 +36,7 @@ type lateApp struct {
 	*app
 	t    *testing.T
 	addr string
+	h    http.Handler // what answers: app's serve unless set before up
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -75,7 +76,11 @@ func (l *lateApp) up() {
 		ln, err = net.Listen("tcp", l.addr)
 		return err == nil
 	})
-	srv := &http.Server{Handler: http.HandlerFunc(l.app.serve), ReadHeaderTimeout: 5 * time.Second}
+	h := l.h
+	if h == nil {
+		h = http.HandlerFunc(l.app.serve)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	srv.SetKeepAlivesEnabled(false)
 	l.mu.Lock()
 	l.ln = ln

@@ -172,7 +172,9 @@ func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers 
 
 // headers are entryHeaders'.
 func (b *batcher) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
-	return entryHeaders(d.m, b.traced)
+	h, ct, dropped := entryHeaders(d.m, b.traced)
+	replayHeader(h, d)
+	return h, ct, dropped
 }
 
 // send hands d, with its application headers h and content type ct

@@ -118,6 +118,9 @@ func (c *checker) check(d *delivery) ending {
 	if dup {
 		return ending{kind: endDuplicate}
 	}
+	if d.replay != "" {
+		c.m.replayed.Inc()
+	}
 	return ending{}
 }
 

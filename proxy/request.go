@@ -23,6 +23,9 @@ const (
 	HeaderPublished = apphttp.HeaderPublished
 	// HeaderIdempotencyKey carries the resolved dedup key to the app.
 	HeaderIdempotencyKey = apphttp.HeaderIdempotencyKey
+	// HeaderReplay carries the id of the rewind that delivers a message
+	// again (courier rewind).
+	HeaderReplay = apphttp.HeaderReplay
 )
 
 // ResolveKey returns a message's dedup key: the value of the header named
@@ -92,6 +95,14 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 		set(6, "application/octet-stream")
 	}
 	return h, dropped
+}
+
+// replayHeader marks h as a request of d, a message a rewind delivers
+// again (HeaderReplay), if it is one.
+func replayHeader(h http.Header, d *delivery) {
+	if d.replay != "" {
+		h[HeaderReplay] = []string{d.replay}
+	}
 }
 
 // ownHeaders are the headers BuildHeaders sets, by index.

@@ -131,7 +131,7 @@ func newSettler(o Options, log *slog.Logger, m *metrics, track *tracker, dd Dedu
 	return &settler{
 		o: o, log: log, m: m, track: track, flights: newFlights(), dd: dd, dl: dl, gate: g,
 		refs:   newReferences(o, dd),
-		make:   keyer{header: o.IdempotencyHeader, stream: o.Stream, created: o.StreamCreated, log: log},
+		make:   keyer{header: o.IdempotencyHeader, stream: o.Stream, created: o.StreamCreated, rewinds: o.Rewinds, log: log},
 		recs:   make(chan recJob, maxRecordBatch),
 		linger: recordLinger,
 	}
@@ -296,6 +296,11 @@ func (s *settler) recorder() {
 			keys = keys[:0]
 			for _, j := range batch {
 				keys = append(keys, j.d.skey)
+				if j.d.replay != "" {
+					// A replayed message may never have been processed
+					// before the rewind: its own key is recorded too.
+					keys = append(keys, storeKey(j.d.key))
+				}
 			}
 			// Not the requests phase: a 2xx that arrived as the grace
 			// period ended is recorded all the same.

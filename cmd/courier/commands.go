@@ -28,6 +28,7 @@ func commands() []command {
 		{name: "dlq", args: "ls|show|replay|purge [--subscription NAME]", summary: "list, show, replay or purge dead letters ('courier dlq help')", run: runDLQ},
 		{name: "pause", args: "[--for D | --until RFC3339] [--subscription NAME]", summary: "pause the durable consumer on the server: every courier of it stops fetching", run: runPause},
 		{name: "resume", args: "[--subscription NAME]", summary: "resume the paused durable consumer", run: runResume},
+		{name: "rewind", args: "--to-time RFC3339 | --to-seq N [--yes] [--subscription NAME]", summary: "deliver again, as a replay, every message of the stream from a time or sequence on", run: runRewind},
 		{name: "status", args: "[--subscription NAME]", summary: "print the consumer's state: paused until, pending, ack pending, redelivered, dead letters", run: runStatus},
 		{name: "cleanup", args: "[--dry-run] [--yes] [--force] [--subscription NAME]", summary: "remove the consumer and what courier created for it (never the stream it consumes)", run: runCleanup},
 		{name: "demo", summary: "run a self-contained demo on an embedded JetStream server", run: runDemoCommand},

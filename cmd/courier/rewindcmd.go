@@ -285,6 +285,32 @@ func (p rewindPlan) apply(ctx context.Context, js jetstream.JetStream, cfg confi
 	return nil
 }
 
+// lastRewind is the durable's newest rewind, nil if it has had none.
+func lastRewind(ctx context.Context, js jetstream.JetStream, cfg config.Config) *rewind.Record {
+	kv, err := js.KeyValue(ctx, rewind.BucketName(cfg.Stream, cfg.Consumer))
+	if err != nil {
+		return nil
+	}
+	recs, err := rewind.Read(ctx, kv)
+	if err != nil || len(recs) == 0 {
+		return nil
+	}
+	return &recs[len(recs)-1]
+}
+
+// rewindProgress says how far r has come, the durable's ack floor being at
+// floor: every message up to it is settled.
+func rewindProgress(r rewind.Record, floor uint64) string {
+	what := fmt.Sprintf("%s (asked %s): sequences %d to %d", r.ID, r.At.UTC().Format(time.RFC3339), r.From, r.To)
+	switch {
+	case floor >= r.To:
+		return what + ", done"
+	case floor < r.From:
+		return what + ", in progress: none settled yet"
+	}
+	return fmt.Sprintf("%s, in progress: settled up to %d (%d of %d)", what, floor, floor-r.From+1, r.To-r.From+1)
+}
+
 // watchRewinds keeps the view of the durable's rewinds for the delivery
 // loop. A courier that cannot (a server or permissions without the bucket)
 // runs without: a rewind's messages are then duplicates to it, as the

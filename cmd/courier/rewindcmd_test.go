@@ -18,6 +18,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/rewind"
 )
 
 // replayApp records every request: its body, the message's Order header,
@@ -108,6 +109,13 @@ func TestRewindToTimeDeliversTheRangeAgainOnce(t *testing.T) {
 	h.publish("orders.created", "later", map[string]string{"Idempotency-Key": "later"})
 	poll.Until(t, 10*time.Second, "a later message delivered", func() bool { return a.count() == 16 && h.settled("courier") })
 
+	var status bytes.Buffer
+	if err := run(context.Background(), []string{"status"}, env, &status, io.Discard); err != nil {
+		t.Fatalf("courier status: %v", err)
+	}
+	if want := fmt.Sprintf("sequences %d to %d, done", first, first+5); !strings.Contains(status.String(), want) {
+		t.Errorf("courier status does not show the rewind done (%q):\n%s", want, status.String())
+	}
 	calls := a.all()
 	replayed := calls[10:15]
 	id := replayed[0].replay
@@ -213,6 +221,22 @@ func TestRewindRefuses(t *testing.T) {
 	for v, want := range map[string]bool{"2.15.2": true, "2.14.0": true, "2.12.3": false, "1.9.0": false, "3.0.0": true, "2.14.0-beta.1": true} {
 		if got := versionAtLeast(v, 2, 14); got != want {
 			t.Errorf("versionAtLeast(%q, 2, 14) = %v", v, got)
+		}
+	}
+}
+
+// courier status says how far a rewind has come from the durable's ack
+// floor.
+func TestRewindProgress(t *testing.T) {
+	r := rewind.Record{ID: "r", From: 10, To: 19, At: time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)}
+	for floor, want := range map[uint64]string{
+		9:  "in progress: none settled yet",
+		14: "in progress: settled up to 14 (5 of 10)",
+		19: "done",
+		25: "done",
+	} {
+		if got := rewindProgress(r, floor); !strings.HasSuffix(got, want) {
+			t.Errorf("ack floor %d: %q, want it to end %q", floor, got, want)
 		}
 	}
 }

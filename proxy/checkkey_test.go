@@ -1,0 +1,73 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/proxy"
+)
+
+// rewinds is a rewind of stream S's sequences from..to, once set.
+type rewinds struct{ from, to atomic.Uint64 }
+
+func (r *rewinds) Replay(stream string, seq uint64) string {
+	if stream == "S" && seq >= r.from.Load() && seq <= r.to.Load() {
+		return "r1"
+	}
+	return ""
+}
+
+// Messages a rewind delivers again reach the app although their keys were
+// recorded, once each per rewind (two copies of a key in the range are one
+// call; delivered a third time, they are duplicates), carrying
+// Courier-Replay; those outside its range are duplicates as before.
+func TestReplayOncePerRewind(t *testing.T) {
+	e := setup(t)
+	var mu sync.Mutex
+	var replays []string
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		replays = append(replays, r.Header.Get(proxy.HeaderIdempotencyKey)+"/"+r.Header.Get(proxy.HeaderReplay))
+		mu.Unlock()
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	seen := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(replays) }
+	rw := &rewinds{}
+	rw.from.Store(1 << 62) // none yet
+	_, stop := e.runWith(t, openStore(t), proxy.Options{MaxDeliver: 5, AckWait: 5 * time.Second, MaxInflight: 1,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Rewinds: rw})
+	defer stop()
+	for _, k := range []string{"a", "b", "c", "b"} { // sequences 1 to 4
+		e.publishKeyed(t, "s.x", k)
+	}
+	poll.Until(t, 10*time.Second, "first deliveries settled", func() bool { return len(seen()) == 3 && e.settled(t) })
+
+	rw.from.Store(2)
+	rw.to.Store(4)
+	reset := func() {
+		t.Helper()
+		if _, err := e.js.ResetConsumerToSequence(context.Background(), "S", "c", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reset()
+	poll.Until(t, 10*time.Second, "the range delivered again", func() bool { return len(seen()) == 5 && e.settled(t) })
+	reset() // the same rewind's range once more: duplicates now
+	time.Sleep(300 * time.Millisecond) // time for a wrong call to happen
+	poll.Until(t, 10*time.Second, "settled", func() bool { return e.settled(t) })
+	want := []string{"a/", "b/", "c/", "b/r1", "c/r1"}
+	if got := seen(); !slices.Equal(got, want) {
+		t.Errorf("the app saw %v, want %v", got, want)
+	}
+	if got := counter(t, e.reg, "courier_replayed_total", ""); got != 2 {
+		t.Errorf("courier_replayed_total = %v, want 2", got)
+	}
+}

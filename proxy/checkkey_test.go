@@ -60,8 +60,10 @@ func TestReplayOncePerRewind(t *testing.T) {
 	}
 	reset()
 	poll.Until(t, 10*time.Second, "the range delivered again", func() bool { return len(seen()) == 5 && e.settled(t) })
-	reset()                            // the same rewind's range once more: duplicates now
-	time.Sleep(300 * time.Millisecond) // time for a wrong call to happen
+	// The same rewind's range once more: duplicates now. The sleep gives
+	// a wrong call the time to happen.
+	reset()
+	time.Sleep(300 * time.Millisecond)
 	poll.Until(t, 10*time.Second, "settled", func() bool { return e.settled(t) })
 	want := []string{"a/", "b/", "c/", "b/r1", "c/r1"}
 	if got := seen(); !slices.Equal(got, want) {

@@ -73,3 +73,43 @@ func TestReplayOncePerRewind(t *testing.T) {
 		t.Errorf("courier_replayed_total = %v, want 2", got)
 	}
 }
+
+// A message in flight when the rewind comes, and the rewind's copy of it
+// that the reset delivers meanwhile: the app sees it once.
+func TestReplayOfAMessageInFlightIsItsDuplicate(t *testing.T) {
+	e := setup(t)
+	var calls atomic.Int32
+	release := make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+	}))
+	t.Cleanup(app.Close)
+	e.url = app.URL
+	rw := &rewinds{}
+	rw.from.Store(1 << 62)
+	_, stop := e.runWith(t, openStore(t), proxy.Options{MaxDeliver: 5, AckWait: 5 * time.Second, MaxInflight: 4,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Rewinds: rw})
+	defer stop()
+	e.publishKeyed(t, "s.x", "a")
+	poll.Until(t, 10*time.Second, "the first delivery in flight", func() bool { return calls.Load() == 1 })
+	rw.from.Store(1)
+	rw.to.Store(1)
+	if _, err := e.js.ResetConsumerToSequence(context.Background(), "S", "c", 1); err != nil {
+		t.Fatal(err)
+	}
+	// The reset's copy is fetched and waits for the delivery in flight.
+	poll.Until(t, 10*time.Second, "the copy fetched", func() bool {
+		info, err := e.cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.Delivered.Consumer == 1
+	})
+	close(release)
+	poll.Until(t, 10*time.Second, "settled", func() bool { return e.settled(t) })
+	if got := calls.Load(); got != 1 {
+		t.Errorf("the app saw the message %d times, want once", got)
+	}
+	if got := counter(t, e.reg, "courier_replayed_total", ""); got != 0 {
+		t.Errorf("courier_replayed_total = %v, want 0", got)
+	}
+}

@@ -41,6 +41,7 @@ type delivery struct {
 	key     string   // the resolved dedup key, as the app sees it
 	skey    string   // the key as the dedup store holds it
 	replay  string   // the rewind that delivers the message again; "" if none
+	fkey    string   // the key as the flights hold it: storeKey(key), for a replay too (check)
 	okey    string   // the ordering key (order.go); "" when not ordered
 	ord     keyLines // the lines okey is in (of its partition, partition.go); noLines: none
 	oepoch  uint64   // ord's epoch when it was admitted
@@ -180,11 +181,28 @@ func (k keyer) delivery(q queued, meta *jetstream.MsgMetadata, ln lane, wait con
 		}
 	}
 	return &delivery{
-		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: skey, replay: replay, wait: wait, timer: ln.timer,
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: skey, replay: replay, fkey: storeKey(key), wait: wait, timer: ln.timer,
 		requests: ln.requests, batchDone: ln.batchDone,
 		arrived: q.at, okey: q.okey, ord: ord, oepoch: q.epoch, oseq: q.seq,
 		log: msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
+}
+
+// alsoRecord appends to keys the other forms of d's key that its success
+// settles: for a replay, its own key (the message may never have been
+// processed before the rewind); for a delivery that began before a rewind
+// whose range holds it, the rewind's (it was in flight at the rewind, and
+// the rewind's copy of it is then a duplicate).
+func (k keyer) alsoRecord(keys []string, d *delivery) []string {
+	switch {
+	case d.replay != "":
+		return append(keys, d.fkey)
+	case k.rewinds != nil && d.meta != nil:
+		if id := k.rewinds.Replay(d.meta.Stream, d.meta.Sequence.Stream); id != "" {
+			return append(keys, replayKey(d.key, id))
+		}
+	}
+	return keys
 }
 
 // message is a delivery of m that no worker runs, to be given back.

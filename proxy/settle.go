@@ -296,11 +296,7 @@ func (s *settler) recorder() {
 			keys = keys[:0]
 			for _, j := range batch {
 				keys = append(keys, j.d.skey)
-				if j.d.replay != "" {
-					// A replayed message may never have been processed
-					// before the rewind: its own key is recorded too.
-					keys = append(keys, storeKey(j.d.key))
-				}
+				keys = s.make.alsoRecord(keys, j.d)
 			}
 			// Not the requests phase: a 2xx that arrived as the grace
 			// period ended is recorded all the same.
@@ -491,7 +487,7 @@ func (s *settler) unclaim(d *delivery) {
 // its outcome (ok: a 2xx or a duplicate), waking the deliveries of the key
 // that wait for it.
 func (s *settler) endFlight(d *delivery, ok bool) {
-	s.flights.finish(d.skey, d.fl, ok)
+	s.flights.finish(d.fkey, d.fl, ok)
 	d.fl = nil
 }
 

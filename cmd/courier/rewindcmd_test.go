@@ -141,7 +141,7 @@ func TestRewindToTimeDeliversTheRangeAgainOnce(t *testing.T) {
 }
 
 // A rewind to a sequence of a durable with order per key, two couriers
-// running (one pinned at a time): every message from the sequence on
+// running (one pinned at a time) on the shared dedup store: every message from the sequence on
 // reaches the app once more, each key's in stream order, marked as the
 // replay.
 func TestRewindToSeqKeepsOrderPerKey(t *testing.T) {
@@ -149,8 +149,8 @@ func TestRewindToSeqKeepsOrderPerKey(t *testing.T) {
 	a := &replayApp{}
 	app := httptest.NewServer(a)
 	t.Cleanup(app.Close)
-	envA := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info")
-	envB := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info", "COURIER_DEDUP_DIR="+t.TempDir())
+	envA := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info", "COURIER_DEDUP_STORE=shared")
+	envB := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info", "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir())
 	ca := start(t, envA)
 	poll.Until(t, 10*time.Second, "the first courier ready", func() bool {
 		code, _ := get(t, "http://"+adminAddr(t, ca)+"/readyz")
@@ -238,5 +238,45 @@ func TestRewindProgress(t *testing.T) {
 		if got := rewindProgress(r, floor); !strings.HasSuffix(got, want) {
 			t.Errorf("ack floor %d: %q, want it to end %q", floor, got, want)
 		}
+	}
+}
+
+// A rewind while a key's message waits out a retry and its later messages
+// wait behind it: the key's messages from the rewind's point reach the app
+// (answered 2xx) in stream order, each once more.
+func TestRewindDuringARetryKeepsOrderPerKey(t *testing.T) {
+	h := newHarness(t)
+	var failed sync.Once
+	var retrying = make(chan struct{})
+	a, url := newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
+		if key == "k" && n == 2 && attempt == 1 {
+			failed.Do(func() { close(retrying) })
+			return http.StatusServiceUnavailable, "2"
+		}
+		return 200, ""
+	})
+	env := h.env(url, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	for n := range 5 {
+		seqs = append(seqs, h.publish("orders.created", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)}))
+	}
+	select {
+	case <-retrying:
+	case <-time.After(10 * time.Second):
+		t.Fatal("k's third message was not tried")
+	}
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[1]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 30*time.Second, "every message settled", func() bool {
+		return h.settled("courier") && len(a.delivered("k")) >= 6
+	})
+	// 0 and 1 before the rewind; then 1 again and 2, 3, 4, each once.
+	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 1 2 3 4]" {
+		t.Errorf("k delivered in the order %v, want [0 1 1 2 3 4]", got)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
 	}
 }

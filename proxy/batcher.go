@@ -172,9 +172,7 @@ func newBatcher(o Options, s *sender, answers entryAnswerer, h *holder, workers 
 
 // headers are entryHeaders'.
 func (b *batcher) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
-	h, ct, dropped := entryHeaders(d.m, b.traced)
-	replayHeader(h, d)
-	return h, ct, dropped
+	return entryHeaders(d.m, b.traced)
 }
 
 // send hands d, with its application headers h and content type ct
@@ -580,7 +578,7 @@ func entryOf(id string, e *batchEntry) batch.Entry {
 	d := e.d
 	return batch.Entry{
 		ID: id, Key: d.key, Attempt: d.attempt, Subject: d.m.Subject(), Stream: d.meta.Stream,
-		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.ct,
+		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.ct, Replay: d.replay,
 		Header: e.h, Data: d.m.Data(),
 	}
 }

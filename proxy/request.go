@@ -97,12 +97,17 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 	return h, dropped
 }
 
-// replayHeader marks h as a request of d, a message a rewind delivers
-// again (HeaderReplay), if it is one.
-func replayHeader(h http.Header, d *delivery) {
-	if d.replay != "" {
-		h[HeaderReplay] = []string{d.replay}
+// replayHeader marks h (nil: none yet) as a request of d, a message a
+// rewind delivers again (HeaderReplay), if it is one, and returns it.
+func replayHeader(h http.Header, d *delivery) http.Header {
+	if d.replay == "" {
+		return h
 	}
+	if h == nil {
+		h = make(http.Header, 1)
+	}
+	h[HeaderReplay] = []string{d.replay}
+	return h
 }
 
 // ownHeaders are the headers BuildHeaders sets, by index.

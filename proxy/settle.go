@@ -570,7 +570,7 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 		Stream: d.meta.Stream, StreamCreated: s.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
 		Published: d.meta.Timestamp, Consumer: s.o.Consumer,
 		Reason: f.reason, Attempts: d.attempt, FailedAt: s.o.Now(),
-		OrderKey: d.okey,
+		OrderKey: d.okey, Replay: d.replay,
 	}
 	l.OrderWaiting = d.ord.waitingBehind(d.okey)
 	if f.err != nil {

@@ -141,7 +141,7 @@ func TestRewindToTimeDeliversTheRangeAgainOnce(t *testing.T) {
 }
 
 // A rewind to a sequence of a durable with order per key, two couriers
-// running (one pinned at a time) on the shared dedup store: every message from the sequence on
+// running as processes (one pinned at a time) on the shared dedup store: every message from the sequence on
 // reaches the app once more, each key's in stream order, marked as the
 // replay.
 func TestRewindToSeqKeepsOrderPerKey(t *testing.T) {
@@ -151,12 +151,10 @@ func TestRewindToSeqKeepsOrderPerKey(t *testing.T) {
 	t.Cleanup(app.Close)
 	envA := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info", "COURIER_DEDUP_STORE=shared")
 	envB := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_LOG_LEVEL=info", "COURIER_DEDUP_STORE=shared", "COURIER_DEDUP_DIR="+t.TempDir())
-	ca := start(t, envA)
-	poll.Until(t, 10*time.Second, "the first courier ready", func() bool {
-		code, _ := get(t, "http://"+adminAddr(t, ca)+"/readyz")
-		return code == 200
-	})
-	cb := start(t, envB)
+	// Each courier a process of its own, as replicas are.
+	ca := startChild(t, envA)
+	waitReady(t, ca.asCourier())
+	startChild(t, envB)
 	var seqs []uint64
 	for i := range 12 {
 		key := []string{"k1", "k2", "k3"}[i%3]
@@ -183,11 +181,6 @@ func TestRewindToSeqKeepsOrderPerKey(t *testing.T) {
 	}
 	if want := seqs[4:]; fmt.Sprint(sorted(got)) != fmt.Sprint(want) {
 		t.Errorf("replayed sequences %v, want each of %v once", got, want)
-	}
-	for _, c := range []*courier{ca, cb} {
-		if err := c.stop(); err != nil {
-			t.Fatalf("courier: %v", err)
-		}
 	}
 }
 

@@ -88,6 +88,7 @@ type rewindPlan struct {
 	stream, consumer string
 	from, to         uint64 // stream sequences, both included
 	messages         uint64 // the durable's messages in the range
+	pending          uint64 // the durable's messages after it, not delivered yet
 	policy           jetstream.DeliverPolicy
 }
 
@@ -115,19 +116,27 @@ func planRewind(ctx context.Context, js jetstream.JetStream, cfg config.Config, 
 		return p, fmt.Errorf("stream %q: %w", cfg.Stream, err)
 	}
 	st := stream.CachedInfo().State
-	p.to = st.LastSeq
+	// The range ends where the durable has delivered up to: what it has not
+	// delivered yet is delivered once, as usual, not as a replay.
+	p.to = info.Delivered.Stream
 	if at.IsZero() {
 		p.from = max(seq, st.FirstSeq)
 	} else if p.from, err = seqAtTime(ctx, js, cfg.Stream, at); err != nil {
 		return p, err
 	}
-	if st.Msgs == 0 || p.from > p.to {
+	if st.Msgs == 0 || p.from > st.LastSeq {
 		return p, fmt.Errorf("rewind: stream %q holds no message at or after that point (its sequences are %d to %d)", cfg.Stream, st.FirstSeq, st.LastSeq)
+	}
+	if p.from > p.to {
+		return p, fmt.Errorf("rewind: consumer %q has delivered nothing from stream sequence %d on (it has delivered up to %d): there is nothing to deliver again", cfg.Consumer, p.from, p.to)
 	}
 	if info.Config.OptStartSeq > p.from {
 		return p, fmt.Errorf("rewind: consumer %q starts at stream sequence %d (its deliver policy); the server cannot rewind it to %d, before its start", cfg.Consumer, info.Config.OptStartSeq, p.from)
 	}
-	p.messages = rangeCount(ctx, js, cfg.Stream, info.Config, p.from, p.to)
+	p.pending = info.NumPending
+	if n := rangeCount(ctx, js, cfg.Stream, info.Config, p.from); n > info.NumPending {
+		p.messages = n - info.NumPending
+	}
 	return p, nil
 }
 
@@ -215,13 +224,12 @@ func seqAtTime(ctx context.Context, js jetstream.JetStream, stream string, t tim
 	return resp.Message.Seq, nil
 }
 
-// rangeCount counts the messages of stream from from to to that the durable
+// rangeCount counts the messages of stream from from on that the durable
 // made as c delivers: those of its filter subjects. 0 if the server cannot
 // say.
-func rangeCount(ctx context.Context, js jetstream.JetStream, stream string, c jetstream.ConsumerConfig, from, to uint64) uint64 {
+func rangeCount(ctx context.Context, js jetstream.JetStream, stream string, c jetstream.ConsumerConfig, from uint64) uint64 {
 	// A short-lived consumer from `from`, whose pending count is what it
-	// would deliver of the stream's messages up to now; those after to
-	// (stored since) are few and not subtracted. It goes at once.
+	// would deliver of the stream's messages up to now. It goes at once.
 	ec, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		FilterSubjects: filtersOf(c), DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
 		AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 5 * time.Second, MemoryStorage: true,
@@ -247,6 +255,7 @@ func (p rewindPlan) describe() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rewind %s/%s (deliver policy %s)\n", p.stream, p.consumer, p.policy)
 	fmt.Fprintf(&b, "  stream sequences %d to %d: %d message(s) of the durable delivered again, marked Courier-Replay\n", p.from, p.to, p.messages)
+	fmt.Fprintf(&b, "  after them, %d message(s) not delivered yet are delivered once, as usual\n", p.pending)
 	b.WriteString("  the couriers keep running; what they hold is delivered once\n")
 	return b.String()
 }

@@ -273,3 +273,31 @@ func TestRewindDuringARetryKeepsOrderPerKey(t *testing.T) {
 		t.Fatalf("courier: %v", err)
 	}
 }
+
+// A durable made with COURIER_DELIVER_POLICY=new, which the server cannot
+// reset: rewind says so and what to do, and changes nothing (exit 1).
+func TestRewindOfADurableThatDeliversNewOnly(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_LOG_LEVEL=info", "COURIER_DELIVER_POLICY=new")
+	c := start(t, env)
+	waitReady(t, c)
+	h.publish("orders.created", "x", nil)
+	poll.Until(t, 10*time.Second, "delivered", func() bool { return a.count() == 1 && h.settled("courier") })
+	out, err := rewindCLI(env, "--to-seq", "1", "--yes")
+	var ee *exitError
+	if err == nil || errors.As(err, &ee) || !strings.Contains(err.Error(), "COURIER_DELIVER_POLICY=all") {
+		t.Errorf("rewind of a durable delivering new only: %v (want exit 1 saying what to do)\n%s", err, out)
+	}
+	if exitCode(err, io.Discard) != 1 {
+		t.Errorf("exit %d, want 1", exitCode(err, io.Discard))
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+	if a.count() != 1 {
+		t.Errorf("the app saw %d calls, want 1", a.count())
+	}
+}

@@ -28,7 +28,8 @@ consumer reset, nats-server 2.14 or later), while its couriers keep
 running. The messages delivered again reach the app although their keys
 were recorded, once each, with the header Courier-Replay: <rewind id>.
 Without --yes it prints what it would do and changes nothing (exit 2).
-Same environment as the sidecar; COURIER_APP_URL is not needed.
+A durable split into partitions (COURIER_ORDER_PARTITIONS) cannot be
+rewound. Same environment as the sidecar; COURIER_APP_URL is not needed.
 `
 
 // rewindWatchGrace is how long rewind waits between storing its record and

@@ -308,3 +308,87 @@ func TestRewindOfADurableThatDeliversNewOnly(t *testing.T) {
 		t.Errorf("the app saw %d calls, want 1", a.count())
 	}
 }
+
+// A courier killed in the middle of a rewind's replay of a key whose mark
+// (its first unsettled message, written before the rewind) is still in the
+// bucket: the courier that takes over still sends the key in stream order.
+func TestRewindThroughAKillKeepsOrderPerKey(t *testing.T) {
+	h := newHarness(t)
+	var failed sync.Once
+	retrying := make(chan struct{})
+	a, url := newOrderRecorder(t, func(key string, n, attempt int) (int, string) {
+		if key == "k" && n == 2 && attempt == 1 {
+			failed.Do(func() { close(retrying) })
+			return http.StatusServiceUnavailable, "2"
+		}
+		return 200, ""
+	})
+	// The replay of k's second message hangs until its courier dies.
+	var hung sync.Once
+	hanging := make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Courier-Replay") != "" && r.Header.Get("N") == "1" {
+			first := false
+			hung.Do(func() { first = true; close(hanging) })
+			if first {
+				select {
+				case <-r.Context().Done():
+				case <-time.After(5 * time.Second): // its courier is gone by then
+				}
+				return
+			}
+		}
+		proxyTo(w, r, url)
+	}))
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=header:Order", "COURIER_ACK_WAIT=2s", "COURIER_LOG_LEVEL=info")
+	ch := startChild(t, env)
+	var seqs []uint64
+	for n := range 5 {
+		seqs = append(seqs, h.publish("orders.created", "x", map[string]string{"Order": "k", "N": strconv.Itoa(n)}))
+	}
+	select {
+	case <-retrying:
+	case <-time.After(15 * time.Second):
+		t.Fatal("k's third message was not tried")
+	}
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[1]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	select {
+	case <-hanging:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the replay of k's second message did not come")
+	}
+	ch.kill(t)
+	c := start(t, env)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool {
+		return h.settled("courier") && len(a.delivered("k")) >= 6
+	})
+	if got := a.delivered("k"); fmt.Sprint(got) != "[0 1 1 2 3 4]" {
+		t.Errorf("k delivered in the order %v, want [0 1 1 2 3 4]", got)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// proxyTo forwards r to the app at url and copies its answer to w.
+func proxyTo(w http.ResponseWriter, r *http.Request, url string) {
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, url, r.Body)
+	if err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+}

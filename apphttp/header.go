@@ -26,6 +26,9 @@ const (
 	HeaderStream    = "Courier-Stream"
 	HeaderSequence  = "Courier-Sequence"
 	HeaderPublished = "Courier-Published"
+	// HeaderReplay carries the id of the rewind that delivers a message
+	// again.
+	HeaderReplay = "Courier-Replay"
 	// HeaderIdempotencyKey carries the resolved dedup key to the app.
 	HeaderIdempotencyKey = "Idempotency-Key"
 	// HeaderBatch marks a batch request (batch.HeaderBatch): a message's
@@ -124,7 +127,7 @@ func IsNATSHeader(name string) bool { return len(name) >= 5 && strings.EqualFold
 
 func isReserved(canon string) bool {
 	switch canon {
-	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished, HeaderBatch,
+	case HeaderIdempotencyKey, HeaderAttempt, HeaderSubject, HeaderStream, HeaderSequence, HeaderPublished, HeaderBatch, HeaderReplay,
 		"Content-Length", "Transfer-Encoding", "Host", "Connection", "Te", "Trailer", "Upgrade", "Keep-Alive", "Proxy-Connection":
 		return true
 	}

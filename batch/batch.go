@@ -38,6 +38,9 @@ type Entry struct {
 	Sequence    uint64
 	Published   time.Time
 	ContentType string
+	// Replay is the id of the rewind that delivers the message again
+	// (Courier-Replay when sent alone); "" for none, and then not written.
+	Replay string
 	// Header is the message's application headers as they would be sent
 	// one by one (courier's own Courier-* and Idempotency-Key excluded).
 	Header http.Header
@@ -72,6 +75,9 @@ func (e *Entry) appendJSON(dst []byte) []byte {
 	dst = e.Published.UTC().AppendFormat(dst, time.RFC3339Nano)
 	dst = append(dst, '"')
 	dst = appendField(dst, "contentType", e.ContentType)
+	if e.Replay != "" {
+		dst = appendField(dst, "replay", e.Replay)
+	}
 	dst = append(dst, `,"headers":{`...)
 	first := true
 	for name, vs := range e.Header {

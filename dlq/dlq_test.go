@@ -95,10 +95,19 @@ func TestEnvelope(t *testing.T) {
 	}
 }
 
+// The dead letter of a message a rewind delivered again names the rewind.
+func TestEnvelopeOfAReplay(t *testing.T) {
+	l := letter()
+	l.Replay = "20261201T101500Z-3f2a"
+	if got := dlq.Envelope(l).Get(dlq.HeaderReplay); got != l.Replay {
+		t.Errorf("%s = %q, want %q", dlq.HeaderReplay, got, l.Replay)
+	}
+}
+
 func TestEnvelopeOmitsEmpty(t *testing.T) {
 	h := dlq.Envelope(dlq.Letter{Stream: "S", Consumer: "c", Sequence: 1})
 	for _, name := range []string{dlq.HeaderStatus, dlq.HeaderError, dlq.HeaderFailedAt, dlq.HeaderPublished,
-		dlq.HeaderStreamCreated, dlq.HeaderSubjectBase64, dlq.HeaderBody, dlq.HeaderBodySize, dlq.HeaderHeaders} {
+		dlq.HeaderStreamCreated, dlq.HeaderSubjectBase64, dlq.HeaderBody, dlq.HeaderBodySize, dlq.HeaderHeaders, dlq.HeaderReplay} {
 		if v, ok := h[name]; ok {
 			t.Errorf("%s = %q, want it absent", name, v)
 		}

@@ -40,6 +40,9 @@ const (
 	// stream); both only on an ordered message's dead letter.
 	HeaderOrderKey     = "Courier-Order-Key"
 	HeaderOrderWaiting = "Courier-Order-Waiting"
+	// HeaderReplay is the id of the rewind (courier rewind) whose
+	// delivery of the original failed; only on such a dead letter.
+	HeaderReplay = "Courier-Replay"
 	// HeaderSubject is the original message's subject, made a readable
 	// header value (see HeaderSubjectBase64 for the exact one).
 	HeaderSubject = "Courier-Subject"
@@ -171,6 +174,8 @@ type Letter struct {
 	// waiting for it when it was dead-lettered (they go on now).
 	OrderKey     string
 	OrderWaiting int
+	// Replay is the rewind that delivered the original again, "" if none.
+	Replay string
 }
 
 // Envelope returns the headers of l's dead letter:
@@ -211,6 +216,9 @@ func Envelope(l Letter) nats.Header {
 	if l.OrderKey != "" {
 		h.Set(HeaderOrderKey, l.OrderKey)
 		h.Set(HeaderOrderWaiting, strconv.Itoa(l.OrderWaiting))
+	}
+	if l.Replay != "" {
+		h.Set(HeaderReplay, printable.Line(l.Replay, 0))
 	}
 	subject := printable.Line(l.Subject, 0)
 	h.Set(HeaderSubject, subject)

@@ -578,7 +578,7 @@ func entryOf(id string, e *batchEntry) batch.Entry {
 	d := e.d
 	return batch.Entry{
 		ID: id, Key: d.key, Attempt: d.attempt, Subject: d.m.Subject(), Stream: d.meta.Stream,
-		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.ct,
+		Sequence: d.meta.Sequence.Stream, Published: d.meta.Timestamp, ContentType: e.ct, Replay: d.replay,
 		Header: e.h, Data: d.m.Data(),
 	}
 }

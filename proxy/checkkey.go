@@ -91,11 +91,13 @@ func (c *checker) again(d *delivery) (v verdict.Verdict, err error) {
 // check returns no ending if the delivery goes on to the app; else the
 // ending of a duplicate, or of a delivery given back because courier stopped
 // while it waited. A delivery of the same key already running in this process is
-// waited for; so is another replica's claim. While the store cannot answer,
+// waited for, by its own key for a replay too: a delivery that began before
+// the rewind and succeeded makes the rewind's copy a duplicate. So is
+// another replica's claim. While the store cannot answer,
 // the message is held (in progress, spending nothing) and the store asked
 // again; the gate stays closed meanwhile, so nothing else is fetched.
 func (c *checker) check(d *delivery) ending {
-	fl, dup, err := c.flights.claim(d.wait, d.skey, &d.own, func() { c.yieldProbe(d) })
+	fl, dup, err := c.flights.claim(d.wait, d.fkey, &d.own, func() { c.yieldProbe(d) })
 	if err != nil {
 		return giveBackEnding(afterLastPull, "shutting down while a delivery of the same key ran")
 	}
@@ -109,7 +111,7 @@ func (c *checker) check(d *delivery) ending {
 			v, err = c.again(d)
 		}
 		if err != nil {
-			c.flights.finish(d.skey, fl, false)
+			c.flights.finish(d.fkey, fl, false)
 			return giveBackEnding(afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
 		}
 		dup = v == verdict.Processed
@@ -117,6 +119,9 @@ func (c *checker) check(d *delivery) ending {
 	}
 	if dup {
 		return ending{kind: endDuplicate}
+	}
+	if d.replay != "" {
+		c.m.replayed.Inc()
 	}
 	return ending{}
 }

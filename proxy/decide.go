@@ -201,7 +201,7 @@ type alone struct {
 // headers are BuildHeaders'.
 func (a alone) headers(d *delivery) (http.Header, string, []apphttp.DroppedHeader) {
 	h, dropped := BuildHeaders(d.m, d.meta, d.key)
-	return h, "", dropped
+	return replayHeader(h, d), "", dropped
 }
 
 // handOff hands off nothing: d's worker waits for its answer.

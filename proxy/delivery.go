@@ -40,6 +40,8 @@ type delivery struct {
 	attempt int      // JetStream's delivery count, 1-based
 	key     string   // the resolved dedup key, as the app sees it
 	skey    string   // the key as the dedup store holds it
+	replay  string   // the rewind that delivers the message again; "" if none
+	fkey    string   // the key as the flights hold it: storeKey(key), for a replay too (check)
 	okey    string   // the ordering key (order.go); "" when not ordered
 	ord     keyLines // the lines okey is in (of its partition, partition.go); noLines: none
 	oepoch  uint64   // ord's epoch when it was admitted
@@ -143,12 +145,19 @@ func storeKey(key string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
+// replayKey is the form of key the dedup store holds for a delivery of
+// rewind id's range: the key's record from before the rewind is left as it
+// is, and the store's create-if-absent makes the replay once per rewind.
+func replayKey(key, id string) string { return storeKey(key) + "\x00rewind:" + id }
+
 // keyer makes deliveries of messages: it resolves a message's key as the
-// app sees it (ResolveKey) and as the dedup store holds it (storeKey).
+// app sees it (ResolveKey) and as the dedup store holds it (storeKey, or
+// replayKey for a message a rewind delivers again).
 type keyer struct {
 	header  string // Options.IdempotencyHeader
 	stream  string
 	created time.Time
+	rewinds Rewinds // nil: none
 	log     *slog.Logger
 }
 
@@ -165,12 +174,35 @@ func (k keyer) delivery(q queued, meta *jetstream.MsgMetadata, ln lane, wait con
 		ord = noLines{}
 	}
 	key := ResolveKey(m.Headers(), k.header, meta.Stream, k.created, meta.Sequence.Stream)
+	skey, replay := storeKey(key), ""
+	if k.rewinds != nil {
+		if replay = k.rewinds.Replay(meta.Stream, meta.Sequence.Stream); replay != "" {
+			skey = replayKey(key, replay)
+		}
+	}
 	return &delivery{
-		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: storeKey(key), wait: wait, timer: ln.timer,
+		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: skey, replay: replay, fkey: storeKey(key), wait: wait, timer: ln.timer,
 		requests: ln.requests, batchDone: ln.batchDone,
 		arrived: q.at, okey: q.okey, ord: ord, oepoch: q.epoch, oseq: q.seq,
 		log: msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
+}
+
+// alsoRecord appends to keys the other forms of d's key that its success
+// settles: for a replay, its own key (the message may never have been
+// processed before the rewind); for a delivery that began before a rewind
+// whose range holds it, the rewind's (it was in flight at the rewind, and
+// the rewind's copy of it is then a duplicate).
+func (k keyer) alsoRecord(keys []string, d *delivery) []string {
+	switch {
+	case d.replay != "":
+		return append(keys, d.fkey)
+	case k.rewinds != nil && d.meta != nil:
+		if id := k.rewinds.Replay(d.meta.Stream, d.meta.Sequence.Stream); id != "" {
+			return append(keys, replayKey(d.key, id))
+		}
+	}
+	return keys
 }
 
 // message is a delivery of m that no worker runs, to be given back.

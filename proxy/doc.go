@@ -96,4 +96,8 @@
 //   - line: the messages of one ordering key, in stream order (order.go);
 //     its head is the one being delivered.
 //   - target: where a request goes: the app's URL or a route's (routes.go).
+//   - replay: a delivery of a message a rewind of the durable (courier
+//     rewind, JetStream's consumer reset; Options.Rewinds) delivers again:
+//     its key is checked and recorded in the rewind's scope (replayKey), so
+//     it reaches the app once per rewind, marked HeaderReplay.
 package proxy

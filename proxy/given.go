@@ -34,6 +34,13 @@ type Deduper interface {
 	Release(ctx context.Context, key string) error
 }
 
+// Rewinds knows the rewinds of the durable. Replay returns the id of the
+// newest rewind whose range of stream holds seq, or "" if none does. Safe
+// for concurrent use.
+type Rewinds interface {
+	Replay(stream string, seq uint64) string
+}
+
 // quickChecker is a Deduper whose Check waits on nothing a deadline could
 // end (the embedded store), and so is given no timeout of its own.
 type quickChecker interface {

@@ -20,6 +20,7 @@ type metrics struct {
 	dedupErrors *prometheus.CounterVec
 	inProgress  prometheus.Counter
 	dropped     prometheus.Counter
+	replayed    prometheus.Counter
 	held        *prometheus.GaugeVec
 	rateWait    prometheus.Counter
 	retryDelay  prometheus.Histogram
@@ -60,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 		reg.MustRegister(m.deadLetters)
 	}
 	reg.MustRegister(m.messages, m.requests, m.latency, m.inflight,
-		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.held, m.rateWait, m.retryDelay, m.successRecords, m.successErrors)
+		m.appUp, m.dlqErrors, m.dedupErrors, m.inProgress, m.dropped, m.replayed, m.held, m.rateWait, m.retryDelay, m.successRecords, m.successErrors)
 	return m
 }
 
@@ -80,6 +81,10 @@ func (m *metrics) newMessageCollectors() {
 		Name: "courier_dedup_errors_total",
 		Help: "Dedup store failures by operation: check (message held, the store asked again) or record (message acked anyway).",
 	}, []string{"op"})
+	m.replayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "courier_replayed_total",
+		Help: "Deliveries of messages a rewind (courier rewind) delivers again that went on to the app although their keys were recorded before.",
+	})
 	m.inProgress = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "courier_in_progress_total",
 		Help: "In-progress signals sent to JetStream for messages held longer than half the ack wait.",

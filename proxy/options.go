@@ -68,6 +68,12 @@ type Options struct {
 	// message for a courier that comes after this one (a restart, another
 	// replica); nil: order holds within this process's life only.
 	OrderMarks OrderMarks
+	// Rewinds, when set, says which messages a rewind of the durable
+	// delivers again (package rewind): they reach the app although their
+	// keys were recorded, once each per rewind, carrying HeaderReplay.
+	// nil: none is known, and a message delivered again after a consumer
+	// reset is a duplicate like any other.
+	Rewinds Rewinds
 	// PriorityGroup, when set, is the consumer's priority group every
 	// pull names (the durable's PriorityPolicy pinned: one replica at a
 	// time receives its messages). With OrderKey, a pull that finds the

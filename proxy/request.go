@@ -23,6 +23,9 @@ const (
 	HeaderPublished = apphttp.HeaderPublished
 	// HeaderIdempotencyKey carries the resolved dedup key to the app.
 	HeaderIdempotencyKey = apphttp.HeaderIdempotencyKey
+	// HeaderReplay carries the id of the rewind that delivers a message
+	// again (courier rewind).
+	HeaderReplay = apphttp.HeaderReplay
 )
 
 // ResolveKey returns a message's dedup key: the value of the header named
@@ -92,6 +95,19 @@ func BuildHeaders(m jetstream.Msg, meta *jetstream.MsgMetadata, key string) (htt
 		set(6, "application/octet-stream")
 	}
 	return h, dropped
+}
+
+// replayHeader marks h (nil: none yet) as a request of d, a message a
+// rewind delivers again (HeaderReplay), if it is one, and returns it.
+func replayHeader(h http.Header, d *delivery) http.Header {
+	if d.replay == "" {
+		return h
+	}
+	if h == nil {
+		h = make(http.Header, 1)
+	}
+	h[HeaderReplay] = []string{d.replay}
+	return h
 }
 
 // ownHeaders are the headers BuildHeaders sets, by index.

@@ -131,7 +131,7 @@ func newSettler(o Options, log *slog.Logger, m *metrics, track *tracker, dd Dedu
 	return &settler{
 		o: o, log: log, m: m, track: track, flights: newFlights(), dd: dd, dl: dl, gate: g,
 		refs:   newReferences(o, dd),
-		make:   keyer{header: o.IdempotencyHeader, stream: o.Stream, created: o.StreamCreated, log: log},
+		make:   keyer{header: o.IdempotencyHeader, stream: o.Stream, created: o.StreamCreated, rewinds: o.Rewinds, log: log},
 		recs:   make(chan recJob, maxRecordBatch),
 		linger: recordLinger,
 	}
@@ -296,6 +296,7 @@ func (s *settler) recorder() {
 			keys = keys[:0]
 			for _, j := range batch {
 				keys = append(keys, j.d.skey)
+				keys = s.make.alsoRecord(keys, j.d)
 			}
 			// Not the requests phase: a 2xx that arrived as the grace
 			// period ended is recorded all the same.
@@ -486,7 +487,7 @@ func (s *settler) unclaim(d *delivery) {
 // its outcome (ok: a 2xx or a duplicate), waking the deliveries of the key
 // that wait for it.
 func (s *settler) endFlight(d *delivery, ok bool) {
-	s.flights.finish(d.skey, d.fl, ok)
+	s.flights.finish(d.fkey, d.fl, ok)
 	d.fl = nil
 }
 
@@ -569,7 +570,7 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 		Stream: d.meta.Stream, StreamCreated: s.o.StreamCreated, Sequence: d.meta.Sequence.Stream,
 		Published: d.meta.Timestamp, Consumer: s.o.Consumer,
 		Reason: f.reason, Attempts: d.attempt, FailedAt: s.o.Now(),
-		OrderKey: d.okey,
+		OrderKey: d.okey, Replay: d.replay,
 	}
 	l.OrderWaiting = d.ord.waitingBehind(d.okey)
 	if f.err != nil {

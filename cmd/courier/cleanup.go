@@ -19,6 +19,7 @@ import (
 	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
+	"github.com/courierhq/courier/rewind"
 )
 
 const cleanupUsage = `Usage:
@@ -172,7 +173,7 @@ func cleanupPlan(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	// The durable, then the partitions it is split into
 	// (COURIER_ORDER_PARTITIONS), then the rest.
 	plans := []func(context.Context, jetstream.JetStream, config.Config, bool) ([]item, error){
-		one(planConsumer), planPartitions, one(planAdvisories), one(planDeadLetters), one(planOrderMarks), one(planPinHolders),
+		one(planConsumer), planPartitions, one(planAdvisories), one(planDeadLetters), one(planOrderMarks), one(planPinHolders), one(planRewinds),
 	}
 	for _, find := range plans {
 		found, err := find(ctx, js, cfg, force)
@@ -410,6 +411,28 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		it.keep = "the consumer is kept, and a courier that starts on it reads these marks"
 	}
 	if it.keep == "" {
+		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
+	}
+	return it, nil
+}
+
+// planRewinds finds the bucket of the durable's rewinds (courier rewind),
+// kept with the consumer, whose couriers watch it.
+func planRewinds(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
+	name := rewind.BucketName(cfg.Stream, cfg.Consumer)
+	if _, err := js.KeyValue(ctx, name); errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	it := &item{what: fmt.Sprintf("key-value bucket %q (the durable's rewinds)", name)}
+	consumer, err := planConsumer(ctx, js, cfg, force)
+	switch {
+	case err != nil:
+		return nil, err
+	case consumer != nil && consumer.keep != "":
+		it.keep = "the consumer is kept, and the couriers on it watch its rewinds here"
+	default:
 		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
 	}
 	return it, nil

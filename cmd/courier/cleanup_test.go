@@ -68,7 +68,7 @@ func TestCleanup(t *testing.T) {
 			t.Errorf("plan lacks %q:\n%s", want, out)
 		}
 	}
-	if out, code := h.cleanupRun(t, "--dry-run"); code != 0 || !strings.Contains(out, "dry run: would remove 2") {
+	if out, code := h.cleanupRun(t, "--dry-run"); code != 0 || !strings.Contains(out, "dry run: would remove 3") {
 		t.Errorf("--dry-run: exit %d\n%s", code, out)
 	}
 	if h.consumerInfo("courier") == nil || !h.streamExists(advisories) {

@@ -29,6 +29,7 @@ func commands() []command {
 		{name: "schedules", args: "ls|cancel", summary: "list or cancel delayed messages waiting for their time ('courier schedules help')", run: runSchedules},
 		{name: "pause", args: "[--for D | --until RFC3339] [--subscription NAME]", summary: "pause the durable consumer on the server: every courier of it stops fetching", run: runPause},
 		{name: "resume", args: "[--subscription NAME]", summary: "resume the paused durable consumer", run: runResume},
+		{name: "rewind", args: "--to-time RFC3339 | --to-seq N [--yes] [--subscription NAME]", summary: "deliver again, as a replay, every message of the stream from a time or sequence on", run: runRewind},
 		{name: "status", args: "[--admin HOST:PORT] [--subscription NAME]", summary: "print the consumer's state as the server has it, and the running courier's own: app, breaker, held, in flight, pause", run: runStatus},
 		{name: "cleanup", args: "[--dry-run] [--yes] [--force] [--subscription NAME]", summary: "remove the consumer and what courier created for it (never the stream it consumes)", run: runCleanup},
 		{name: "demo", summary: "run a self-contained demo on an embedded JetStream server", run: runDemoCommand},

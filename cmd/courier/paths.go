@@ -12,6 +12,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/proxy"
+	"github.com/courierhq/courier/rewind"
 	"github.com/courierhq/courier/schedule"
 )
 
@@ -40,6 +41,8 @@ type path struct {
 	marks  *ordermark.Store // nil: no order per key
 	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
 	pinned *pinWatch        // the durable's consumer noting its pin: order per key without partitions
+	// rewinds are the durable's rewinds (courier rewind); nil: none known.
+	rewinds *rewind.View
 	// runner, once made, tells the membership the pins it holds.
 	runner atomic.Pointer[proxy.Runner]
 	// deadLetters counts the path's dead letters by reason, whoever stores
@@ -49,7 +52,7 @@ type path struct {
 	late *schedule.Lateness
 
 	// What undoes the path's steps; nil until the step ran.
-	stopGiveup, stopMembers func()
+	stopGiveup, stopMembers, stopRewinds func()
 }
 
 // newPaths makes the paths of cfg's subscriptions that consume a stream
@@ -117,10 +120,13 @@ func (s *sidecar) released() int64 {
 	return n
 }
 
-// stopGiveups stops every path's max-deliveries catch; stopMemberships
+// stopGiveups stops every path's rewinds watch and max-deliveries catch; stopMemberships
 // leaves every path's membership.
 func (s *sidecar) stopGiveups() {
 	for _, p := range s.paths {
+		if p.stopRewinds != nil {
+			p.stopRewinds()
+		}
 		if p.stopGiveup != nil {
 			p.stopGiveup()
 		}

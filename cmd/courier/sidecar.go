@@ -347,6 +347,9 @@ func (p *path) setUp(ctx context.Context) error {
 	if p.cfg.OrderKey != "" && !partitioned(p.cfg) {
 		p.joinPinHolders(ctx)
 	}
+	if !partitioned(p.cfg) {
+		p.watchRewinds(ctx)
+	}
 	consumers := []jetstream.Consumer{p.cons}
 	if partitioned(p.cfg) {
 		if err := p.setUpPartitions(ctx); err != nil {
@@ -388,6 +391,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		BatchBytes:        cfg.BatchBytes,
 		OrderKey:          orderKey(cfg),
 		OrderMarks:        p.orderMarks(),
+		Rewinds:           p.rewindsView(),
 		PriorityGroup:     priorityGroup(cfg),
 		Partitions:        p.runnerPartitions(),
 		HTTPTimeout:       cfg.HTTPTimeout,

@@ -108,6 +108,9 @@ func printServerStatus(ctx context.Context, js jetstream.JetStream, cfg config.C
 	fmt.Fprintf(w, "waiting pulls\t%d\n", info.NumWaiting)
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
 	fmt.Fprintf(w, "in-flight limit\t%s (COURIER_MAX_INFLIGHT, each courier's own)\n", inflightText(cfg))
+	if r := lastRewind(ctx, js, cfg); r != nil {
+		fmt.Fprintf(w, "rewind\t%s\n", rewindProgress(*r, info.AckFloor.Stream))
+	}
 	for _, g := range info.PriorityGroups {
 		// Order per key pins the durable to one courier at a time, which
 		// puts its name with its pin in the membership bucket.

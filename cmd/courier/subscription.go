@@ -18,7 +18,7 @@ import (
 // takesSubscription reports whether command name acts on one
 // subscription's durable.
 func takesSubscription(name string) bool {
-	return slices.Contains([]string{"status", "pause", "resume", "dlq", "cleanup"}, name)
+	return slices.Contains([]string{"status", "pause", "resume", "dlq", "cleanup", "rewind"}, name)
 }
 
 // chooseSubscription takes --subscription NAME (or --subscription=NAME)

@@ -1,0 +1,227 @@
+// Package rewind keeps the rewinds of a durable consumer: the record that
+// `courier rewind` writes before it resets the consumer (JetStream's
+// consumer reset, ADR-60), and the view of them that every courier of the
+// durable watches, so that the messages delivered again are known as a
+// replay and reach the app although their keys were recorded (docs/
+// operations.md, "Reprocess after a bad deploy").
+package rewind
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/jsutil"
+)
+
+// Description marks the buckets courier made for rewinds.
+const Description = "courier: the rewinds of a durable consumer"
+
+// Record is one rewind of a durable: the messages of Stream from From to To
+// (the stream's last sequence when it was asked) are delivered again.
+type Record struct {
+	// ID names the rewind; the app sees it as Courier-Replay.
+	ID string `json:"id"`
+	// Stream is the stream whose sequences From and To are.
+	Stream string `json:"stream"`
+	// From and To bound the range, both included.
+	From uint64 `json:"from"`
+	To   uint64 `json:"to"`
+	// At is when the rewind was asked.
+	At time.Time `json:"at"`
+}
+
+// Covers reports whether seq of stream is in r's range.
+func (r Record) Covers(stream string, seq uint64) bool {
+	return r.Stream == stream && seq >= r.From && seq <= r.To
+}
+
+// BucketName is the bucket of the rewinds of consumer on stream.
+func BucketName(stream, consumer string) string {
+	return "COURIER_REWIND_" + jsutil.NameToken(stream) + "_" + jsutil.NameToken(consumer)
+}
+
+// NewID is a rewind's id made at t: its time, which sorts, and a suffix
+// that tells apart two rewinds asked in the same second.
+func NewID(t time.Time) string {
+	return t.UTC().Format("20060102T150405Z") + fmt.Sprintf("-%04x", t.Nanosecond()>>14&0xffff)
+}
+
+// Open creates the bucket of consumer on stream if it is missing (replicas
+// as given) and returns it.
+func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (jetstream.KeyValue, error) {
+	bucket := BucketName(stream, consumer)
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: Description,
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rewinds bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// Write stores r in kv, under its id.
+func Write(ctx context.Context, kv jetstream.KeyValue, r Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, r.ID, b); err != nil {
+		return fmt.Errorf("storing rewind %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Read returns the rewinds stored in kv, oldest first.
+func Read(ctx context.Context, kv jetstream.KeyValue) ([]Record, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Record
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var r Record
+		if json.Unmarshal(e.Value(), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	sortRecords(out)
+	return out, nil
+}
+
+func sortRecords(rs []Record) {
+	slices.SortFunc(rs, func(a, b Record) int { return strings.Compare(a.ID, b.ID) })
+}
+
+// View is what a courier knows of its durable's rewinds, kept up to date by
+// Watch. Safe for concurrent use; the zero View knows none.
+type View struct {
+	mu   sync.RWMutex
+	recs []Record // oldest first
+}
+
+// Replay returns the id of the newest rewind whose range holds seq of
+// stream, or "" if none does.
+func (v *View) Replay(stream string, seq uint64) string {
+	if v == nil {
+		return ""
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for i := len(v.recs) - 1; i >= 0; i-- {
+		if v.recs[i].Covers(stream, seq) {
+			return v.recs[i].ID
+		}
+	}
+	return ""
+}
+
+// Records returns the rewinds v knows, oldest first.
+func (v *View) Records() []Record {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return append([]Record(nil), v.recs...)
+}
+
+func (v *View) put(r Record) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range v.recs {
+		if v.recs[i].ID == r.ID {
+			v.recs[i] = r
+			return
+		}
+	}
+	v.recs = append(v.recs, r)
+	sortRecords(v.recs)
+}
+
+func (v *View) remove(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range v.recs {
+		if v.recs[i].ID == id {
+			v.recs = append(v.recs[:i], v.recs[i+1:]...)
+			return
+		}
+	}
+}
+
+// Watch keeps a View of kv's rewinds until the returned stop is called
+// (idempotent; it waits for the watch to end). It returns once the rewinds
+// stored so far are in the View.
+func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*View, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("watching rewinds: %w", err)
+	}
+	v := &View{}
+	initial := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer w.Stop() //nolint:errcheck // the watch ends with the context
+		first := true
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					if first {
+						first = false
+						close(initial)
+					}
+					continue
+				}
+				if e.Operation() != jetstream.KeyValuePut {
+					v.remove(e.Key())
+					continue
+				}
+				var r Record
+				if err := json.Unmarshal(e.Value(), &r); err != nil {
+					log.Warn("ignoring a rewind record that does not parse", "key", e.Key(), "error", err)
+					continue
+				}
+				v.put(r)
+				if !first {
+					log.Info("rewind: messages in its range are delivered again as a replay",
+						"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To)
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	select {
+	case <-initial:
+		return v, stop, nil
+	case <-done:
+		stop()
+		return nil, nil, errors.New("watching rewinds: the watch ended before it began")
+	case <-ctx.Done():
+		stop()
+		return nil, nil, ctx.Err()
+	}
+}

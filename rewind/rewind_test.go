@@ -1,0 +1,63 @@
+package rewind_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/internal/natstest"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/rewind"
+)
+
+// A courier's view holds the rewinds stored before it watched and those
+// stored since; the newest rewind whose range holds a sequence names it.
+func TestWatchSeesRewinds(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	kv, err := rewind.Open(ctx, js, "ORDERS", "courier", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	old := rewind.Record{ID: rewind.NewID(at), Stream: "ORDERS", From: 10, To: 20, At: at}
+	if err := rewind.Write(ctx, kv, old); err != nil {
+		t.Fatal(err)
+	}
+	v, stop, err := rewind.Watch(ctx, kv, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	if got := v.Replay("ORDERS", 10); got != old.ID {
+		t.Errorf("sequence 10: %q, want the rewind stored before the watch, %q", got, old.ID)
+	}
+	newer := rewind.Record{ID: rewind.NewID(at.Add(time.Hour)), Stream: "ORDERS", From: 15, To: 30, At: at.Add(time.Hour)}
+	if err := rewind.Write(ctx, kv, newer); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 5*time.Second, "the newer rewind seen", func() bool { return len(v.Records()) == 2 })
+	for _, tc := range []struct {
+		stream string
+		seq    uint64
+		want   string
+	}{
+		{"ORDERS", 9, ""}, {"ORDERS", 10, old.ID}, {"ORDERS", 14, old.ID}, {"ORDERS", 15, newer.ID},
+		{"ORDERS", 30, newer.ID}, {"ORDERS", 31, ""}, {"OTHER", 15, ""},
+	} {
+		if got := v.Replay(tc.stream, tc.seq); got != tc.want {
+			t.Errorf("Replay(%s, %d) = %q, want %q", tc.stream, tc.seq, got, tc.want)
+		}
+	}
+	if err := kv.Delete(ctx, newer.ID); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 5*time.Second, "the deleted rewind gone", func() bool { return v.Replay("ORDERS", 25) == "" })
+	stop()
+	stop() // idempotent
+	if rewind.BucketName("ORDERS", "courier") != "COURIER_REWIND_ORDERS_courier" {
+		t.Errorf("bucket name %q", rewind.BucketName("ORDERS", "courier"))
+	}
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -78,18 +77,21 @@ func startCluster(dir string, n int) (*cluster, error) {
 		c.close()
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := c.js.AccountInfo(ctx); err == nil {
+		leader, current := false, true
+		for _, s := range c.nodes {
+			leader = leader || s.JetStreamIsLeader()
+			current = current && s.JetStreamIsCurrent()
+		}
+		if leader && current {
 			return c, nil
 		}
-		select {
-		case <-ctx.Done():
+		if time.Now().After(deadline) {
 			c.close()
 			return nil, errors.New("nats-server cluster: no JetStream meta leader within 30s")
-		case <-time.After(100 * time.Millisecond):
 		}
+		time.Sleep(25 * time.Millisecond)
 	}
 }
 

@@ -95,6 +95,14 @@ type fetcher struct {
 	// giveBack gives a message back at once (settler.nakNow). Set once,
 	// before run, with order.
 	giveBack func(m jetstream.Msg, why string)
+	// index is the partition pulled from (0: the durable), handover how
+	// its pin is handed on, and membership this courier's standing among
+	// the couriers of the durable (nil: none kept). Set once, before run.
+	// orphanAsked is when checkOrphaned last asked (the pull loop's).
+	index       int
+	handover    Handover
+	membership  Membership
+	orphanAsked time.Time
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -183,6 +191,9 @@ func (f *fetcher) run(ctx context.Context) error {
 // as pulls do, an error to be retried after a wait, or a permanent one when
 // the consumer is gone.
 func (f *fetcher) pull(ctx context.Context) error {
+	if err := f.checkLease(ctx); err != nil {
+		return err
+	}
 	if err := f.waitToFetch(ctx); err != nil {
 		return err
 	}
@@ -195,11 +206,14 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if !ok {
 		return ctx.Err()
 	}
-	if f.part != nil && f.pin == "" {
-		// A partition's first pull asks for one message: when the pin
+	wait := fetchWait
+	if f.group != "" && f.order != nil && f.pin == "" {
+		// A pull without the pin asks for one message: when the pin
 		// comes with it, what else the consumer has out is exactly what
-		// others hold (partitionPinned).
-		room = 1
+		// others hold (tookOver). It waits less than a pull of the
+		// pinned courier: the pin given up (checkOrphaned, or by a
+		// courier that stopped) is taken within a moment.
+		room, wait = 1, standbyWait
 	}
 	if f.connected != nil && !f.connected() {
 		// nats.go's Fetch subscribes before it sends the pull request and
@@ -207,7 +221,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 		f.bound.Store(false)
 		return errDisconnected
 	}
-	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(fetchWait)}
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(wait)}
 	if f.group != "" {
 		opts = append(opts, jetstream.FetchPriorityGroup(f.group))
 	}
@@ -229,12 +243,17 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if err == nil {
 		f.bound.Store(true)
 		// The request ends by itself within fetchWait.
+		n := 0
 		for m := range batch.Messages() {
 			f.arrived(ctx, m, room)
+			n++
 		}
 		f.endHold()
 		err = batch.Error()
 		f.checkUnpinned(err)
+		if n == 0 {
+			f.checkOrphaned(ctx)
+		}
 	}
 	if endsNormally(err) {
 		return nil

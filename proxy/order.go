@@ -70,9 +70,17 @@ type orderer struct {
 	holding bool
 	barrier []queued
 	stale   int
-	// epoch counts the times the pin moved away (unpinned): a message
-	// admitted before is not sent.
+	// epoch counts the times the pin moved away (unpinned) or this
+	// courier's membership lapsed (lease): a message admitted before is
+	// not sent.
 	epoch uint64
+	// lease, when set, is this courier's membership term
+	// (Membership.Term); term is the one the lines are in, and lapsed
+	// that it ended and the fetcher has yet to give back what the lines
+	// hold (ordermarks.go, lapsedNow).
+	lease  func() (uint64, bool)
+	term   uint64
+	lapsed bool
 	// blind: at the hand-over, a barrier stood (a start's or a takeover's
 	// wait for what another courier held), so this courier did not know
 	// every key's first unsettled message; its hand-over is not clean.
@@ -532,11 +540,12 @@ func (o *orderer) gaveBack(k string, seq uint64) {
 }
 
 // outdated reports whether a message admitted in epoch was admitted before
-// the pin last moved away from this courier: it must not be sent.
+// the pin last moved away from this courier, or this courier's membership
+// has lapsed since: it must not be sent.
 func (o *orderer) outdated(epoch uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return epoch != o.epoch
+	return !o.leaseHeld() || epoch != o.epoch
 }
 
 // stats is what the metrics show: keys with messages waiting, the messages

@@ -266,19 +266,22 @@ func (m *marker) set(key string, mk ordermark.Mark) {
 // run writes what is asked until ctx ends, then what is left (trying for
 // up to markFinalTries), and closes done. A wish that cannot be written is
 // kept and tried again with the next, unless a newer one replaced it.
+// Writes outlive ctx (each bounded by its own timeout): one cut short as
+// the loops stop would fail for nothing, and leave a mark the next courier
+// relies on unwritten.
 func (m *marker) run(ctx context.Context) {
 	defer close(m.done)
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
+	write := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-m.wake:
-			m.flush(ctx)
+			m.flush(write)
 		case <-retry.C:
-			m.flush(ctx)
+			m.flush(write)
 		case <-ctx.Done():
-			final := context.WithoutCancel(ctx)
-			for try := 0; m.flush(final) && try < markFinalTries; try++ {
+			for try := 0; m.flush(write) && try < markFinalTries; try++ {
 				time.Sleep(200 * time.Millisecond)
 			}
 			m.mu.Lock()
@@ -371,6 +374,51 @@ func (o *orderer) barrierDue() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return !o.holding && !o.barrierUntil.IsZero() && o.now().After(o.barrierUntil)
+}
+
+// setLease makes the lines follow this courier's membership term (lease:
+// Membership.Term), from the term it is in now.
+func (o *orderer) setLease(lease func() (uint64, bool)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lease = lease
+	o.term, _ = lease()
+}
+
+// leaseHeld reports whether this courier's membership is live, in the term
+// the lines are in. Once it is not, every message admitted before is
+// outdated (the epoch moves on), and stays so: another courier may have
+// been given the pin meanwhile, and sends those keys now. Called with mu
+// held.
+func (o *orderer) leaseHeld() bool {
+	if o.lease == nil {
+		return true
+	}
+	if o.lapsed {
+		return false
+	}
+	if term, live := o.lease(); live && term == o.term {
+		return true
+	}
+	o.lapsed = true
+	o.epoch++
+	return false
+}
+
+// lapsedNow reports whether this courier's membership lapsed and the
+// fetcher has yet to give back what the lines hold (fetcher.checkLease).
+func (o *orderer) lapsedNow() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.leaseHeld()
+}
+
+// renew puts the lines in term, once the membership is live again and
+// what they held was given back.
+func (o *orderer) renew(term uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.term, o.lapsed = term, false
 }
 
 // takeover raises the barrier again when the pin of the consumer's

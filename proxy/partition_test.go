@@ -152,11 +152,14 @@ func (e *partEnv) replica(name string) (stop func()) {
 	o.Partitions = &proxy.Partitions{
 		Consumers: consumers, Assignment: members,
 		Marks: func(i int) proxy.OrderMarks { return marks.Partition(i) },
-		Unpin: func(ctx context.Context, i int) error {
-			return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
+		Handover: proxy.Handover{
+			Unpin: func(ctx context.Context, i int) error {
+				return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
+			},
+			HandedOn: members.HandedOn, Clean: members.TakeHandedOn,
 		},
-		HandedOn: members.HandedOn, Clean: members.TakeHandedOn,
 	}
+	o.Membership = members
 	r, err := proxy.New(nil, dlq.NewPublisher(rjs, "dlq.s"), nil, o)
 	if err != nil {
 		t.Fatal(err)

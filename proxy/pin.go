@@ -42,18 +42,9 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	defer cancel()
 	marks := f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
-	if f.part != nil && f.partitionPinned(ictx, info, err, first && asked == 1) {
+	if f.tookOver(ictx, info, err, first && asked == 1) {
 		return
 	}
-	if err != nil {
-		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",
-			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return
-	}
-	// Heads kept from before the pin last moved away that the courier
-	// that had it settled meanwhile go on (orderer.unpinned).
-	f.order.ackFloor(info.AckFloor.Stream)
 	own := f.track.held() - 1 // m is tracked already, and out
 	if f.part != nil {
 		own = int(f.part.heldNow()) - 1 // of this partition only
@@ -94,32 +85,148 @@ func (f *fetcher) endHold() {
 	f.order.open(all)
 }
 
-// partitionPinned takes a partition over when its pin has come to this
-// courier (checkPin has read the marks the courier before left): lines
-// whose head is at or below the ack floor go on, and if that courier
-// handed the partition on holding nothing (Partitions.Clean), or the
-// consumer has nothing out but the one message of this courier's first
-// pull (exact: the pin came with it), the marks name each key's first
-// unsettled message: nothing more to wait for. It reports whether it took
-// the partition over; if not, checkPin waits for what was out as for the
-// durable's pin: until the pull brings it all back (the messages of a
+// tookOver takes the pin over when it has come to this courier (checkPin
+// has read the marks the courier before left): lines whose head is at or
+// below the ack floor go on (also heads kept from before the pin last
+// moved away that the courier that had it settled meanwhile:
+// orderer.unpinned), and if that courier handed the pin on holding
+// nothing (Handover.Clean), or the consumer has nothing out but the one
+// message of this courier's first pull (exact: the pin came with it), the
+// marks name each key's first unsettled message: nothing more to wait
+// for. It reports whether it took the pin over; if not, checkPin waits
+// for what was out: until the pull brings it all back (the messages of a
 // courier that died come back once their ack wait is over, by the time
 // its pin lapsed), or an ack wait if some may still be with another
-// courier.
-func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
+// courier. If the consumer cannot be read, keyed messages wait an ack
+// wait.
+func (f *fetcher) tookOver(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
 	if err != nil {
-		f.log.Info("pinned to this partition; its consumer cannot be read: keyed messages wait for what another courier may hold",
+		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",
 			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
 		f.order.takeover(orderBarrier(f.ackWaitNow()))
 		return true
 	}
-	clean := f.part.clean(ctx, info, f.group)
+	clean := f.cleanPin(ctx, info)
 	f.order.ackFloor(info.AckFloor.Stream)
 	if clean || exact && info.NumAckPending <= 1 {
-		f.log.Info("pinned to this partition", "handed_on", clean)
+		f.log.Info("pinned to this courier", "handed_on", clean)
+		f.order.open(true)
 		return true
 	}
 	return false
+}
+
+// cleanPin reports whether the courier before this one handed the pin in
+// info on holding nothing just before it came to this one
+// (Handover.Clean, within the consumer's PinnedTTL).
+func (f *fetcher) cleanPin(ctx context.Context, info *jetstream.ConsumerInfo) bool {
+	if f.handover.Clean == nil {
+		return false
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == f.group && !g.PinnedTS.IsZero() {
+			return f.handover.Clean(ctx, f.index, g.PinnedTS, info.Config.PinnedTTL)
+		}
+	}
+	return false
+}
+
+// handOnPin gives the pin of f's group up once this courier has stopped
+// pulling from it and holds nothing of it (the caller knows): if the pin
+// is still this courier's and o, its lines, knew every key's first
+// unsettled message (no wait for what a courier before held stood) and
+// their marks are written, the hand-over is recorded (Handover.HandedOn),
+// so that the next courier sends at once, awaiting only what the marks
+// name; then the pin is given up (Handover.Unpin), so that the next
+// courier takes it with its next pull rather than after the consumer's
+// PinnedTTL. Nothing may pull from the group after: a pull would take the
+// pin again.
+func (f *fetcher) handOnPin(ctx context.Context, o *orderer) {
+	clean := !o.isBlind() && o.marks != nil && o.marks.written()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if !f.stillPinned(ctx) {
+		return
+	}
+	if !clean {
+		f.log.Info("handing the pin on without a clean record: the next courier waits for what may still be out")
+	}
+	if clean && f.handover.HandedOn != nil {
+		if err := f.handover.HandedOn(ctx, f.index); err != nil {
+			f.log.Warn("cannot record the pin's hand-over; the next courier waits an ack wait before first deliveries", "error", err)
+		}
+	}
+	if f.handover.Unpin != nil {
+		if err := f.handover.Unpin(ctx, f.index); err != nil {
+			f.log.Warn("cannot give up the pin; it lapses after the consumer's pinned TTL", "error", err)
+			return
+		}
+		f.log.Info("pin given up for the next courier", "handed_on", clean)
+	}
+}
+
+// checkOrphaned, after a pull that brought nothing though this courier
+// does not hold the pin of its group, gives the pin up if the courier the
+// server pinned is gone and this one is to take its place
+// (Membership.Orphaned): the group's messages then come to this courier's
+// next pull within seconds of that courier's death, not after the
+// consumer's PinnedTTL. Asked at most every orphanEvery.
+func (f *fetcher) checkOrphaned(ctx context.Context) {
+	if f.membership == nil || f.handover.Unpin == nil || f.group == "" || f.pin != "" ||
+		f.now().Sub(f.orphanAsked) < orphanEvery {
+		return
+	}
+	f.orphanAsked = f.now()
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := f.cons.Info(ictx)
+	if err != nil {
+		return
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group != f.group || !f.membership.Orphaned(f.index, g.PinnedClientID) {
+			continue
+		}
+		if err := f.handover.Unpin(ictx, f.index); err != nil {
+			f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
+			return
+		}
+		f.log.Info("the courier holding the pin is gone: its pin is given up, for this courier to take", "pin", g.PinnedClientID)
+	}
+}
+
+// orphanEvery is how often a courier that does not hold the pin asks
+// whether its holder is gone, and standbyWait how long its pulls wait: it
+// notices within a second that the pin was given up.
+const (
+	orphanEvery = 500 * time.Millisecond
+	standbyWait = 250 * time.Millisecond
+)
+
+// checkLease, once this courier's membership has lapsed (Membership.Term:
+// paused past its TTL, or cut off from the bucket), acts as when the pin
+// moves away (lostPin): another courier may have been given it. Nothing
+// is pulled until the membership is live again; the lines then go on in
+// its new term.
+func (f *fetcher) checkLease(ctx context.Context) error {
+	if f.order == nil || f.membership == nil || !f.order.lapsedNow() {
+		return nil
+	}
+	f.lostPin("this courier's membership lapsed: another courier may have its pin; keyed messages held here are given back")
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if term, live := f.membership.Term(); live {
+			f.order.renew(term)
+			f.log.Info("membership live again")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // stillPinned reports whether the pin of the fetcher's priority group is
@@ -193,9 +300,10 @@ func (f *fetcher) keepPin(ctx context.Context) {
 }
 
 // pinPull sends one pull no message fits in (one byte), which counts as
-// the pinned client pulling, and hands what it brings anyway to got.
+// the pinned client pulling, and hands what it brings anyway to got. Not
+// once this courier's membership lapsed: its pin is to go.
 func (f *fetcher) pinPull(got func(jetstream.Msg)) {
-	if f.connected != nil && !f.connected() {
+	if f.connected != nil && !f.connected() || f.order != nil && f.order.lapsedNow() {
 		return
 	}
 	batch, err := f.cons.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
@@ -223,10 +331,16 @@ func (f *fetcher) checkUnpinned(err error) {
 	if f.order == nil || f.pin == "" || !errors.Is(err, jetstream.ErrPinIDMismatch) {
 		return
 	}
+	f.lostPin("the durable's pin moved to another courier: keyed messages held here are given back to it")
+}
+
+// lostPin forgets the pin, and gives back what the lines hold (why says
+// why, for the log).
+func (f *fetcher) lostPin(why string) {
 	f.pin = ""
 	f.pinNow.Store(nil)
 	held := f.order.unpinned()
-	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
+	f.log.Info(why, "held", len(held))
 	for _, q := range held {
 		f.giveBack(q.m, "the durable's pin moved while it waited behind its key")
 	}
@@ -254,8 +368,7 @@ func (f *fetcher) waitPinned(ctx context.Context, ready <-chan struct{}) error {
 }
 
 // pinnedPartition is the partition a fetcher pulls for (partition.go's
-// session): what the runner holds of it, and whether its pin came clean.
+// session): what the runner holds of it.
 type pinnedPartition interface {
 	heldNow() int64
-	clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool
 }

@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -299,7 +300,7 @@ func worstWait(t *tally, sent []time.Time, start, end time.Time, logs []courierL
 	var lines []logLine
 	for i, l := range logs {
 		for _, ln := range l.lines {
-			if !ln.at.Before(from) && !ln.at.After(to) && ln.msg != "summary" {
+			if !ln.at.Before(from) && !ln.at.After(to) && !startUpLine(ln.msg) {
 				ln.courier = i
 				lines = append(lines, ln)
 			}
@@ -317,6 +318,18 @@ func worstWait(t *tally, sent []time.Time, start, end time.Time, logs []courierL
 	name := fmt.Sprintf("message %d (entity e%d), published %+.3fs into the event, waited %s",
 		worst, worst%rolloutEntities, sent[worst].Sub(start).Seconds(), fmtSec(wait))
 	return name, out
+}
+
+// startUpLine reports whether msg is one of the lines every courier logs
+// as it starts or stops, which say nothing of a stall.
+func startUpLine(msg string) bool {
+	for _, p := range []string{"courier starting", "features in force", "connected to NATS", "dedup keys in a shared",
+		"consuming", "catching max-deliveries", "sharing the durable's partitions", "summary", "courier stopped"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // rolloutSet is the couriers of one run: each a process with a log, a

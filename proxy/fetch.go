@@ -85,8 +85,8 @@ type fetcher struct {
 	// have arrived that were out then (a later one was delivered after):
 	// keyed messages wait until they all have (endHold). Used by the pull
 	// loop alone.
-	holdFor, arrivals int
-	holdUpTo          uint64
+	holdFor, arrivals   int
+	holdFloor, holdUpTo uint64
 	// part, for a partition's fetcher (partition.go), is its session, and
 	// wrap makes each of its messages the origin's (sourced.go). Set once,
 	// before run.
@@ -103,6 +103,10 @@ type fetcher struct {
 	handover    Handover
 	membership  Membership
 	orphanAsked time.Time
+	// floorUntil: keys wait for what was out at a takeover (waitForOut)
+	// until then at most; meanwhile the ack floor, which lets them go, is
+	// read after every pull (readFloor), last at floorRead.
+	floorUntil, floorRead time.Time
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -248,12 +252,13 @@ func (f *fetcher) pull(ctx context.Context) error {
 			f.arrived(ctx, m, room)
 			n++
 		}
-		f.endHold()
+		f.endHold(ctx)
 		err = batch.Error()
 		f.checkUnpinned(err)
 		if n == 0 {
 			f.checkOrphaned(ctx)
 		}
+		f.readFloor(ctx)
 	}
 	if endsNormally(err) {
 		return nil
@@ -296,7 +301,7 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 			f.arrivals++
 		}
 		if f.arrivals >= f.holdFor {
-			f.endHold()
+			f.endHold(ctx)
 		}
 	}
 }

@@ -94,6 +94,18 @@ type Handover struct {
 	// held. Either may be nil (every takeover waits).
 	HandedOn func(ctx context.Context, i int) error
 	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
+	// Stream is the stream the group's consumer reads (partition i's work
+	// stream, or the durable's). When the pin comes from a courier that
+	// did not hand it on (it died), what that courier may still hold is
+	// read from it, so that only the keys of those messages wait for
+	// them; nil: every key waits an ack wait.
+	Stream StreamReader
+}
+
+// StreamReader reads a stream's messages by sequence
+// (jetstream.Stream). Safe for concurrent use.
+type StreamReader interface {
+	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
 }
 
 // Membership is this courier's standing among the couriers of its durable,

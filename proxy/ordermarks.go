@@ -376,6 +376,25 @@ func (o *orderer) barrierDue() bool {
 	return !o.holding && !o.barrierUntil.IsZero() && o.now().After(o.barrierUntil)
 }
 
+// awaitOut makes each key of heads without a line await its head there:
+// the first message of the key that the consumer had out when the pin
+// came to this courier (fetcher.waitForOut). It comes back within the ack
+// wait if the courier that held it died, or was settled by that courier:
+// it is awaited, as a head kept when the pin moved away (retained), until
+// the ack floor passes it (ackFloor) or for markWait.
+func (o *orderer) awaitOut(heads map[string]uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, seq := range heads {
+		if o.lines[k] != nil {
+			continue // its line knows better: this courier's, or a mark's
+		}
+		l := &keyLine{head: seq, retained: true}
+		o.lines[k] = l
+		o.awaitRetained(l, o.now())
+	}
+}
+
 // setLease makes the lines follow this courier's membership term (lease:
 // Membership.Term), from the term it is in now.
 func (o *orderer) setLease(lease func() (uint64, bool)) {

@@ -153,6 +153,7 @@ func (e *partEnv) replica(name string) (stop func()) {
 		Consumers: consumers, Assignment: members,
 		Marks: func(i int) proxy.OrderMarks { return marks.Partition(i) },
 		Handover: proxy.Handover{
+			Stream: ws,
 			Unpin: func(ctx context.Context, i int) error {
 				return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
 			},

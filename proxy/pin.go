@@ -51,16 +51,14 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
 	if out > asked {
-		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-			"for", orderBarrier(f.ackWaitNow()).String(), "out", out)
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		f.waitForOut(ctx, info.AckFloor.Stream, info.Delivered.Stream, out)
 		return
 	}
 	if out <= 1 {
 		f.order.open(true) // nothing but m is out
 		return
 	}
-	f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
+	f.holdFor, f.holdFloor, f.holdUpTo, f.arrivals = out, info.AckFloor.Stream, info.Delivered.Stream, 0
 	f.order.hold()
 }
 
@@ -70,163 +68,17 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 // waits for is here. If the pull ended short of them, the rest are
 // elsewhere: held by another courier, or retried with a delay not yet run
 // out, or not due back from a courier that died until their ack wait runs
-// out; keyed messages wait for them as after a restart (orderer.takeover).
-func (f *fetcher) endHold() {
+// out; the keys of what was out wait for it (waitForOut).
+func (f *fetcher) endHold(ctx context.Context) {
 	if f.holdFor == 0 {
 		return
 	}
 	all := f.arrivals >= f.holdFor
 	if !all {
-		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-			"for", orderBarrier(f.ackWaitNow()).String(), "out", f.holdFor, "came_back", f.arrivals)
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		f.waitForOut(ctx, f.holdFloor, f.holdUpTo, f.holdFor-f.arrivals)
 	}
 	f.holdFor, f.arrivals = 0, 0
 	f.order.open(all)
-}
-
-// tookOver takes the pin over when it has come to this courier (checkPin
-// has read the marks the courier before left): lines whose head is at or
-// below the ack floor go on (also heads kept from before the pin last
-// moved away that the courier that had it settled meanwhile:
-// orderer.unpinned), and if that courier handed the pin on holding
-// nothing (Handover.Clean), or the consumer has nothing out but the one
-// message of this courier's first pull (exact: the pin came with it), the
-// marks name each key's first unsettled message: nothing more to wait
-// for. It reports whether it took the pin over; if not, checkPin waits
-// for what was out: until the pull brings it all back (the messages of a
-// courier that died come back once their ack wait is over, by the time
-// its pin lapsed), or an ack wait if some may still be with another
-// courier. If the consumer cannot be read, keyed messages wait an ack
-// wait.
-func (f *fetcher) tookOver(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
-	if err != nil {
-		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",
-			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return true
-	}
-	clean := f.cleanPin(ctx, info)
-	f.order.ackFloor(info.AckFloor.Stream)
-	if clean || exact && info.NumAckPending <= 1 {
-		f.log.Info("pinned to this courier", "handed_on", clean)
-		f.order.open(true)
-		return true
-	}
-	return false
-}
-
-// cleanPin reports whether the courier before this one handed the pin in
-// info on holding nothing just before it came to this one
-// (Handover.Clean, within the consumer's PinnedTTL).
-func (f *fetcher) cleanPin(ctx context.Context, info *jetstream.ConsumerInfo) bool {
-	if f.handover.Clean == nil {
-		return false
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group == f.group && !g.PinnedTS.IsZero() {
-			return f.handover.Clean(ctx, f.index, g.PinnedTS, info.Config.PinnedTTL)
-		}
-	}
-	return false
-}
-
-// handOnPin gives the pin of f's group up once this courier has stopped
-// pulling from it and holds nothing of it (the caller knows): if the pin
-// is still this courier's and o, its lines, knew every key's first
-// unsettled message (no wait for what a courier before held stood) and
-// their marks are written, the hand-over is recorded (Handover.HandedOn),
-// so that the next courier sends at once, awaiting only what the marks
-// name; then the pin is given up (Handover.Unpin), so that the next
-// courier takes it with its next pull rather than after the consumer's
-// PinnedTTL. Nothing may pull from the group after: a pull would take the
-// pin again.
-func (f *fetcher) handOnPin(ctx context.Context, o *orderer) {
-	clean := !o.isBlind() && o.marks != nil && o.marks.written()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if !f.stillPinned(ctx) {
-		return
-	}
-	if !clean {
-		f.log.Info("handing the pin on without a clean record: the next courier waits for what may still be out")
-	}
-	if clean && f.handover.HandedOn != nil {
-		if err := f.handover.HandedOn(ctx, f.index); err != nil {
-			f.log.Warn("cannot record the pin's hand-over; the next courier waits an ack wait before first deliveries", "error", err)
-		}
-	}
-	if f.handover.Unpin != nil {
-		if err := f.handover.Unpin(ctx, f.index); err != nil {
-			f.log.Warn("cannot give up the pin; it lapses after the consumer's pinned TTL", "error", err)
-			return
-		}
-		f.log.Info("pin given up for the next courier", "handed_on", clean)
-	}
-}
-
-// checkOrphaned, after a pull that brought nothing though this courier
-// does not hold the pin of its group, gives the pin up if the courier the
-// server pinned is gone and this one is to take its place
-// (Membership.Orphaned): the group's messages then come to this courier's
-// next pull within seconds of that courier's death, not after the
-// consumer's PinnedTTL. Asked at most every orphanEvery.
-func (f *fetcher) checkOrphaned(ctx context.Context) {
-	if f.membership == nil || f.handover.Unpin == nil || f.group == "" || f.pin != "" ||
-		f.now().Sub(f.orphanAsked) < orphanEvery {
-		return
-	}
-	f.orphanAsked = f.now()
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	info, err := f.cons.Info(ictx)
-	if err != nil {
-		return
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group != f.group || !f.membership.Orphaned(f.index, g.PinnedClientID) {
-			continue
-		}
-		if err := f.handover.Unpin(ictx, f.index); err != nil {
-			f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
-			return
-		}
-		f.log.Info("the courier holding the pin is gone: its pin is given up, for this courier to take", "pin", g.PinnedClientID)
-	}
-}
-
-// orphanEvery is how often a courier that does not hold the pin asks
-// whether its holder is gone, and standbyWait how long its pulls wait: it
-// notices within a second that the pin was given up.
-const (
-	orphanEvery = 500 * time.Millisecond
-	standbyWait = 250 * time.Millisecond
-)
-
-// checkLease, once this courier's membership has lapsed (Membership.Term:
-// paused past its TTL, or cut off from the bucket), acts as when the pin
-// moves away (lostPin): another courier may have been given it. Nothing
-// is pulled until the membership is live again; the lines then go on in
-// its new term.
-func (f *fetcher) checkLease(ctx context.Context) error {
-	if f.order == nil || f.membership == nil || !f.order.lapsedNow() {
-		return nil
-	}
-	f.lostPin("this courier's membership lapsed: another courier may have its pin; keyed messages held here are given back")
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if term, live := f.membership.Term(); live {
-			f.order.renew(term)
-			f.log.Info("membership live again")
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }
 
 // stillPinned reports whether the pin of the fetcher's priority group is

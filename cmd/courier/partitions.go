@@ -112,6 +112,7 @@ func (p *path) runnerPartitions() *proxy.Partitions {
 		Assignment: parts.members,
 		Marks:      func(i int) proxy.OrderMarks { return parts.marks.Partition(i) },
 		Handover: proxy.Handover{
+			Stream: parts.Work,
 			Unpin: func(ctx context.Context, i int) error {
 				return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
 			},

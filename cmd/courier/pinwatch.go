@@ -100,7 +100,7 @@ func (p *path) durableHandover() proxy.Handover {
 		return proxy.Handover{}
 	}
 	stream, consumer := p.stream, p.cfg.Consumer
-	h := proxy.Handover{Unpin: func(ctx context.Context, _ int) error {
+	h := proxy.Handover{Stream: stream, Unpin: func(ctx context.Context, _ int) error {
 		return stream.UnpinConsumer(ctx, consumer, orderGroup)
 	}}
 	if p.members != nil {

@@ -98,11 +98,13 @@ type fetcher struct {
 	// index is the partition pulled from (0: the durable), handover how
 	// its pin is handed on, and membership this courier's standing among
 	// the couriers of the durable (nil: none kept). Set once, before run.
-	// orphanAsked is when checkOrphaned last asked (the pull loop's).
-	index       int
-	handover    Handover
-	membership  Membership
-	orphanAsked time.Time
+	// pinned is the client the consumer had pinned when checkOrphaned
+	// last read it, at pinnedRead (the pull loop's).
+	index      int
+	handover   Handover
+	membership Membership
+	pinned     string
+	pinnedRead time.Time
 	// floorUntil: keys wait for what was out at a takeover (waitForOut)
 	// until then at most; meanwhile the ack floor, which lets them go, is
 	// read after every pull (readFloor), last at floorRead.

@@ -102,38 +102,48 @@ func (f *fetcher) handOnPin(ctx context.Context, o *orderer) {
 // does not hold the pin of its group, gives the pin up if the courier the
 // server pinned is gone and this one is to take its place
 // (Membership.Orphaned): the group's messages then come to this courier's
-// next pull within seconds of that courier's death, not after the
-// consumer's PinnedTTL. Asked at most every orphanEvery.
+// next pull within a moment of the membership seeing that courier gone,
+// not after the consumer's PinnedTTL. Which client is pinned is read from
+// the consumer every pinnedReadEvery, and at once when the one read last
+// is found orphaned.
 func (f *fetcher) checkOrphaned(ctx context.Context) {
-	if f.membership == nil || f.handover.Unpin == nil || f.group == "" || f.pin != "" ||
-		f.now().Sub(f.orphanAsked) < orphanEvery {
+	if f.membership == nil || f.handover.Unpin == nil || f.group == "" || f.pin != "" {
 		return
 	}
-	f.orphanAsked = f.now()
+	if f.now().Sub(f.pinnedRead) < pinnedReadEvery && (f.pinned == "" || !f.membership.Orphaned(f.index, f.pinned)) {
+		return
+	}
+	f.pinnedRead = f.now()
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := f.cons.Info(ictx)
 	if err != nil {
 		return
 	}
+	f.pinned = ""
 	for _, g := range info.PriorityGroups {
-		if g.Group != f.group || !f.membership.Orphaned(f.index, g.PinnedClientID) {
-			continue
+		if g.Group == f.group {
+			f.pinned = g.PinnedClientID
 		}
-		if err := f.handover.Unpin(ictx, f.index); err != nil {
-			f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
-			return
-		}
-		f.log.Info("the courier holding the pin is gone: its pin is given up, for this courier to take", "pin", g.PinnedClientID)
 	}
+	if f.pinned == "" || !f.membership.Orphaned(f.index, f.pinned) {
+		return
+	}
+	if err := f.handover.Unpin(ictx, f.index); err != nil {
+		f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
+		return
+	}
+	f.log.Info("the courier holding the pin is gone: its pin is given up, for this courier to take", "pin", f.pinned)
+	f.pinned = ""
 }
 
-// orphanEvery is how often a courier that does not hold the pin asks
-// whether its holder is gone, and standbyWait how long its pulls wait: it
-// notices within a second that the pin was given up.
+// pinnedReadEvery is how often a courier that does not hold the pin reads
+// which client holds it, and standbyWait how long its pulls wait: it
+// notices within a moment that the pin was given up, or that the courier
+// holding it is gone.
 const (
-	orphanEvery = 500 * time.Millisecond
-	standbyWait = 250 * time.Millisecond
+	pinnedReadEvery = 2 * time.Second
+	standbyWait     = 250 * time.Millisecond
 )
 
 // checkLease, once this courier's membership has lapsed (Membership.Term:
@@ -230,12 +240,15 @@ func (f *fetcher) outHeads(ctx context.Context, floor, delivered uint64) (map[st
 	return heads, true
 }
 
+// floorReadEvery is how often readFloor reads the ack floor.
+const floorReadEvery = 500 * time.Millisecond
+
 // readFloor reads the consumer's ack floor (with its other settings,
-// reread) after a pull, at most every orphanEvery, while keys wait for
+// reread) after a pull, at most every floorReadEvery, while keys wait for
 // what was out at a takeover: a key whose awaited message was settled by
 // the courier that had it goes on once the floor passes it.
 func (f *fetcher) readFloor(ctx context.Context) {
-	if now := f.now(); now.After(f.floorUntil) || now.Sub(f.floorRead) < orphanEvery {
+	if now := f.now(); now.After(f.floorUntil) || now.Sub(f.floorRead) < floorReadEvery {
 		return
 	}
 	f.floorRead = f.now()

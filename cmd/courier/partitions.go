@@ -83,12 +83,13 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 // memberInterval is how often a courier renews its membership, and
 // memberTTL how long it lasts without: a killed courier's partitions, or
 // the durable's pin, are taken by the others within memberTTL and a
-// second (they give its pins up: proxy.Options.Membership), and a courier
-// that could not renew its membership for memberTTL sends nothing it
-// holds of them.
+// moment (they give its pins up: proxy.Options.Membership), and a courier
+// that could not renew its membership for memberTTL (three intervals and
+// more of trouble with the bucket, or a pause) sends nothing it holds of
+// them.
 const (
-	memberInterval = time.Second
-	memberTTL      = 3 * time.Second
+	memberInterval = 500 * time.Millisecond
+	memberTTL      = 2 * time.Second
 )
 
 // joinMembers joins the durable's membership, which names this courier's

@@ -109,6 +109,10 @@ type keyLine struct {
 	// come back before the head is settled by the courier that has it now;
 	// let go by the consumer's ack floor, or once stale.
 	retained bool
+	// out are the key's later messages another courier had out when the
+	// pin came to this one (awaitOut), in stream order: each is awaited
+	// in its turn, as the head is.
+	out []uint64
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
@@ -297,6 +301,17 @@ func (o *orderer) settled(k string, seq uint64) int {
 		o.stale--
 	}
 	n := len(l.waiting)
+	if l.out = after(l.out, seq); len(l.out) > 0 && (n == 0 || l.out[0] < l.waiting[0].seq) {
+		// The key's next message is out with another courier: awaited.
+		l.head, l.inFlight, l.out = l.out[0], false, l.out[1:]
+		o.awaitRetained(l, o.now())
+		if o.marks != nil && n > 0 {
+			l.marked = true
+			o.marks.set(k, ordermark.Mark{Seq: l.head})
+		}
+		o.mu.Unlock()
+		return n
+	}
 	if n == 0 {
 		delete(o.lines, k)
 		switch {
@@ -311,7 +326,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 	}
 	next := l.waiting[0]
 	l.waiting = slices.Delete(l.waiting, 0, 1)
-	l.head, l.inFlight = next.seq, true
+	l.head, l.inFlight, l.out = next.seq, true, after(l.out, next.seq)
 	switch {
 	case o.marks != nil && len(l.waiting) > 0:
 		l.marked = true

@@ -138,8 +138,9 @@ func (o *orderer) lift() {
 		for k, l := range o.lines {
 			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
 				// Given up without removing the mark: it may be the
-				// pinned courier's, if this one stands by.
-				heads[k], l.marked = l.head, false
+				// pinned courier's, if this one stands by. So is what
+				// else of the key was out.
+				heads[k], l.marked, l.out = l.head, false, nil
 			}
 		}
 	}
@@ -165,6 +166,7 @@ func (o *orderer) ackFloor(floor uint64) {
 	o.mu.Lock()
 	heads := map[string]uint64{}
 	for k, l := range o.lines {
+		l.out = after(l.out, floor)
 		if !l.inFlight && l.head <= floor {
 			if !l.stale.IsZero() {
 				l.marked = false
@@ -376,23 +378,36 @@ func (o *orderer) barrierDue() bool {
 	return !o.holding && !o.barrierUntil.IsZero() && o.now().After(o.barrierUntil)
 }
 
-// awaitOut makes each key of heads without a line await its head there:
-// the first message of the key that the consumer had out when the pin
-// came to this courier (fetcher.waitForOut). It comes back within the ack
-// wait if the courier that held it died, or was settled by that courier:
-// it is awaited, as a head kept when the pin moved away (retained), until
-// the ack floor passes it (ackFloor) or for markWait.
-func (o *orderer) awaitOut(heads map[string]uint64) {
+// awaitOut makes each key of outs await its messages there, in stream
+// order: those the consumer had out when the pin came to this courier
+// (fetcher.waitForOut). Each comes back within the ack wait if the courier
+// that held it died, or was settled by that courier: it is awaited, as a
+// head kept when the pin moved away (retained), until the ack floor
+// passes it (ackFloor) or for markWait. A key with a line already (this
+// courier's, or a mark's) awaits those after its head.
+func (o *orderer) awaitOut(outs map[string][]uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for k, seq := range heads {
-		if o.lines[k] != nil {
-			continue // its line knows better: this courier's, or a mark's
+	for k, seqs := range outs {
+		l := o.lines[k]
+		if l == nil {
+			l = &keyLine{head: seqs[0], retained: true}
+			o.lines[k] = l
+			o.awaitRetained(l, o.now())
 		}
-		l := &keyLine{head: seq, retained: true}
-		o.lines[k] = l
-		o.awaitRetained(l, o.now())
+		merged := append(slices.Clone(l.out), after(seqs, l.head)...)
+		slices.Sort(merged)
+		l.out = slices.Compact(merged)
 	}
+}
+
+// after is seqs, in stream order, without those up to seq.
+func after(seqs []uint64, seq uint64) []uint64 {
+	i, found := slices.BinarySearch(seqs, seq)
+	if found {
+		i++
+	}
+	return seqs[i:]
 }
 
 // setLease makes the lines follow this courier's membership term (lease:

@@ -175,12 +175,12 @@ func (f *fetcher) checkLease(ctx context.Context) error {
 // waitForOut makes keyed messages wait for what the consumer had out
 // (out of them) when the pin came to this courier, between its ack floor
 // and the last message it delivered, which another courier may still hold
-// (it died, or the pin moved away from it): only each key with a message
-// out waits, for the first of them (outHeads, orderer.awaitOut); if what
+// (it died, or the pin moved away from it): only each key with messages
+// out waits, for each of them in turn (outSeqs, orderer.awaitOut); if what
 // is out cannot be read, every key waits an ack wait (orderer.takeover).
 func (f *fetcher) waitForOut(ctx context.Context, floor, delivered uint64, out int) {
 	wait := orderBarrier(f.ackWaitNow())
-	heads, ok := f.outHeads(ctx, floor, delivered)
+	outs, ok := f.outSeqs(ctx, floor, delivered)
 	if !ok {
 		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
 			"for", wait.String(), "out", out)
@@ -188,20 +188,20 @@ func (f *fetcher) waitForOut(ctx context.Context, floor, delivered uint64, out i
 		return
 	}
 	f.log.Info("pinned to this courier: the keys of what another courier may still hold wait for it",
-		"keys", len(heads), "out", out, "for at most", wait.String())
-	f.order.awaitOut(heads)
+		"keys", len(outs), "out", out, "for at most", wait.String())
+	f.order.awaitOut(outs)
 	f.order.open(true)
 	f.floorUntil = f.now().Add(wait)
 }
 
-// maxOutRead bounds how many stream sequences outHeads reads.
+// maxOutRead bounds how many stream sequences outSeqs reads.
 const maxOutRead = 1000
 
-// outHeads reads the messages of the consumer's stream after floor up to
-// delivered that its filter takes (Handover.Stream), and returns, for each
-// ordering key among them, the first: what may be out is among them. It
+// outSeqs reads the messages of the consumer's stream after floor up to
+// delivered that its filter takes (Handover.Stream), and returns those of
+// each ordering key, in stream order: what may be out is among them. It
 // reports false if they cannot be read, or are more than maxOutRead.
-func (f *fetcher) outHeads(ctx context.Context, floor, delivered uint64) (map[string]uint64, bool) {
+func (f *fetcher) outSeqs(ctx context.Context, floor, delivered uint64) (map[string][]uint64, bool) {
 	if f.handover.Stream == nil || delivered < floor || delivered-floor > maxOutRead {
 		return nil, false
 	}
@@ -214,7 +214,7 @@ func (f *fetcher) outHeads(ctx context.Context, floor, delivered uint64) (map[st
 			filters = append(filters, ci.Config.FilterSubject)
 		}
 	}
-	heads := map[string]uint64{}
+	outs := map[string][]uint64{}
 	for seq := floor + 1; seq <= delivered; seq++ {
 		raw, err := f.handover.Stream.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -232,12 +232,10 @@ func (f *fetcher) outHeads(ctx context.Context, floor, delivered uint64) (map[st
 			subj, h, _, _ = origin(subj, h) // a partition's: the key is the origin's
 		}
 		if k, ok := f.order.key(subj, h); ok {
-			if _, seen := heads[k]; !seen {
-				heads[k] = seq
-			}
+			outs[k] = append(outs[k], seq)
 		}
 	}
-	return heads, true
+	return outs, true
 }
 
 // floorReadEvery is how often readFloor reads the ack floor.

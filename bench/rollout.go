@@ -112,7 +112,8 @@ type rolloutResult struct {
 }
 
 // rolloutPhase runs the scenario's events and modes on a cluster of its
-// own.
+// own, -repeat times each (a crash costs more when it catches messages at
+// the courier, and that is chance).
 func (b *bench) rolloutPhase(ctx context.Context, rep *report, stderr io.Writer) error {
 	if b.o.rolloutRate == 0 {
 		return nil
@@ -138,15 +139,17 @@ func (b *bench) rolloutPhase(ctx context.Context, rep *report, stderr io.Writer)
 		return err
 	}
 	defer cl.close()
-	for _, r := range runs {
-		res, err := b.rollout(ctx, cl, r.e, r.m)
-		if err != nil {
-			return err
+	for range b.o.repeat {
+		for _, r := range runs {
+			res, err := b.rollout(ctx, cl, r.e, r.m)
+			if err != nil {
+				return err
+			}
+			rep.rollouts = append(rep.rollouts, res)
+			d := res.windows[1]
+			fmt.Fprintf(stderr, "bench: %s: during p50 %s p99 %s max %s%s\n", res.name,
+				fmtSec(d.p50), fmtSec(d.p99), fmtSec(d.max), noteIf(res.err))
 		}
-		rep.rollouts = append(rep.rollouts, res)
-		d := res.windows[1]
-		fmt.Fprintf(stderr, "bench: %s: during p50 %s p99 %s max %s%s\n", res.name,
-			fmtSec(d.p50), fmtSec(d.p99), fmtSec(d.max), noteIf(res.err))
 	}
 	return nil
 }

@@ -82,7 +82,11 @@ func (f *fetcher) handOnPin(ctx context.Context, o *orderer) {
 		return
 	}
 	if !clean {
-		f.log.Info("handing the pin on without a clean record: the next courier waits for what may still be out")
+		what := "the pin"
+		if f.part != nil {
+			what = "the partition"
+		}
+		f.log.Info("handing " + what + " on without a clean record: the next courier waits for what may still be out")
 	}
 	if clean && f.handover.HandedOn != nil {
 		if err := f.handover.HandedOn(ctx, f.index); err != nil {

@@ -214,12 +214,17 @@ func (f *fetcher) pull(ctx context.Context) error {
 	}
 	wait := fetchWait
 	if f.group != "" && f.order != nil && f.pin == "" {
-		// A pull without the pin asks for one message: when the pin
-		// comes with it, what else the consumer has out is exactly what
-		// others hold (tookOver). It waits less than a pull of the
-		// pinned courier: the pin given up (checkOrphaned, or by a
-		// courier that stopped) is taken within a moment.
-		room, wait = 1, standbyWait
+		// A pull without the pin waits less than a pull of the pinned
+		// courier: the pin given up (checkOrphaned, or by a courier that
+		// stopped) is taken within a moment, and keyed messages wait no
+		// longer for what the pull it comes with brings back (checkPin).
+		wait = standbyWait
+		if f.part != nil {
+			// A partition's asks for one message: when the pin comes
+			// with it, what else the consumer has out is exactly what
+			// others hold (tookOver).
+			room = 1
+		}
 	}
 	if f.connected != nil && !f.connected() {
 		// nats.go's Fetch subscribes before it sends the pull request and

@@ -99,7 +99,7 @@ type fetcher struct {
 	// its pin is handed on, and membership this courier's standing among
 	// the couriers of the durable (nil: none kept). Set once, before run.
 	// pinned is the client the consumer had pinned when checkOrphaned
-	// last read it, at pinnedRead (the pull loop's).
+	// last read it, at pinnedRead (watch's).
 	index      int
 	handover   Handover
 	membership Membership
@@ -212,19 +212,11 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if !ok {
 		return ctx.Err()
 	}
-	wait := fetchWait
-	if f.group != "" && f.order != nil && f.pin == "" {
-		// A pull without the pin waits less than a pull of the pinned
-		// courier: the pin given up (checkOrphaned, or by a courier that
-		// stopped) is taken within a moment, and keyed messages wait no
-		// longer for what the pull it comes with brings back (checkPin).
-		wait = standbyWait
-		if f.part != nil {
-			// A partition's asks for one message: when the pin comes
-			// with it, what else the consumer has out is exactly what
-			// others hold (tookOver).
-			room = 1
-		}
+	if f.part != nil && f.pin == "" {
+		// A partition's first pull asks for one message: when the pin
+		// comes with it, what else the consumer has out is exactly what
+		// others hold (tookOver).
+		room = 1
 	}
 	if f.connected != nil && !f.connected() {
 		// nats.go's Fetch subscribes before it sends the pull request and
@@ -232,7 +224,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 		f.bound.Store(false)
 		return errDisconnected
 	}
-	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(wait)}
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(fetchWait)}
 	if f.group != "" {
 		opts = append(opts, jetstream.FetchPriorityGroup(f.group))
 	}
@@ -254,17 +246,12 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if err == nil {
 		f.bound.Store(true)
 		// The request ends by itself within fetchWait.
-		n := 0
 		for m := range batch.Messages() {
 			f.arrived(ctx, m, room)
-			n++
 		}
 		f.endHold(ctx)
 		err = batch.Error()
 		f.checkUnpinned(err)
-		if n == 0 {
-			f.checkOrphaned(ctx)
-		}
 		f.readFloor(ctx)
 	}
 	if endsNormally(err) {
@@ -399,16 +386,26 @@ func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 // watch re-reads the consumer's settings every interval until ctx ends: its
 // ack wait, pull limits and pause can be changed on the server (an operator,
 // another instance in a rollout) while courier runs. It runs beside the pulls
-// so that a pause, which stops them, is still seen to end.
+// so that a pause, which stops them, is still seen to end. With a
+// membership, it also gives up the pin of a courier that is gone, for this
+// one to take (checkOrphaned).
 func (f *fetcher) watch(ctx context.Context) {
 	t := time.NewTicker(f.every)
 	defer t.Stop()
+	var orphans <-chan time.Time
+	if f.membership != nil && f.handover.Unpin != nil && f.group != "" && f.order != nil {
+		ot := time.NewTicker(orphanEvery)
+		defer ot.Stop()
+		orphans = ot.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			f.reread(ctx)
+		case <-orphans:
+			f.checkOrphaned(ctx)
 		}
 	}
 }

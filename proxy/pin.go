@@ -16,11 +16,14 @@ import (
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
 // replica gone quiet): it reads the marks as the courier that had the pin
-// left them. If the consumer has more messages out than this pull asked
-// for, another courier may hold some of them: order per key waits for them
-// as after a restart (orderer.takeover). If not, this pull may bring them
-// all back, in the order each fell due: keyed messages wait until as many
-// as were out have arrived, and then go in stream order (endHold).
+// left them (tookOver: the pin handed on clean, or nothing else out, and
+// nothing more is awaited). If messages are out, the keys of what is out
+// wait for it (waitForOut: read from the stream). Without the stream to
+// read them from, if the consumer has more messages out than this pull
+// asked for, another courier may hold some of them: every keyed message
+// waits as after a restart (orderer.takeover); if not, this pull may bring
+// them all back, in the order each fell due: keyed messages wait until as
+// many as were out have arrived, and then go in stream order (endHold).
 //
 // What is out is counted from the consumer's info, read now (its ack
 // pending), less what this courier holds itself (a pin given anew when
@@ -50,12 +53,12 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 		own = int(f.part.heldNow()) - 1 // of this partition only
 	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
-	if out > asked {
-		f.waitForOut(ctx, info.AckFloor.Stream, info.Delivered.Stream, out)
-		return
-	}
 	if out <= 1 {
 		f.order.open(true) // nothing but m is out
+		return
+	}
+	if out > asked || f.handover.Stream != nil {
+		f.waitForOut(ctx, info.AckFloor.Stream, info.Delivered.Stream, out)
 		return
 	}
 	f.holdFor, f.holdFloor, f.holdUpTo, f.arrivals = out, info.AckFloor.Stream, info.Delivered.Stream, 0

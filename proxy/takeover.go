@@ -102,16 +102,16 @@ func (f *fetcher) handOnPin(ctx context.Context, o *orderer) {
 	}
 }
 
-// checkOrphaned, after a pull that brought nothing though this courier
-// does not hold the pin of its group, gives the pin up if the courier the
-// server pinned is gone and this one is to take its place
-// (Membership.Orphaned): the group's messages then come to this courier's
-// next pull within a moment of the membership seeing that courier gone,
-// not after the consumer's PinnedTTL. Which client is pinned is read from
-// the consumer every pinnedReadEvery, and at once when the one read last
-// is found orphaned.
+// checkOrphaned gives the pin of the fetcher's group up if this courier
+// does not hold it, the courier the server pinned is gone, and this one is
+// to take its place (Membership.Orphaned): the group's messages then come
+// to this courier's next pull within a moment of the membership seeing
+// that courier gone, not after the consumer's PinnedTTL. Which client is
+// pinned is read from the consumer every pinnedReadEvery, and at once when
+// the one read last is found orphaned. Called every orphanEvery by watch.
 func (f *fetcher) checkOrphaned(ctx context.Context) {
-	if f.membership == nil || f.handover.Unpin == nil || f.group == "" || f.pin != "" {
+	if f.pinNow.Load() != nil {
+		f.pinned = "" // this courier's
 		return
 	}
 	if f.now().Sub(f.pinnedRead) < pinnedReadEvery && (f.pinned == "" || !f.membership.Orphaned(f.index, f.pinned)) {
@@ -130,7 +130,7 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 			f.pinned = g.PinnedClientID
 		}
 	}
-	if f.pinned == "" || !f.membership.Orphaned(f.index, f.pinned) {
+	if f.pinned == "" || f.pinNow.Load() != nil || !f.membership.Orphaned(f.index, f.pinned) {
 		return
 	}
 	if err := f.handover.Unpin(ictx, f.index); err != nil {
@@ -141,13 +141,12 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 	f.pinned = ""
 }
 
-// pinnedReadEvery is how often a courier that does not hold the pin reads
-// which client holds it, and standbyWait how long its pulls wait: it
-// notices within a moment that the pin was given up, or that the courier
-// holding it is gone.
+// orphanEvery is how often a courier that does not hold the pin looks
+// whether its holder is gone, and pinnedReadEvery how often it reads
+// which client holds it.
 const (
+	orphanEvery     = 250 * time.Millisecond
 	pinnedReadEvery = 2 * time.Second
-	standbyWait     = 250 * time.Millisecond
 )
 
 // checkLease, once this courier's membership has lapsed (Membership.Term:

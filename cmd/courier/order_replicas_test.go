@@ -664,18 +664,18 @@ func TestOrderPinMovesFromALiveCourier(t *testing.T) {
 	// back.
 	n := before
 	pinned := func() bool { return len(logLines(s.cs[1].asCourier(), "pinned to this courier")) > 0 }
+	pinnedBack := func() int { return len(logLines(s.cs[0].asCourier(), "pinned to this courier")) }
 	for !pinned() {
 		if n == rounds {
 			t.Fatal("replica 1 never got the pin")
 		}
+		was := pinnedBack()
 		if err := stream.UnpinConsumer(ctx, "courier", "courier"); err != nil {
 			t.Fatalf("unpin: %v", err)
 		}
 		publishRounds(t, h.js, keys, n, n+1)
 		n++
-		poll.Until(t, 10*time.Second, "a pin given", func() bool {
-			return pinned() || len(logLines(s.cs[0].asCourier(), "pinned to this courier")) > 0
-		})
+		poll.Until(t, 10*time.Second, "a pin given", func() bool { return pinned() || pinnedBack() > was })
 	}
 	t.Logf("replica 1 pinned after %d rounds unpinned", n-before)
 	publishRounds(t, h.js, keys, n, rounds)

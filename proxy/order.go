@@ -82,8 +82,9 @@ type orderer struct {
 	term   uint64
 	lapsed bool
 	// blind: at the hand-over, a barrier stood (a start's or a takeover's
-	// wait for what another courier held), so this courier did not know
-	// every key's first unsettled message; its hand-over is not clean.
+	// wait for what another courier held) or a line still awaited what
+	// another courier had, so this courier did not know every key's
+	// unsettled messages; its hand-over is not clean.
 	blind bool
 	// givenBack is, for each key whose line was given back whole (drain)
 	// while its head was still with a worker, that head and the first
@@ -419,7 +420,7 @@ func (o *orderer) handOn() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.handingOn = true
-	o.blind = o.holding || !o.barrierUntil.IsZero()
+	o.blind = o.holding || !o.barrierUntil.IsZero() || o.awaitsElsewhere()
 	out := o.barrier
 	o.barrier, o.barrierUntil, o.holding = nil, time.Time{}, false
 	o.markGivenBack(out) // keys with a line keep their line's mark
@@ -451,6 +452,18 @@ func (o *orderer) forget(k string, l *keyLine) []queued {
 	return l.waiting
 }
 
+// awaitsElsewhere reports whether a line awaits a message another courier
+// had (awaitOut, unpinned): the marks name only each key's first. Called
+// with mu held.
+func (o *orderer) awaitsElsewhere() bool {
+	for _, l := range o.lines {
+		if len(l.out) > 0 || l.retained && !l.inFlight {
+			return true
+		}
+	}
+	return false
+}
+
 // isBlind reports whether a wait for what another courier held stood when
 // the lines were handed on or drained.
 func (o *orderer) isBlind() bool {
@@ -475,7 +488,7 @@ func (o *orderer) waitingBehind(k string) int {
 func (o *orderer) drain() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.blind = o.blind || o.holding || !o.barrierUntil.IsZero()
+	o.blind = o.blind || o.holding || !o.barrierUntil.IsZero() || o.awaitsElsewhere()
 	out := append(o.rel.take(o), o.barrier...)
 	o.barrier, o.holding = nil, false
 	o.markDrained()

@@ -13,10 +13,10 @@ import (
 
 // How a pin goes from one courier to the next (pin.go keeps and notices
 // it): taken over as the courier before left it (tookOver: handed on
-// clean, or nothing out; else awaitOut: the keys of what is out wait for
-// it), handed on at a clean stop (handOnPin), given up for a courier that
-// is gone (checkOrphaned), and let go by a courier whose membership lapsed
-// (checkLease).
+// clean, or nothing out; else waitForOut: the keys of what is out wait
+// for it), handed on at a clean stop (handOnPin), given up for a courier
+// that is gone (checkOrphaned), and let go by a courier whose membership
+// lapsed (checkLease).
 
 // tookOver takes the pin over when it has come to this courier (checkPin
 // has read the marks the courier before left): lines whose head is at or
@@ -26,12 +26,9 @@ import (
 // nothing (Handover.Clean), or the consumer has nothing out but the one
 // message of this courier's first pull (exact: the pin came with it), the
 // marks name each key's first unsettled message: nothing more to wait
-// for. It reports whether it took the pin over; if not, checkPin waits
-// for what was out: until the pull brings it all back (the messages of a
-// courier that died come back once their ack wait is over, by the time
-// its pin lapsed), or an ack wait if some may still be with another
-// courier. If the consumer cannot be read, keyed messages wait an ack
-// wait.
+// for. It reports whether it took the pin over; if not, checkPin makes
+// the keys of what was out wait for it (waitForOut). If the consumer
+// cannot be read, keyed messages wait an ack wait.
 func (f *fetcher) tookOver(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
 	if err != nil {
 		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",

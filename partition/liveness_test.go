@@ -115,3 +115,31 @@ func TestOrphaned(t *testing.T) {
 		return assignee.Orphaned(0, "pin-unknown")
 	})
 }
+
+// A membership bucket deleted while couriers run is made again by their
+// next heartbeat: their terms go on.
+func TestBucketMadeAgain(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := Join(ctx, js, MembersBucket("S", "c"), Options{Instance: "a", Partitions: 1, Interval: 200 * time.Millisecond, TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Start(context.Background()))
+	if err := js.DeleteKeyValue(ctx, MembersBucket("S", "c")); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 5*time.Second, "the bucket made again, holding the courier's key", func() bool {
+		kv, err := js.KeyValue(ctx, MembersBucket("S", "c"))
+		if err != nil {
+			return false
+		}
+		_, err = kv.Get(ctx, "members.a")
+		return err == nil
+	})
+	if _, live := m.Term(); !live {
+		t.Error("the courier's term lapsed")
+	}
+}

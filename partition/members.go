@@ -81,6 +81,8 @@ type Options struct {
 // once (or Start); Assigned and Instance are safe for concurrent use.
 type Members struct {
 	o   Options
+	js  jetstream.JetStream
+	cfg jetstream.KeyValueConfig // the bucket's, made again if it is deleted
 	kv  jetstream.KeyValue
 	log *slog.Logger
 	// w is the watch of the members' keys, alive until stopWatch (its
@@ -119,7 +121,7 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:         bucket,
 		Description:    "courier: the live replicas of a partitioned durable (COURIER_ORDER_PARTITIONS)",
 		History:        1,
@@ -127,11 +129,12 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 		LimitMarkerTTL: o.TTL,
 		Storage:        jetstream.FileStorage,
 		Replicas:       max(o.Replicas, 1),
-	})
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}
-	m := &Members{o: o, kv: kv, log: o.Logger.With("component", "partitions", "instance", o.Instance),
+	m := &Members{o: o, js: js, cfg: cfg, kv: kv, log: o.Logger.With("component", "partitions", "instance", o.Instance),
 		seen: map[string]time.Time{}, changed: make(chan struct{}), live: newLive()}
 	if err := m.put(ctx); err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
@@ -249,6 +252,9 @@ func (m *Members) Run(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(ctx, m.o.Interval)
 			err := m.put(pctx)
 			cancel()
+			if err != nil && ctx.Err() == nil {
+				err = m.makeAgain(ctx, err)
+			}
 			switch {
 			case err != nil && !failing && ctx.Err() == nil:
 				failing = true
@@ -260,6 +266,22 @@ func (m *Members) Run(ctx context.Context) {
 			m.reassign()
 		}
 	}
+}
+
+// makeAgain, after a heartbeat failed with err, makes the bucket again if
+// it was deleted (by hand, while couriers run), and puts this courier's
+// key: else every courier's term would stay lapsed. It returns err if the
+// bucket is there.
+func (m *Members) makeAgain(ctx context.Context, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, kerr := m.js.KeyValue(ctx, m.cfg.Bucket); !errors.Is(kerr, jetstream.ErrBucketNotFound) {
+		return err
+	}
+	if _, err := m.js.CreateOrUpdateKeyValue(ctx, m.cfg); err != nil {
+		return err
+	}
+	return m.put(ctx)
 }
 
 // Start runs Run in a goroutine of its own until ctx ends (the stop

@@ -95,13 +95,19 @@ func (p *stallProxy) holdAnswersAfter(pattern string, d time.Duration) <-chan st
 	return p.triggered
 }
 
-// sent is called with what a client sent (the end of its previous chunk
-// and the new one, so a pattern split across reads is seen) before it is
-// forwarded.
-func (p *stallProxy) sent(b []byte) {
+// sent is called with what a client sent before it is forwarded: the end
+// of its previous chunk and the new one, so that a pattern split across
+// reads is seen. Only a match that ends in the new chunk counts: one wholly
+// in the previous chunk was sent before (it may have been sent before the
+// proxy was armed).
+func (p *stallProxy) sent(prev, chunk []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.armed != nil && bytes.Contains(b, p.armed) {
+	if p.armed == nil {
+		return
+	}
+	prev = prev[max(0, len(prev)-(len(p.armed)-1)):]
+	if bytes.Contains(append(append([]byte(nil), prev...), chunk...), p.armed) {
 		p.toClient.hold(p.armedFor)
 		close(p.triggered)
 		p.armed = nil
@@ -136,7 +142,7 @@ func (p *stallProxy) accept() {
 // pipe copies from src to dst through g: a reader that never stops reading
 // (so the sender is never blocked: the bytes wait here) and a writer that
 // waits while g holds.
-func (p *stallProxy) pipe(src, dst net.Conn, g *gate, seen func([]byte)) {
+func (p *stallProxy) pipe(src, dst net.Conn, g *gate, seen func(prev, chunk []byte)) {
 	chunks := make(chan []byte, 1<<14)
 	p.wg.Go(func() {
 		defer close(chunks)
@@ -146,7 +152,7 @@ func (p *stallProxy) pipe(src, dst net.Conn, g *gate, seen func([]byte)) {
 			n, err := src.Read(buf)
 			if n > 0 {
 				if seen != nil {
-					seen(append(tail, buf[:n]...))
+					seen(tail, buf[:n])
 					tail = append([]byte(nil), buf[max(0, n-256):n]...)
 				}
 				select {

@@ -15,14 +15,22 @@ import (
 )
 
 // serve starts an HTTP server on a loopback port with l as its ConnState
-// hook and h as its handler; it is closed when the test ends.
-func serve(t *testing.T, l *connlimit.Limiter, h http.Handler) string {
+// hook and h as its handler; it is closed when the test ends. Each time a
+// connection turns idle after l has seen it do so, idle (when not nil)
+// receives a value.
+func serve(t *testing.T, l *connlimit.Limiter, h http.Handler, idle chan<- struct{}) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, ConnState: l.ConnState, ReadHeaderTimeout: time.Minute}
+	hook := func(c net.Conn, s http.ConnState) {
+		l.ConnState(c, s)
+		if s == http.StateIdle && idle != nil {
+			idle <- struct{}{}
+		}
+	}
+	srv := &http.Server{Handler: h, ConnState: hook, ReadHeaderTimeout: time.Minute}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String()
@@ -71,7 +79,11 @@ var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = 
 // and a client that sends its request is served.
 func TestLimiterClosesLongestWaiting(t *testing.T) {
 	l := connlimit.New(4)
-	addr := serve(t, l, ok)
+	// The server marks a connection idle after it has written the answer,
+	// so a client can read it and dial again first: the test waits for
+	// the mark, for "idle longest" to mean the first one answered.
+	turnedIdle := make(chan struct{}, 8)
+	addr := serve(t, l, ok, turnedIdle)
 
 	var silent []net.Conn // accepted in the order dialled
 	for range 10 {
@@ -93,6 +105,7 @@ func TestLimiterClosesLongestWaiting(t *testing.T) {
 		if status, err := get(c, bufio.NewReader(c)); err != nil || !strings.HasPrefix(status, "200") {
 			t.Fatalf("GET: %q, %v", status, err)
 		}
+		<-turnedIdle
 		idle = append(idle, c)
 	}
 	c := dial(t, addr)
@@ -117,7 +130,7 @@ func TestLimiterRefusesWhenAllBusy(t *testing.T) {
 		started <- struct{}{}
 		<-release
 		_, _ = io.WriteString(w, "ok")
-	}))
+	}), nil)
 	var busy []net.Conn
 	for range 2 {
 		c := dial(t, addr)

@@ -89,9 +89,9 @@ func rolloutName(e rolloutEvent, m rolloutMode) string {
 
 // waits are the publish-to-first-call waits of a window's messages.
 type waits struct {
-	n                   int
-	lost                int
-	p50, p99, max, over time.Duration
+	n             int
+	lost          int
+	p50, p99, max time.Duration
 }
 
 // rolloutResult is one run of the scenario.

@@ -156,3 +156,41 @@ func TestOrderPinBackAwaitsWhatWasGivenBack(t *testing.T) {
 		})
 	}
 }
+
+// A key's mark may name a later message than one the consumer still has
+// out: a courier that took the pin without knowing what was out (its
+// barrier) gave back the later one and marked it. When the pin comes to
+// this courier with both out, the earlier is awaited first, and the marked
+// one, arriving first, waits for it.
+func TestOrderAwaitOutBeforeAMarkedHead(t *testing.T) {
+	o, _ := testOrderer(t)
+	o.marks = newMarker(nil, slog.Default()) // never written: not run
+	o.mu.Lock()
+	o.markWait = time.Minute
+	o.addMarked("k", ordermark.Mark{Seq: 5})
+	o.mu.Unlock()
+	o.awaitOut(map[string][]uint64{"k": {3, 5, 8}})
+	o.open(true)
+	if o.admit(&queued{m: &fakeMsg{seq: 5, subject: "s.k"}}) {
+		t.Fatal("5, the marked head, went while 3, earlier, was out")
+	}
+	if o.admit(&queued{m: &fakeMsg{seq: 8, subject: "s.k"}}) {
+		t.Fatal("8 went while 3 and 5 were out")
+	}
+	if !o.admit(&queued{m: &fakeMsg{seq: 3, subject: "s.k"}}) {
+		t.Fatal("3, the earliest out, waits")
+	}
+	var order []uint64
+	o.settled("k", 3)
+	for range 2 {
+		q, ok := o.rel.pop()
+		if !ok {
+			t.Fatalf("after 3, let go %v, then nothing", order)
+		}
+		order = append(order, q.seq)
+		o.settled("k", q.seq)
+	}
+	if fmt.Sprint(order) != "[5 8]" {
+		t.Errorf("after 3, let go %v, want [5 8]", order)
+	}
+}

@@ -400,7 +400,7 @@ func (o *orderer) awaitOut(outs map[string][]uint64) {
 			o.awaitRetained(l, o.now())
 		case !l.inFlight && seqs[0] < l.head:
 			l.out = append(l.out, l.head)
-			l.head, l.retained = seqs[0], true
+			l.head, l.retained, l.here = seqs[0], true, false
 			stale := l.stale
 			o.awaitRetained(l, o.now())
 			l.stale = later(l.stale, stale)

@@ -7,6 +7,7 @@ package main
 // address and NATS_URL listing every node.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -70,14 +71,15 @@ func newCluster(t *testing.T, adjust ...func(*jetstream.StreamConfig)) *cluster 
 // env is the environment of courier number i: the shared store, R3 streams
 // and bucket, a directory of its own, NATS_URL listing node i first (so the
 // couriers spread over the nodes) and then every node; logs at the default
-// level, as users run it.
+// level, as users run it (COURIERTEST_LOG_LEVEL sets another, to look into
+// a failure).
 func (k *cluster) env(appURL string, i int, extra ...string) []string {
 	base := []string{
 		"NATS_URL=" + k.c.NodeURL(i%k.c.Len()) + "," + k.c.URL(),
 		"COURIER_DEDUP_STORE=shared",
 		"COURIER_STREAM_REPLICAS=3",
 		"COURIER_DEDUP_DIR=" + k.t.TempDir(),
-		"COURIER_LOG_LEVEL=info",
+		"COURIER_LOG_LEVEL=" + cmp.Or(os.Getenv("COURIERTEST_LOG_LEVEL"), "info"),
 	}
 	return k.harness.env(appURL, append(base, extra...)...)
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/partition"
+)
+
+// partsSettled reports whether every partition of the durable on the work
+// stream has delivered and settled all it has, twice 50 ms apart.
+func (h *harness) partsSettled(partitions int) bool {
+	once := func() bool {
+		work := partition.StreamName(h.stream, "courier")
+		for i := range partitions {
+			info := h.consumerInfoOn(work, partition.ConsumerName("courier", i))
+			if info == nil || info.NumPending != 0 || info.NumAckPending != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if !once() {
+		return false
+	}
+	time.Sleep(50 * time.Millisecond)
+	return once()
+}
+
+// workGeneration is the generation of the work stream's source.
+func (h *harness) workGeneration() int {
+	s, err := h.js.Stream(context.Background(), partition.StreamName(h.stream, "courier"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return partition.Generation(s.CachedInfo().Config)
+}
+
+// replaysOf are the calls of calls marked with rewind id, and checks that
+// they are each of want once, each key's (Order) in stream order.
+func checkReplays(t *testing.T, calls []replayCall, id string, want []uint64) {
+	t.Helper()
+	last := map[string]uint64{}
+	var got []uint64
+	for _, c := range calls {
+		if c.replay != id {
+			continue
+		}
+		if c.seq <= last[c.order] {
+			t.Errorf("key %s: sequence %d replayed after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+		got = append(got, c.seq)
+	}
+	slices.Sort(got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("rewind %s replayed sequences %v, want each of %v once", id, got, want)
+	}
+}
+
+// A partitioned durable rewound to a sequence, then again to a later one,
+// its courier running throughout: without --yes nothing changes (exit 2)
+// and the plan names the range, its count and every partition; with it,
+// every message from the point on reaches the app once more, marked with
+// the rewind's id, each key's in stream order, and courier status says the
+// rewind is done; a message published after is delivered once, unmarked.
+func TestRewindPartitionedDurable(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=3", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	for i := range 12 {
+		key := []string{"k1", "k2", "k3"}[i%3]
+		seqs = append(seqs, h.publish("orders."+key, fmt.Sprintf("%s-%d", key, i/3), map[string]string{"Order": key}))
+	}
+	poll.Until(t, 15*time.Second, "all delivered", func() bool { return a.count() == 12 && h.partsSettled(3) })
+
+	out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[4]))
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("rewind without --yes: %v, want exit 2\n%s", err, out)
+	}
+	for _, want := range []string{fmt.Sprintf("stream sequences %d to %d: 8 message(s)", seqs[4], seqs[11]), "courier-p0", "courier-p1", "courier-p2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rewind without --yes said %q, want it to contain %q", out, want)
+		}
+	}
+	if g := h.workGeneration(); g != 0 {
+		t.Errorf("after a rewind without --yes the work stream's source is at generation %d, want 0", g)
+	}
+
+	if out, err = rewindCLI(env, "--to-seq", fmt.Sprint(seqs[4]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 15*time.Second, "the range delivered again and settled", func() bool { return a.count() == 20 && h.partsSettled(3) })
+	first := a.all()[12].replay
+	if first == "" || !strings.Contains(out, "Courier-Replay: "+first) {
+		t.Fatalf("the first call after the rewind carried Courier-Replay %q; the rewind said %q", first, out)
+	}
+	checkReplays(t, a.all(), first, seqs[4:])
+
+	var status bytes.Buffer
+	if err := run(context.Background(), []string{"status"}, env, &status, io.Discard); err != nil {
+		t.Fatalf("courier status: %v", err)
+	}
+	if want := fmt.Sprintf("sequences %d to %d, done", seqs[4], seqs[11]); !strings.Contains(status.String(), want) {
+		t.Errorf("courier status does not show the rewind done (%q):\n%s", want, status.String())
+	}
+
+	// A second rewind: a source of a new generation again, its own id.
+	if out, err = rewindCLI(env, "--to-seq", fmt.Sprint(seqs[8]), "--yes"); err != nil {
+		t.Fatalf("second rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 15*time.Second, "the second range delivered again", func() bool { return a.count() == 24 && h.partsSettled(3) })
+	second := a.all()[20].replay
+	if second == "" || second == first {
+		t.Fatalf("the second rewind's calls carried Courier-Replay %q (the first's was %q)", second, first)
+	}
+	checkReplays(t, a.all(), second, seqs[8:])
+	if g := h.workGeneration(); g != 2 {
+		t.Errorf("after two rewinds the work stream's source is at generation %d, want 2", g)
+	}
+
+	later := h.publish("orders.k1", "later", map[string]string{"Order": "k1"})
+	poll.Until(t, 10*time.Second, "a later message delivered", func() bool { return a.count() == 25 && h.partsSettled(3) })
+	if c := a.all()[24]; c.seq != later || c.replay != "" {
+		t.Errorf("the message published after the rewinds came as %+v, want sequence %d unmarked", c, later)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}

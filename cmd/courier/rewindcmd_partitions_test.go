@@ -142,3 +142,71 @@ func TestRewindPartitionedDurable(t *testing.T) {
 		t.Fatalf("courier: %v", err)
 	}
 }
+
+// A partitioned durable on a 3-node cluster with two couriers running as
+// processes, one of them killed (SIGKILL) in the middle of the rewind's
+// replay: the other takes its partitions over and every message of the
+// range reaches the app again, marked with the rewind's id, each key's in
+// stream order (a message the killed courier had sent and not settled may
+// come once more, right after itself).
+func TestRewindPartitionedThroughAKill(t *testing.T) {
+	k := newCluster(t)
+	a := &replayApp{slow: 50 * time.Millisecond}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	extra := []string{"COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=3", "COURIER_ACK_WAIT=2s"}
+	victim := startChild(t, k.env(app.URL, 0, extra...))
+	waitReady(t, victim.asCourier())
+	survivor := startChild(t, k.env(app.URL, 1, extra...))
+	waitReady(t, survivor.asCourier())
+	var seqs []uint64
+	for i := range 30 {
+		key := []string{"k1", "k2", "k3", "k4", "k5"}[i%5]
+		seqs = append(seqs, k.publish("orders."+key, fmt.Sprintf("%s-%d", key, i/5), map[string]string{"Order": key}))
+	}
+	poll.Until(t, 30*time.Second, "all delivered", func() bool { return a.count() >= 30 && k.partsSettled(3) })
+	before := a.count()
+
+	if out, err := rewindCLI(k.env(app.URL, 2, extra...), "--to-seq", fmt.Sprint(seqs[0]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 30*time.Second, "the replay under way", func() bool { return a.count() >= before+8 })
+	victim.kill(t)
+	if replayedOnce(a.all()[before:], seqs) {
+		t.Fatal("the replay was over before the kill: the test proves nothing")
+	}
+	poll.Until(t, 60*time.Second, "the range delivered again and settled", func() bool {
+		return replayedOnce(a.all()[before:], seqs) && k.partsSettled(3)
+	})
+	calls := a.all()[before:]
+	id := calls[0].replay
+	last := map[string]uint64{}
+	for _, c := range calls {
+		if c.replay != id {
+			t.Errorf("after the rewind %q came with Courier-Replay %q, want %q", c.body, c.replay, id)
+		}
+		if c.seq < last[c.order] {
+			t.Errorf("key %s: sequence %d replayed after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+	}
+	if extra := len(calls) - len(seqs); extra > 3*2 {
+		t.Errorf("%d calls more than the range's %d: more than the killed courier can have had out", extra, len(seqs))
+	}
+}
+
+// replayedOnce reports whether calls hold every one of seqs.
+func replayedOnce(calls []replayCall, seqs []uint64) bool {
+	seen := map[uint64]bool{}
+	for _, c := range calls {
+		if c.replay != "" {
+			seen[c.seq] = true
+		}
+	}
+	for _, s := range seqs {
+		if !seen[s] {
+			return false
+		}
+	}
+	return true
+}

@@ -24,6 +24,7 @@ import (
 // replayApp records every request: its body, the message's Order header,
 // its sequence and its Courier-Replay.
 type replayApp struct {
+	slow  time.Duration // how long each answer takes
 	mu    sync.Mutex
 	calls []replayCall
 }
@@ -35,6 +36,7 @@ type replayCall struct {
 
 func (a *replayApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
+	time.Sleep(a.slow)
 	seq, _ := strconv.ParseUint(r.Header.Get("Courier-Sequence"), 10, 64)
 	a.mu.Lock()
 	a.calls = append(a.calls, replayCall{body: string(b), order: r.Header.Get("Order"), replay: r.Header.Get("Courier-Replay"), seq: seq})

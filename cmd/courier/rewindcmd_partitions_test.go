@@ -6,12 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
 )
@@ -209,4 +215,126 @@ func replayedOnce(calls []replayCall, seqs []uint64) bool {
 		}
 	}
 	return true
+}
+
+// A rewind while the app holds a partition's message and the partitions
+// have more waiting that they have not delivered: the held message is
+// delivered once (its copy in the range is its duplicate), and what was
+// waiting gives way to its copy, which comes behind its key's replayed
+// earlier messages: each key's messages after the held one reach the app
+// in stream order, each once.
+func TestRewindPartitionedWithABacklog(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	var mu sync.Mutex
+	holding, held := false, map[uint64]bool{}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hold := holding
+		if hold {
+			seq, _ := strconv.ParseUint(r.Header.Get("Courier-Sequence"), 10, 64)
+			held[seq] = true
+		}
+		mu.Unlock()
+		if hold {
+			<-gate
+		}
+		a.ServeHTTP(w, r)
+	}))
+	t.Cleanup(app.Close)
+	t.Cleanup(open)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=2", "COURIER_MAX_ACK_PENDING=1", "COURIER_MAX_INFLIGHT=1", "COURIER_HTTP_TIMEOUT=60s", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	publish := func(n int) {
+		for i := range n {
+			key := []string{"k1", "k2", "k3", "k4"}[i%4]
+			seqs = append(seqs, h.publish("orders."+key, key, map[string]string{"Order": key}))
+		}
+	}
+	publish(8)
+	poll.Until(t, 15*time.Second, "the first messages delivered", func() bool { return a.count() == 8 && h.partsSettled(2) })
+	mu.Lock()
+	holding = true
+	mu.Unlock()
+	publish(12)
+	// Each partition with messages has one at the app and the rest
+	// waiting on the server (COURIER_MAX_ACK_PENDING=1).
+	var waiting uint64
+	poll.Until(t, 15*time.Second, "the partitions' messages held or waiting", func() bool {
+		waiting = 0
+		out := 0
+		for i := range 2 {
+			info := h.consumerInfoOn(partition.StreamName(h.stream, "courier"), partition.ConsumerName("courier", i))
+			waiting, out = waiting+info.NumPending, out+info.NumAckPending
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(held) > 0 && waiting > 0 && waiting+uint64(out) == 12
+	})
+	mu.Lock()
+	for _, s := range h.outOfPartitions(2) {
+		held[s] = true // with the courier, delivered once
+	}
+	mu.Unlock()
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[0]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	} else if want := fmt.Sprintf("%d message(s) not delivered yet come in their turn", waiting); !strings.Contains(out, want) || waiting == 0 {
+		t.Errorf("the rewind said %q, want %q", out, want)
+	}
+	mu.Lock()
+	holding = false
+	mu.Unlock()
+	open()
+	poll.Until(t, 20*time.Second, "everything delivered and settled", func() bool { return a.count() == 8+20 && h.partsSettled(2) })
+	calls := a.all()[8:]
+	got := map[uint64]int{}
+	last := map[string]uint64{}
+	for _, c := range calls {
+		got[c.seq]++
+		if held[c.seq] {
+			continue // the courier had it when the rewind came
+		}
+		if c.seq <= last[c.order] {
+			t.Errorf("key %s: sequence %d delivered after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+	}
+	for _, s := range seqs {
+		if got[s] != 1 {
+			t.Errorf("sequence %d reached the app %d times after the rewind, want once", s, got[s])
+		}
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// outOfPartitions are the stream sequences of the messages the partitions'
+// consumers have delivered and not had settled: those a courier holds.
+func (h *harness) outOfPartitions(partitions int) []uint64 {
+	h.t.Helper()
+	ctx := context.Background()
+	work, err := h.js.Stream(ctx, partition.StreamName(h.stream, "courier"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []uint64
+	for i := range partitions {
+		info := h.consumerInfoOn(partition.StreamName(h.stream, "courier"), partition.ConsumerName("courier", i))
+		for seq := info.AckFloor.Stream + 1; seq <= info.Delivered.Stream; {
+			m, err := work.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(partition.FilterSubject(i)))
+			if err != nil || m.Sequence > info.Delivered.Stream {
+				break
+			}
+			if _, origin, _, ok := natshdr.Source(m.Header); ok {
+				out = append(out, origin)
+			}
+			seq = m.Sequence + 1
+		}
+	}
+	return out
 }

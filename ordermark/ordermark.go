@@ -5,6 +5,8 @@
 // courier that starts, or takes over the durable from another replica,
 // reads them so that a later message of such a key, redelivered first,
 // waits for it. Marks are few: one per key under contention or retry.
+// What is read back is another's to write too: a mark's due time is
+// believed only as far as courier writes one (Capped, cap.go).
 package ordermark
 
 import (

@@ -97,6 +97,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, source jetstream.Stream
 		}
 		return nil, fmt.Errorf("COURIER_ORDER_PARTITIONS: %w", err)
 	}
+	want.Name = work.CachedInfo().Config.Name // WorkStreamName's
 	switch {
 	case created && old != nil:
 		o.Logger.Info("created the partitions' work stream, starting after the ack floor of the durable it replaces (courier no longer reads that durable; `courier cleanup` removes it)",
@@ -137,7 +138,10 @@ func ConsumerConfig(template jetstream.ConsumerConfig, consumer string, i int) j
 // consumers on it, for status, pause and cleanup; nil, and no error, when
 // there is no work stream.
 func Find(ctx context.Context, js jetstream.JetStream, stream, consumer string) (*Durable, error) {
-	name := StreamName(stream, consumer)
+	name, err := WorkStreamName(ctx, js, stream, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the partitions' work stream: %w", err)
+	}
 	work, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil

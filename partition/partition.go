@@ -28,10 +28,38 @@ import (
 	"github.com/courierhq/courier/internal/subject"
 )
 
-// StreamName is the work stream of consumer on stream:
+// StreamName is the plain name of the work stream of consumer on stream:
 // "COURIER_PART_<stream>_<consumer>", made safe by jsutil.SafeStreamName.
+// It loses case and where one name ends (consumers x and X; stream A_B with
+// consumer C, stream A with B_C): WorkStreamName is the name the durable's
+// work stream has.
 func StreamName(stream, consumer string) string {
 	return jsutil.SafeStreamName("COURIER_PART_", stream+"_"+consumer, stream+"\x00"+consumer)
+}
+
+// WorkStreamName is the name of the work stream of consumer on stream, for
+// EnsureStream to create or to find: StreamName, unless the work stream of
+// that name is another durable's, then that name and a hash of both names
+// (jsutil.OwnedStreamName). The first of two colliding durables to start
+// keeps the plain name, as do work streams made before names could differ.
+func WorkStreamName(ctx context.Context, js jetstream.JetStream, stream, consumer string) (string, error) {
+	return jsutil.OwnedStreamName(ctx, js, StreamName(stream, consumer), jsutil.Owner{Stream: stream, Consumer: consumer}, workOwner)
+}
+
+// workOwner is the durable a work stream is for: the owner its metadata
+// records, or, in one made before owners were recorded, the consumer its
+// description names (StreamConfig's) and the stream it sources. ok is
+// false for a stream that says neither.
+func workOwner(cfg jetstream.StreamConfig) (o jsutil.Owner, ok bool) {
+	if o, ok := jsutil.OwnerOf(cfg.Metadata); ok {
+		return o, true
+	}
+	rest, ok := strings.CutPrefix(cfg.Description, "courier: consumer ")
+	consumer, _, named := strings.Cut(rest, " of stream ")
+	if !ok || !named || len(cfg.Sources) != 1 {
+		return jsutil.Owner{}, false
+	}
+	return jsutil.Owner{Stream: cfg.Sources[0].Name, Consumer: consumer}, true
 }
 
 // ConsumerName is the durable consumer of partition i on the work stream:
@@ -115,22 +143,37 @@ func StreamConfig(o StreamOptions) (jetstream.StreamConfig, error) {
 		Discard:     jetstream.DiscardOld,
 		MaxMsgs:     -1, MaxBytes: -1, MaxAge: 0, MaxMsgsPerSubject: -1,
 		Sources: []*jetstream.StreamSource{source},
-		Metadata: map[string]string{
+		Metadata: jsutil.Owner{Stream: src.Name, Consumer: o.Consumer}.Metadata(map[string]string{
 			metaPartitions: strconv.Itoa(o.Partitions),
 			metaKeyToken:   strconv.Itoa(o.Token),
-		},
+		}),
 	}, nil
 }
 
 // EnsureStream creates the work stream cfg (StreamConfig) if it is
-// missing, and returns it, with created true if it made it. An existing one
-// must partition as cfg does (the same count, key and transforms): keys
-// would otherwise change partitions while messages are in flight, so the
-// error says how to change them.
+// missing, and returns it, with created true if it made it; its name is
+// WorkStreamName's, which is cfg's unless another durable has that one. An
+// existing one must partition as cfg does (the same count, key and
+// transforms): keys would otherwise change partitions while messages are in
+// flight, so the error says how to change them.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, bool, error) {
-	s, err := js.Stream(ctx, cfg.Name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
+	plain := cfg.Name
+	var s jetstream.Stream
+	var err error
+	for try := 0; ; try++ {
+		if owner, ok := jsutil.OwnerOf(cfg.Metadata); ok {
+			if cfg.Name, err = jsutil.OwnedStreamName(ctx, js, plain, owner, workOwner); err != nil {
+				return nil, false, fmt.Errorf("the partitions' work stream: %w", err)
+			}
+		}
+		s, err = js.Stream(ctx, cfg.Name)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			break
+		}
 		s, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try == 0 {
+			continue // made meanwhile, by another courier: whose?
+		}
 		if err != nil {
 			return nil, false, fmt.Errorf("cannot create the partitions' work stream %s: %w", cfg.Name, err)
 		}

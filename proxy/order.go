@@ -110,6 +110,10 @@ type keyLine struct {
 	// come back before the head is settled by the courier that has it now;
 	// let go by the consumer's ack floor, or once stale.
 	retained bool
+	// here: the head was delivered to this courier since it last became
+	// the head, in the lines' epoch: a retry of it comes back here, and
+	// is awaited as long as that takes, as in a line not retained.
+	here bool
 	// next, of a retained line whose head was with a worker: the first
 	// message given back behind it, awaited once the head is settled
 	// here (the pin may come back, and the key's later messages with it,
@@ -229,12 +233,12 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	l := o.lines[k]
 	switch {
 	case l == nil:
-		o.lines[k] = &keyLine{head: seq, inFlight: true}
+		o.lines[k] = &keyLine{head: seq, inFlight: true, here: true}
 		return true
 	case seq == l.head:
 		// The head again: redelivered after a retry (or, held too long,
 		// after its ack wait).
-		l.inFlight = true
+		l.inFlight, l.here = true, true
 		if !l.stale.IsZero() {
 			l.stale = time.Time{}
 			o.stale--
@@ -244,7 +248,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		// An earlier message of the key, redelivered before the retried
 		// head (after a restart): it goes first; the head waits for it
 		// when it comes back.
-		l.head, l.inFlight = seq, true
+		l.head, l.inFlight, l.here = seq, true, true
 		return true
 	}
 	q.okey, q.seq, q.held, q.ord = k, seq, o.now(), o
@@ -312,14 +316,14 @@ func (o *orderer) settled(k string, seq uint64) int {
 		// waited behind it was given back: the first of that is the
 		// key's next, awaited as a retried head.
 		o.headSettledAfterDrain(k, seq)
-		l.head, l.next, l.inFlight = l.next, 0, false
+		l.head, l.next, l.inFlight, l.here = l.next, 0, false, false
 		o.awaitRetained(l, o.now())
 		o.mu.Unlock()
 		return 0
 	}
 	if l.out = after(l.out, seq); len(l.out) > 0 && (n == 0 || l.out[0] < l.waiting[0].seq) {
 		// The key's next message is out with another courier: awaited.
-		l.head, l.inFlight, l.out = l.out[0], false, l.out[1:]
+		l.head, l.inFlight, l.here, l.out = l.out[0], false, false, l.out[1:]
 		o.awaitRetained(l, o.now())
 		if o.marks != nil && n > 0 {
 			l.marked = true
@@ -342,7 +346,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 	}
 	next := l.waiting[0]
 	l.waiting = slices.Delete(l.waiting, 0, 1)
-	l.head, l.inFlight, l.out = next.seq, true, after(l.out, next.seq)
+	l.head, l.inFlight, l.here, l.out = next.seq, true, true, after(l.out, next.seq)
 	switch {
 	case o.marks != nil && len(l.waiting) > 0:
 		l.marked = true
@@ -388,7 +392,9 @@ func (o *orderer) retrying(k string, seq uint64, delay time.Duration) (giveBack 
 		l.marked = true
 		o.marks.set(k, ordermark.Mark{Seq: seq, Due: o.now().Add(delay)})
 	}
-	if l.retained {
+	if l.retained && !l.here {
+		// Retried after the pin moved away: its redelivery goes to the
+		// courier pinned now, and may be settled there.
 		delete(o.givenBack, k)
 		o.awaitRetained(l, o.now().Add(delay))
 	}
@@ -472,7 +478,7 @@ func (o *orderer) forget(k string, l *keyLine) []queued {
 // with mu held.
 func (o *orderer) awaitsElsewhere() bool {
 	for _, l := range o.lines {
-		if len(l.out) > 0 || l.retained && !l.inFlight {
+		if len(l.out) > 0 || l.retained && !l.inFlight && !l.here {
 			return true
 		}
 	}

@@ -384,16 +384,26 @@ func (o *orderer) barrierDue() bool {
 // that held it died, or was settled by that courier: it is awaited, as a
 // head kept when the pin moved away (retained), until the ack floor
 // passes it (ackFloor) or for markWait. A key with a line already (this
-// courier's, or a mark's) awaits those after its head.
+// courier's, or a mark's) awaits those after its head; and, if its head is
+// not with a worker, those before it first: a mark may name a later
+// message than one still out (written by a courier that took the pin
+// without knowing what was out, and gave back only the later one).
 func (o *orderer) awaitOut(outs map[string][]uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, seqs := range outs {
 		l := o.lines[k]
-		if l == nil {
+		switch {
+		case l == nil:
 			l = &keyLine{head: seqs[0], retained: true}
 			o.lines[k] = l
 			o.awaitRetained(l, o.now())
+		case !l.inFlight && seqs[0] < l.head:
+			l.out = append(l.out, l.head)
+			l.head, l.retained, l.here = seqs[0], true, false
+			stale := l.stale
+			o.awaitRetained(l, o.now())
+			l.stale = later(l.stale, stale)
 		}
 		merged := append(slices.Clone(l.out), after(seqs, l.head)...)
 		slices.Sort(merged)

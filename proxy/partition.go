@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/ordermark"
 )
 
 // A durable split into partitions by its ordering key
@@ -134,7 +136,7 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	}
 	if ps.o.Marks != nil {
 		if st := ps.o.Marks(i); st != nil {
-			s.order.marks = newMarker(st, log)
+			s.order.marks = newMarker(ordermark.NewCapped(st, ordermark.Cap{MaxDelay: max(ps.opts.BackoffMax, ps.opts.RetryAfterMax), AckWait: ps.opts.AckWait, Now: ps.opts.Now, Logger: log}), log)
 		}
 	}
 	f.order = s.order

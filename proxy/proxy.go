@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/apphttp"
+	"github.com/courierhq/courier/ordermark"
 )
 
 // Runner consumes a durable consumer and delivers each message to the app.
@@ -111,7 +112,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 			src.fetch.order, src.fetch.group, src.fetch.giveBack = src.order, o.PriorityGroup, r.settle.nakNow
 			src.fetch.handover, src.fetch.membership = o.Handover, o.Membership
 			if o.OrderMarks != nil {
-				src.order.marks = newMarker(o.OrderMarks, r.log)
+				src.order.marks = newMarker(ordermark.NewCapped(o.OrderMarks, ordermark.Cap{MaxDelay: max(o.BackoffMax, o.RetryAfterMax), AckWait: o.AckWait, Now: o.Now, Logger: r.log}), r.log)
 			}
 			if o.Membership != nil && o.PriorityGroup != "" {
 				src.order.setLease(o.Membership.Term)

@@ -30,7 +30,11 @@ func missingConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Con
 	if err := missingStream(ctx, js, cfg.Stream); err != nil {
 		return err
 	}
-	work, werr := js.Stream(ctx, partition.StreamName(cfg.Stream, cfg.Consumer))
+	workName, err := partition.WorkStreamName(ctx, js, cfg.Stream, cfg.Consumer)
+	if err != nil {
+		return err // both names this durable's work stream may have are other durables'
+	}
+	work, werr := js.Stream(ctx, workName)
 	if werr != nil && !errors.Is(werr, jetstream.ErrStreamNotFound) {
 		return nil
 	}
@@ -46,10 +50,10 @@ func missingConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Con
 			cfg.Consumer, cfg.Stream, n, token, info.Name, token, n)
 	case partitioned(cfg) && work == nil && cerr == nil:
 		return fmt.Errorf("consumer %q of stream %q is not split into partitions (no work stream %s; the durable is on the stream itself): unset COURIER_ORDER_PARTITIONS, as the sidecar has it",
-			cfg.Consumer, cfg.Stream, partition.StreamName(cfg.Stream, cfg.Consumer))
+			cfg.Consumer, cfg.Stream, workName)
 	case partitioned(cfg) && work == nil:
 		return fmt.Errorf("consumer %q of stream %q: its partitions' work stream %s does not exist yet (a courier with COURIER_ORDER_PARTITIONS creates it when it starts)%s",
-			cfg.Consumer, cfg.Stream, partition.StreamName(cfg.Stream, cfg.Consumer), otherConsumers(ctx, js, cfg))
+			cfg.Consumer, cfg.Stream, workName, otherConsumers(ctx, js, cfg))
 	case !partitioned(cfg) && errors.Is(cerr, jetstream.ErrConsumerNotFound):
 		return fmt.Errorf("consumer %q not found on stream %q%s", cfg.Consumer, cfg.Stream, otherConsumers(ctx, js, cfg))
 	}

@@ -3,6 +3,7 @@ package jsutil_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,40 @@ func TestEnsureCapture(t *testing.T) {
 	}
 	if _, _, err := jsutil.EnsureCapture(ctx, js, jetstream.StreamConfig{Name: "N"}, refuseMemory); err == nil {
 		t.Error("EnsureCapture without subjects succeeded")
+	}
+}
+
+// The streams courier names after a durable (dead letters, advisories) for
+// durables whose names make one name (consumers x and X of ORDERS; stream
+// A_B with consumer C, stream A with B_C) are one per durable, each
+// capturing its own subject, and found again by it.
+func TestEnsureCaptureOfCollidingDurables(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	durables := [][2]string{{"ORDERS", "x"}, {"ORDERS", "X"}, {"A_B", "C"}, {"A", "B_C"}}
+	names := map[string]string{} // stream name → the subject it captures
+	for round := range 2 {
+		for _, d := range durables {
+			subject := "dlq." + d[0] + "." + d[1]
+			c := cfg(jsutil.SafeStreamName("COURIER_DLQ_", d[0]+"_"+d[1], subject), subject)
+			c.Description = "courier: dead letters"
+			info, _, err := jsutil.EnsureCapture(ctx, js, c, refuseMemory)
+			if err != nil {
+				t.Fatalf("round %d, %s/%s: %v", round, d[0], d[1], err)
+			}
+			if !slices.Equal(info.Config.Subjects, []string{subject}) {
+				t.Errorf("round %d, %s/%s: stream %s captures %v, want only %s", round, d[0], d[1], info.Config.Name, info.Config.Subjects, subject)
+			}
+			if had, ok := names[info.Config.Name]; ok && had != subject {
+				t.Errorf("stream %s for %s and %s", info.Config.Name, had, subject)
+			}
+			names[info.Config.Name] = subject
+		}
+	}
+	if len(names) != len(durables) {
+		t.Errorf("streams %v, want one per durable", names)
 	}
 }
 

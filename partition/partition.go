@@ -190,12 +190,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	return s, false, nil
 }
 
+// samePartitioning reports whether have partitions as want does, whatever
+// generation of its source a rewind left it at (resource.go).
 func samePartitioning(have, want jetstream.StreamConfig) bool {
 	if have.Metadata[metaPartitions] != want.Metadata[metaPartitions] || have.Metadata[metaKeyToken] != want.Metadata[metaKeyToken] ||
 		len(have.Sources) != 1 || have.Sources[0].Name != want.Sources[0].Name {
 		return false
 	}
-	return slices.Equal(have.Sources[0].SubjectTransforms, want.Sources[0].SubjectTransforms)
+	return slices.Equal(atGeneration(have.Sources[0].SubjectTransforms, 0), atGeneration(want.Sources[0].SubjectTransforms, 0))
 }
 
 func describeSources(cfg jetstream.StreamConfig) string {

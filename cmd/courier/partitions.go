@@ -159,6 +159,7 @@ func printPartitionStatus(ctx context.Context, js jetstream.JetStream, cfg confi
 	fmt.Fprintf(w, "waiting pulls\t%d\n", st.Waiting)
 	fmt.Fprintf(w, "dead letters\t%s (%s)\n", deadLetters, cfg.DLQSubject)
 	fmt.Fprintf(w, "couriers\t%s\n", strings.Join(st.Couriers, ", "))
+	printPartitionedRewind(ctx, js, cfg, d, w)
 	for _, p := range st.Partitions {
 		pinned := "nobody (the courier it is assigned to takes it with its next message)"
 		if p.Pin != "" {

@@ -28,8 +28,9 @@ consumer reset, nats-server 2.14 or later), while its couriers keep
 running. The messages delivered again reach the app although their keys
 were recorded, once each, with the header Courier-Replay: <rewind id>.
 Without --yes it prints what it would do and changes nothing (exit 2).
-A durable split into partitions (COURIER_ORDER_PARTITIONS) cannot be
-rewound. Same environment as the sidecar; COURIER_APP_URL is not needed.
+A durable split into partitions (COURIER_ORDER_PARTITIONS) rewinds whole:
+its work stream copies the stream again from the point, in stream order.
+Same environment as the sidecar; COURIER_APP_URL is not needed.
 `
 
 // rewindWatchGrace is how long rewind waits between storing its record and
@@ -71,7 +72,15 @@ func runRewind(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	defer closeConn()
 	if partitioned(cfg) {
-		return fmt.Errorf("rewind of a durable split into partitions (COURIER_ORDER_PARTITIONS=%d) is not supported: its work stream is a work queue, which keeps nothing that was acked, so a reset of its partitions has nothing to deliver again", cfg.OrderPartitions)
+		plan, err := planPartitionedRewind(ctx, js, cfg, at, *toSeq)
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, plan.describe())
+		if !*yes {
+			return &exitError{code: 2, err: errors.New("rewind: nothing changed; run again with --yes to rewind")}
+		}
+		return plan.apply(ctx, js, cfg, stdout)
 	}
 	plan, err := planRewind(ctx, js, cfg, at, *toSeq)
 	if err != nil {

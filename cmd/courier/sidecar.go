@@ -347,9 +347,7 @@ func (p *path) setUp(ctx context.Context) error {
 	if p.cfg.OrderKey != "" && !partitioned(p.cfg) {
 		p.joinPinHolders(ctx)
 	}
-	if !partitioned(p.cfg) {
-		p.watchRewinds(ctx)
-	}
+	p.watchRewinds(ctx)
 	consumers := []jetstream.Consumer{p.cons}
 	if partitioned(p.cfg) {
 		if err := p.setUpPartitions(ctx); err != nil {

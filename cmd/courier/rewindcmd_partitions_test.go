@@ -1,0 +1,340 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/partition"
+)
+
+// partsSettled reports whether every partition of the durable on the work
+// stream has delivered and settled all it has, twice 50 ms apart.
+func (h *harness) partsSettled(partitions int) bool {
+	once := func() bool {
+		work := partition.StreamName(h.stream, "courier")
+		for i := range partitions {
+			info := h.consumerInfoOn(work, partition.ConsumerName("courier", i))
+			if info == nil || info.NumPending != 0 || info.NumAckPending != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if !once() {
+		return false
+	}
+	time.Sleep(50 * time.Millisecond)
+	return once()
+}
+
+// workGeneration is the generation of the work stream's source.
+func (h *harness) workGeneration() int {
+	s, err := h.js.Stream(context.Background(), partition.StreamName(h.stream, "courier"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return partition.Generation(s.CachedInfo().Config)
+}
+
+// replaysOf are the calls of calls marked with rewind id, and checks that
+// they are each of want once, each key's (Order) in stream order.
+func checkReplays(t *testing.T, calls []replayCall, id string, want []uint64) {
+	t.Helper()
+	last := map[string]uint64{}
+	var got []uint64
+	for _, c := range calls {
+		if c.replay != id {
+			continue
+		}
+		if c.seq <= last[c.order] {
+			t.Errorf("key %s: sequence %d replayed after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+		got = append(got, c.seq)
+	}
+	slices.Sort(got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("rewind %s replayed sequences %v, want each of %v once", id, got, want)
+	}
+}
+
+// A partitioned durable rewound to a sequence, then again to a later one,
+// its courier running throughout: without --yes nothing changes (exit 2)
+// and the plan names the range, its count and every partition; with it,
+// every message from the point on reaches the app once more, marked with
+// the rewind's id, each key's in stream order, and courier status says the
+// rewind is done; a message published after is delivered once, unmarked.
+func TestRewindPartitionedDurable(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=3", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	for i := range 12 {
+		key := []string{"k1", "k2", "k3"}[i%3]
+		seqs = append(seqs, h.publish("orders."+key, fmt.Sprintf("%s-%d", key, i/3), map[string]string{"Order": key}))
+	}
+	poll.Until(t, 15*time.Second, "all delivered", func() bool { return a.count() == 12 && h.partsSettled(3) })
+
+	out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[4]))
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("rewind without --yes: %v, want exit 2\n%s", err, out)
+	}
+	for _, want := range []string{fmt.Sprintf("stream sequences %d to %d: 8 message(s)", seqs[4], seqs[11]), "courier-p0", "courier-p1", "courier-p2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rewind without --yes said %q, want it to contain %q", out, want)
+		}
+	}
+	if g := h.workGeneration(); g != 0 {
+		t.Errorf("after a rewind without --yes the work stream's source is at generation %d, want 0", g)
+	}
+
+	if out, err = rewindCLI(env, "--to-seq", fmt.Sprint(seqs[4]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 15*time.Second, "the range delivered again and settled", func() bool { return a.count() == 20 && h.partsSettled(3) })
+	first := a.all()[12].replay
+	if first == "" || !strings.Contains(out, "Courier-Replay: "+first) {
+		t.Fatalf("the first call after the rewind carried Courier-Replay %q; the rewind said %q", first, out)
+	}
+	checkReplays(t, a.all(), first, seqs[4:])
+
+	var status bytes.Buffer
+	if err := run(context.Background(), []string{"status"}, env, &status, io.Discard); err != nil {
+		t.Fatalf("courier status: %v", err)
+	}
+	if want := fmt.Sprintf("sequences %d to %d, done", seqs[4], seqs[11]); !strings.Contains(status.String(), want) {
+		t.Errorf("courier status does not show the rewind done (%q):\n%s", want, status.String())
+	}
+
+	// A second rewind: a source of a new generation again, its own id.
+	if out, err = rewindCLI(env, "--to-seq", fmt.Sprint(seqs[8]), "--yes"); err != nil {
+		t.Fatalf("second rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 15*time.Second, "the second range delivered again", func() bool { return a.count() == 24 && h.partsSettled(3) })
+	second := a.all()[20].replay
+	if second == "" || second == first {
+		t.Fatalf("the second rewind's calls carried Courier-Replay %q (the first's was %q)", second, first)
+	}
+	checkReplays(t, a.all(), second, seqs[8:])
+	if g := h.workGeneration(); g != 2 {
+		t.Errorf("after two rewinds the work stream's source is at generation %d, want 2", g)
+	}
+
+	later := h.publish("orders.k1", "later", map[string]string{"Order": "k1"})
+	poll.Until(t, 10*time.Second, "a later message delivered", func() bool { return a.count() == 25 && h.partsSettled(3) })
+	if c := a.all()[24]; c.seq != later || c.replay != "" {
+		t.Errorf("the message published after the rewinds came as %+v, want sequence %d unmarked", c, later)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// A partitioned durable on a 3-node cluster with two couriers running as
+// processes, one of them killed (SIGKILL) in the middle of the rewind's
+// replay: the other takes its partitions over and every message of the
+// range reaches the app again, marked with the rewind's id, each key's in
+// stream order (a message the killed courier had sent and not settled may
+// come once more, right after itself).
+func TestRewindPartitionedThroughAKill(t *testing.T) {
+	k := newCluster(t)
+	a := &replayApp{slow: 50 * time.Millisecond}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	extra := []string{"COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=3", "COURIER_ACK_WAIT=2s"}
+	victim := startChild(t, k.env(app.URL, 0, extra...))
+	waitReady(t, victim.asCourier())
+	survivor := startChild(t, k.env(app.URL, 1, extra...))
+	waitReady(t, survivor.asCourier())
+	var seqs []uint64
+	for i := range 30 {
+		key := []string{"k1", "k2", "k3", "k4", "k5"}[i%5]
+		seqs = append(seqs, k.publish("orders."+key, fmt.Sprintf("%s-%d", key, i/5), map[string]string{"Order": key}))
+	}
+	poll.Until(t, 30*time.Second, "all delivered", func() bool { return a.count() >= 30 && k.partsSettled(3) })
+	before := a.count()
+
+	if out, err := rewindCLI(k.env(app.URL, 2, extra...), "--to-seq", fmt.Sprint(seqs[0]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 30*time.Second, "the replay under way", func() bool { return a.count() >= before+8 })
+	victim.kill(t)
+	if replayedOnce(a.all()[before:], seqs) {
+		t.Fatal("the replay was over before the kill: the test proves nothing")
+	}
+	poll.Until(t, 60*time.Second, "the range delivered again and settled", func() bool {
+		return replayedOnce(a.all()[before:], seqs) && k.partsSettled(3)
+	})
+	calls := a.all()[before:]
+	id := calls[0].replay
+	last := map[string]uint64{}
+	for _, c := range calls {
+		if c.replay != id {
+			t.Errorf("after the rewind %q came with Courier-Replay %q, want %q", c.body, c.replay, id)
+		}
+		if c.seq < last[c.order] {
+			t.Errorf("key %s: sequence %d replayed after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+	}
+	if extra := len(calls) - len(seqs); extra > 3*2 {
+		t.Errorf("%d calls more than the range's %d: more than the killed courier can have had out", extra, len(seqs))
+	}
+}
+
+// replayedOnce reports whether calls hold every one of seqs.
+func replayedOnce(calls []replayCall, seqs []uint64) bool {
+	seen := map[uint64]bool{}
+	for _, c := range calls {
+		if c.replay != "" {
+			seen[c.seq] = true
+		}
+	}
+	for _, s := range seqs {
+		if !seen[s] {
+			return false
+		}
+	}
+	return true
+}
+
+// A rewind while the app holds a partition's message and the partitions
+// have more waiting that they have not delivered: the held message is
+// delivered once (its copy in the range is its duplicate), and what was
+// waiting gives way to its copy, which comes behind its key's replayed
+// earlier messages: each key's messages after the held one reach the app
+// in stream order, each once.
+func TestRewindPartitionedWithABacklog(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	var mu sync.Mutex
+	holding, held := false, map[uint64]bool{}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hold := holding
+		if hold {
+			seq, _ := strconv.ParseUint(r.Header.Get("Courier-Sequence"), 10, 64)
+			held[seq] = true
+		}
+		mu.Unlock()
+		if hold {
+			<-gate
+		}
+		a.ServeHTTP(w, r)
+	}))
+	t.Cleanup(app.Close)
+	t.Cleanup(open)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=2", "COURIER_MAX_ACK_PENDING=1", "COURIER_MAX_INFLIGHT=1", "COURIER_HTTP_TIMEOUT=60s", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	publish := func(n int) {
+		for i := range n {
+			key := []string{"k1", "k2", "k3", "k4"}[i%4]
+			seqs = append(seqs, h.publish("orders."+key, key, map[string]string{"Order": key}))
+		}
+	}
+	publish(8)
+	poll.Until(t, 15*time.Second, "the first messages delivered", func() bool { return a.count() == 8 && h.partsSettled(2) })
+	mu.Lock()
+	holding = true
+	mu.Unlock()
+	publish(12)
+	// Each partition with messages has one at the app and the rest
+	// waiting on the server (COURIER_MAX_ACK_PENDING=1).
+	var waiting uint64
+	poll.Until(t, 15*time.Second, "the partitions' messages held or waiting", func() bool {
+		waiting = 0
+		out := 0
+		for i := range 2 {
+			info := h.consumerInfoOn(partition.StreamName(h.stream, "courier"), partition.ConsumerName("courier", i))
+			waiting, out = waiting+info.NumPending, out+info.NumAckPending
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(held) > 0 && waiting > 0 && waiting+uint64(out) == 12
+	})
+	mu.Lock()
+	for _, s := range h.outOfPartitions(2) {
+		held[s] = true // with the courier, delivered once
+	}
+	mu.Unlock()
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[0]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	} else if want := fmt.Sprintf("%d message(s) not delivered yet come in their turn", waiting); !strings.Contains(out, want) || waiting == 0 {
+		t.Errorf("the rewind said %q, want %q", out, want)
+	}
+	mu.Lock()
+	holding = false
+	mu.Unlock()
+	open()
+	poll.Until(t, 20*time.Second, "everything delivered and settled", func() bool { return a.count() == 8+20 && h.partsSettled(2) })
+	calls := a.all()[8:]
+	got := map[uint64]int{}
+	last := map[string]uint64{}
+	for _, c := range calls {
+		got[c.seq]++
+		if held[c.seq] {
+			continue // the courier had it when the rewind came
+		}
+		if c.seq <= last[c.order] {
+			t.Errorf("key %s: sequence %d delivered after %d", c.order, c.seq, last[c.order])
+		}
+		last[c.order] = c.seq
+	}
+	for _, s := range seqs {
+		if got[s] != 1 {
+			t.Errorf("sequence %d reached the app %d times after the rewind, want once", s, got[s])
+		}
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// outOfPartitions are the stream sequences of the messages the partitions'
+// consumers have delivered and not had settled: those a courier holds.
+func (h *harness) outOfPartitions(partitions int) []uint64 {
+	h.t.Helper()
+	ctx := context.Background()
+	work, err := h.js.Stream(ctx, partition.StreamName(h.stream, "courier"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []uint64
+	for i := range partitions {
+		info := h.consumerInfoOn(partition.StreamName(h.stream, "courier"), partition.ConsumerName("courier", i))
+		for seq := info.AckFloor.Stream + 1; seq <= info.Delivered.Stream; {
+			m, err := work.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(partition.FilterSubject(i)))
+			if err != nil || m.Sequence > info.Delivered.Stream {
+				break
+			}
+			if _, origin, _, ok := natshdr.Source(m.Header); ok {
+				out = append(out, origin)
+			}
+			seq = m.Sequence + 1
+		}
+	}
+	return out
+}

@@ -56,16 +56,18 @@ func NewID(t time.Time) string {
 }
 
 // Open creates the bucket of consumer on stream if it is missing (replicas
-// as given) and returns it.
+// as given) and returns it. The bucket records its durable: another
+// durable whose names make the same bucket name (stream A_B with consumer
+// C, stream A with consumer B_C) is refused, naming the bucket's.
 func Open(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (jetstream.KeyValue, error) {
 	bucket := BucketName(stream, consumer)
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := jsutil.OwnedKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: Description,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-	})
+	}, jsutil.Owner{Stream: stream, Consumer: consumer})
 	if err != nil {
 		return nil, fmt.Errorf("rewinds bucket %s: %w", bucket, err)
 	}

@@ -3,6 +3,7 @@ package rewind_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,5 +60,24 @@ func TestWatchSeesRewinds(t *testing.T) {
 	stop() // idempotent
 	if rewind.BucketName("ORDERS", "courier") != "COURIER_REWIND_ORDERS_courier" {
 		t.Errorf("bucket name %q", rewind.BucketName("ORDERS", "courier"))
+	}
+}
+
+// Two durables whose names make one bucket name (stream A_B with consumer
+// C, stream A with consumer B_C) never share it: the second is refused,
+// naming the first; each opens its own again.
+func TestOpenRefusesAnotherDurablesBucket(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := rewind.Open(ctx, js, "A_B", "C", 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := rewind.Open(ctx, js, "A", "B_C", 1)
+	if err == nil || !strings.Contains(err.Error(), `consumer "C" on stream "A_B"`) {
+		t.Fatalf("the second durable's Open: %v, want a refusal naming consumer C on stream A_B", err)
+	}
+	if _, err := rewind.Open(ctx, js, "A_B", "C", 1); err != nil {
+		t.Fatalf("the bucket's own durable: %v", err)
 	}
 }

@@ -420,22 +420,33 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 // kept with the consumer, whose couriers watch it.
 func planRewinds(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
 	name := rewind.BucketName(cfg.Stream, cfg.Consumer)
-	if _, err := js.KeyValue(ctx, name); errors.Is(err, jetstream.ErrBucketNotFound) {
+	kv, err := js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
 	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
 	it := &item{what: fmt.Sprintf("key-value bucket %q (the durable's rewinds)", name)}
 	consumer, err := planConsumer(ctx, js, cfg, force)
+	var oerr *jsutil.OwnerError
 	switch {
 	case err != nil:
 		return nil, err
+	case errors.As(jsutil.CheckOwner("key-value bucket", name, st.Metadata(), jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer}), &oerr):
+		// Never another durable's, even with --force.
+		it.keep = fmt.Sprintf("it is the rewinds of consumer %q on stream %q, whose names make the same bucket name", oerr.Owner.Consumer, oerr.Owner.Stream)
 	case consumer != nil && consumer.keep != "":
 		it.keep = "the consumer is kept, and the couriers on it watch its rewinds here"
 	default:
 		it.remove = func(ctx context.Context) error { return js.DeleteKeyValue(ctx, name) }
 	}
-	return it, nil
+	// A partitioned durable has no consumer on the stream: its couriers
+	// are seen by their partitions' pulls.
+	return it, keepForLiveCourier(ctx, js, cfg, force, it, "watches its rewinds there")
 }
 
 // planPinHolders finds the membership bucket of a durable with order per

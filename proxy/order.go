@@ -123,6 +123,10 @@ type keyLine struct {
 	// pin came to this one (awaitOut), in stream order: each is awaited
 	// in its turn, as the head is.
 	out []uint64
+	// retried are heads retried here that an earlier message of the key,
+	// redelivered, took the place of (enter), in stream order: each is
+	// awaited again in its turn, as long as its redelivery takes.
+	retried []uint64
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
@@ -246,9 +250,19 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		return true
 	case seq < l.head && !l.inFlight:
 		// An earlier message of the key, redelivered before the retried
-		// head (after a restart): it goes first; the head waits for it
-		// when it comes back.
+		// head (after a restart, or an ack lost in a leader change): it
+		// goes first; the head is awaited again once it is settled.
+		if l.here {
+			i, _ := slices.BinarySearch(l.retried, l.head)
+			l.retried = slices.Insert(l.retried, i, l.head)
+		} else {
+			l.out = append([]uint64{l.head}, l.out...)
+		}
 		l.head, l.inFlight, l.here = seq, true, true
+		if !l.stale.IsZero() {
+			l.stale = time.Time{}
+			o.stale--
+		}
 		return true
 	}
 	q.okey, q.seq, q.held, q.ord = k, seq, o.now(), o
@@ -320,6 +334,18 @@ func (o *orderer) settled(k string, seq uint64) int {
 		o.awaitRetained(l, o.now())
 		o.mu.Unlock()
 		return 0
+	}
+	if l.retried = after(l.retried, seq); len(l.retried) > 0 && (n == 0 || l.retried[0] < l.waiting[0].seq) &&
+		(len(l.out) == 0 || l.retried[0] < l.out[0]) {
+		// A head retried here, which an earlier message took the place
+		// of: awaited again, here.
+		l.head, l.inFlight, l.here, l.retried = l.retried[0], false, true, l.retried[1:]
+		if o.marks != nil {
+			l.marked = true
+			o.marks.set(k, ordermark.Mark{Seq: l.head})
+		}
+		o.mu.Unlock()
+		return n
 	}
 	if l.out = after(l.out, seq); len(l.out) > 0 && (n == 0 || l.out[0] < l.waiting[0].seq) {
 		// The key's next message is out with another courier: awaited.
@@ -478,7 +504,7 @@ func (o *orderer) forget(k string, l *keyLine) []queued {
 // with mu held.
 func (o *orderer) awaitsElsewhere() bool {
 	for _, l := range o.lines {
-		if len(l.out) > 0 || l.retained && !l.inFlight && !l.here {
+		if len(l.out) > 0 || len(l.retried) > 0 || l.retained && !l.inFlight && !l.here {
 			return true
 		}
 	}

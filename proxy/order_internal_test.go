@@ -214,7 +214,7 @@ func TestOrderRetryOfAnAwaitedHeadAwaitedAsLongAsItTakes(t *testing.T) {
 	if o.admit(&queued{m: &fakeMsg{seq: 4, subject: "s.k"}}) {
 		t.Fatal("4 went while 3 was with a worker")
 	}
-	o.ended("k", 3, lineRetried, time.Millisecond)
+	o.retrying("k", 3, time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
 	o.lift()
 	if q, ok := o.rel.pop(); ok {
@@ -226,5 +226,39 @@ func TestOrderRetryOfAnAwaitedHeadAwaitedAsLongAsItTakes(t *testing.T) {
 	o.settled("k", 3)
 	if q, ok := o.rel.pop(); !ok || q.seq != 4 {
 		t.Fatalf("after 3, let go %v %v, want 4", q.seq, ok)
+	}
+}
+
+// An earlier message of a key redelivered while the key's head waits for
+// its retry (an ack lost in a leader change brings a settled message back)
+// goes first, as a duplicate or not; then the retried head is awaited
+// again before the key's later messages (order chaos, partitions, seed 18:
+// k5/9 sent before k5/8, retried, when k5/5 came back).
+func TestOrderEarlierRedeliveryThenTheRetriedHead(t *testing.T) {
+	o, _ := testOrderer(t)
+	if !o.admit(&queued{m: &fakeMsg{seq: 8, subject: "s.k"}}) {
+		t.Fatal("the key's first message waits")
+	}
+	if o.admit(&queued{m: &fakeMsg{seq: 9, subject: "s.k"}}) {
+		t.Fatal("9 went while 8 was with a worker")
+	}
+	o.retrying("k", 8, time.Second)
+	if !o.admit(&queued{m: &fakeMsg{seq: 5, subject: "s.k"}}) {
+		t.Fatal("5, earlier, redelivered while 8 waits for its retry, waits")
+	}
+	o.settled("k", 5)
+	if q, ok := o.rel.pop(); ok {
+		t.Fatalf("%d let go while 8, retried, had not come back", q.seq)
+	}
+	o.lift()
+	if q, ok := o.rel.pop(); ok {
+		t.Fatalf("%d let go while 8, retried, had not come back", q.seq)
+	}
+	if !o.admit(&queued{m: &fakeMsg{seq: 8, subject: "s.k"}}) {
+		t.Fatal("8, redelivered, waits")
+	}
+	o.settled("k", 8)
+	if q, ok := o.rel.pop(); !ok || q.seq != 9 {
+		t.Fatalf("after 8, let go %v %v, want 9", q.seq, ok)
 	}
 }

@@ -166,7 +166,7 @@ func (o *orderer) ackFloor(floor uint64) {
 	o.mu.Lock()
 	heads := map[string]uint64{}
 	for k, l := range o.lines {
-		l.out = after(l.out, floor)
+		l.out, l.retried = after(l.out, floor), after(l.retried, floor)
 		if !l.inFlight && l.head <= floor {
 			if !l.stale.IsZero() {
 				l.marked = false

@@ -64,7 +64,10 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 }
 
 // joinPinHolders joins the membership that names the pin's holder, kept
-// until the stop signal. A membership refused for good (no permission for
+// past the stop signal until the sidecar closes (stopMemberships), after
+// the runner has handed its pin on: left at the signal, the others would
+// take this courier for gone and give its pin up themselves, before it
+// had given back what it holds and recorded a clean hand-over. A membership refused for good (no permission for
 // its bucket) costs the name in `courier status`, which then shows the pin
 // id, and the liveness: the pin of a courier that dies lapses after the
 // consumer's PinnedTTL. It is said, and courier delivers on.
@@ -82,7 +85,7 @@ func (p *path) joinPinHolders(ctx context.Context) {
 		return
 	}
 	p.members = m
-	p.stopMembers = m.Start(ctx)
+	p.stopMembers = m.Start(context.WithoutCancel(ctx))
 }
 
 // membership is the runner's view of the durable's membership; nil

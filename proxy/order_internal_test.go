@@ -214,7 +214,7 @@ func TestOrderRetryOfAnAwaitedHeadAwaitedAsLongAsItTakes(t *testing.T) {
 	if o.admit(&queued{m: &fakeMsg{seq: 4, subject: "s.k"}}) {
 		t.Fatal("4 went while 3 was with a worker")
 	}
-	o.ended("k", 3, lineRetried, time.Millisecond)
+	o.retrying("k", 3, time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
 	o.lift()
 	if q, ok := o.rel.pop(); ok {

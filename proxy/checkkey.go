@@ -106,7 +106,7 @@ func (c *checker) again(d *delivery) (v verdict.Verdict, err error) {
 func (c *checker) check(d *delivery) ending {
 	fl, dup, err := c.flights.claim(d.wait, d.fkey, &d.own, func() { c.yieldProbe(d) })
 	if err != nil {
-		return giveBackEnding(afterLastPull, "shutting down while a delivery of the same key ran")
+		return giveBackEnding(giveBackLater, "shutting down while a delivery of the same key ran")
 	}
 	d.fl = fl
 	if !dup {
@@ -119,7 +119,7 @@ func (c *checker) check(d *delivery) ending {
 		}
 		if err != nil {
 			c.flights.finish(d.fkey, fl, false)
-			return giveBackEnding(afterLastPull, "shutting down while the dedup store could not answer, or another replica held the key")
+			return giveBackEnding(giveBackLater, "shutting down while the dedup store could not answer, or another replica held the key")
 		}
 		dup = v == verdict.Processed
 		d.claimed = v == verdict.New

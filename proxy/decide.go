@@ -1,10 +1,10 @@
-// The decider: one delivery from a worker taking it (take) to its ending.
-// deliver checks what ends a delivery before it is sent (a reference dead
-// letter's original, its max age, the dedup check: checkkey.go), attempt
-// sends it by its way (alone, or in a batch: batcher.go, handoff.go),
-// decide says what an answer makes of it and endingOf what comes of that:
-// an ending the settler carries out (settle.go), or a hold (hold.go) and
-// another attempt.
+// The decider: one delivery from a worker taking it (take) to its ending
+// (ending.go). deliver checks what ends a delivery before it is sent (a
+// reference dead letter's original, its max age, the dedup check:
+// checkkey.go), attempt sends it by its way (alone, or in a batch:
+// batcher.go, handoff.go), and decide says the ending an answer makes of
+// it (endingOf): one the settler carries out (settle.go), or held
+// (hold.go) and sent again.
 
 package proxy
 
@@ -79,7 +79,7 @@ func (dc *decider) take(q queued, ln lane) ended {
 	switch {
 	case dc.ph.noStart.Err() == nil && err != nil:
 		dc.log.Error("message without JetStream metadata; NAK'd", "subject", q.m.Subject(), "error", err)
-		dc.settle.end(d, giveBackEnding(nakNow, "no metadata"))
+		dc.settle.end(d, giveBackEnding(giveBackNow, "no metadata"))
 		return endedHere
 	case dc.ph.noStart.Err() == nil:
 		d.probe = probe
@@ -95,7 +95,7 @@ func (dc *decider) take(q queued, ln lane) ended {
 	// it is drained after the workers, which marks the message as its
 	// key's first unsettled one (markDrained).
 	d.ord, d.okey = noLines{}, ""
-	dc.settle.end(d, giveBackEnding(afterLastPull, "shutting down"))
+	dc.settle.end(d, giveBackEnding(giveBackLater, "shutting down"))
 	return endedHere
 }
 
@@ -238,51 +238,72 @@ func (dc *decider) attempt(d *delivery) (handedOff bool) {
 	return false
 }
 
-// answered is what decide made of an answer (res) to d's request.
+// answered is what came of one request for a delivery: its ending, as
+// decide said it (or mayGo, if its checks refused the request), and the
+// request's error (errRefused: refused).
 type answered struct {
-	out outcome
-	res result
+	end ending
+	err error
 }
 
-// sendUntilSettled sends d and settles it by the answer: decide says what
-// the answer makes of the delivery, endingOf what comes of it, and the settler
-// ends it (settler.end). An attempt that spent nothing (the app
-// unreachable, a failed probe on the last allowed delivery) holds the
-// message and sends it again; so does one that its checks refused while
-// deliveries are held (refused). After a 2xx with dedup on, recording the
-// key and the ack are handed to the recorder, so the worker takes the next
-// message while the key commits. first, if not nil, is the answer to a
+// sendUntilSettled sends d and settles it by the answer: decide says the
+// ending the answer makes of the delivery, and the settler carries it out
+// (settler.end). An attempt that spent nothing (the app unreachable, a
+// failed probe on the last allowed delivery) holds the message (endHeld)
+// and sends it again; so does one that its checks refused while
+// deliveries are held (mayGo). After a 2xx with dedup on, recording the key
+// and the ack are handed to the recorder, so the worker takes the next
+// message while the key commits. first, if not nil, is what came of a
 // request sent already (handoff.go).
 func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span *attemptSpan, first *answered) {
 	var lastErr error
-	delivered := false
 	var end ending
 	for end.kind == endNone {
 		var a answered
 		if first != nil {
 			a, first = *first, nil
 		} else {
-			answer, took, err := dc.way.send(d, h, ct, span, dc.goAhead(d, span))
-			a.res = result{answer: answer, took: took, err: err}
-			if !errors.Is(err, errRefused) {
-				a.out = dc.decide(d, err, took)
-			}
+			a = dc.try(d, h, ct, span)
 		}
-		if errors.Is(a.res.err, errRefused) {
-			end = dc.refused(d, span)
-			continue
+		if !errors.Is(a.err, errRefused) {
+			lastErr = a.err
 		}
-		lastErr = a.res.err
-		delivered = a.out == outDelivered
-		end = dc.endingOf(d, span, a.out, a.res.err, a.res.answer, a.res.took)
+		end = dc.follow(d, span, a.end)
 	}
+	span.setOutcome(end.kind.String())
 	dc.settle.end(d, end)
 	span.end(lastErr)
-	if !delivered {
+	if end.kind != endSucceeded {
 		// After any ending but a 2xx's (whose key the recorder records),
 		// the key's next delivery goes ahead.
 		dc.settle.unclaim(d)
 	}
+}
+
+// try sends d once and says what came of it.
+func (dc *decider) try(d *delivery, h http.Header, ct string, span *attemptSpan) answered {
+	answer, took, err := dc.way.send(d, h, ct, span, dc.goAhead(d, span))
+	if errors.Is(err, errRefused) {
+		return answered{end: takeRefused(d), err: err}
+	}
+	return answered{end: dc.decide(d, result{answer: answer, took: took, err: err}), err: err}
+}
+
+// follow does what the decider does with e, d's ending as decide or mayGo
+// said it, before the settler carries it out: a delivery held is held
+// (holdAgain), which returns no ending to send it again, or how it ended
+// meanwhile; a success's answer takes the attempt span's context, which its
+// success record keeps.
+func (dc *decider) follow(d *delivery, span *attemptSpan, e ending) ending {
+	switch e.kind {
+	case endHeld:
+		return dc.holdAgain(d, e.why)
+	case endSucceeded:
+		if dc.o.Success != nil && e.answer != nil {
+			e.answer.Header = dc.trace.inject(span, e.answer.Header)
+		}
+	}
+	return e
 }
 
 // mayGo is the one place that decides whether d may be sent now. The
@@ -290,7 +311,8 @@ func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span 
 // (d's key's turn and the dedup check came before; the rate limit and a
 // slot of the in-flight limit are the sender's), and nothing between it
 // and the write can block, so what it says still holds when the request
-// goes. It does not block. In order:
+// goes. It does not block. It returns no ending for d to go, else, in
+// order:
 //   - courier is stopping: d goes only on its last allowed delivery with
 //     the gate open (a NAK would let JetStream give up on it unseen), else
 //     it is given back;
@@ -300,29 +322,29 @@ func (dc *decider) sendUntilSettled(d *delivery, h http.Header, ct string, span 
 //     it: given back, for the courier pinned now sends it in its key's
 //     order;
 //   - d outlived COURIER_MAX_AGE: dead-lettered.
-func (dc *decider) mayGo(d *delivery) refusal {
+func (dc *decider) mayGo(d *delivery) ending {
 	stopping := dc.ph.noStart.Err() != nil
 	switch {
 	case stopping && !(dc.hold.open() && d.last(dc.o.MaxDeliver)):
-		return refusal{end: giveBackEnding(afterLastPull, "shutting down before it was sent")}
+		return giveBackEnding(giveBackLater, "shutting down before it was sent")
 	case !stopping && !d.probe && !dc.hold.open():
-		return refusal{hold: "deliveries were held"}
+		return heldEnding("deliveries were held")
 	case d.ord.outdated(d.oepoch):
-		return refusal{end: giveBackEnding(pinMoved, "the durable's pin moved to another courier")}
+		return giveBackEnding(giveBackMoved, "the durable's pin moved to another courier")
 	}
 	if f, expired := dc.expired(d); expired {
-		return refusal{end: deadLetterEnding(f)}
+		return deadLetterEnding(f)
 	}
-	return refusal{}
+	return ending{}
 }
 
 // goAhead is d's checks as the sender makes them once the request's waits
-// are over: mayGo, kept on d for refused if it refuses (errRefused), and
-// the request counted on d's span if it goes.
+// are over: mayGo, its ending kept on d if it refuses (errRefused; taken
+// by takeRefused), and the request counted on d's span if it goes.
 func (dc *decider) goAhead(d *delivery, span *attemptSpan) func() error {
 	return func() error {
-		if v := dc.mayGo(d); v.refuses() {
-			d.refusal = v
+		if e := dc.mayGo(d); e.kind != endNone {
+			d.refused = e
 			return errRefused
 		}
 		span.request()
@@ -330,144 +352,110 @@ func (dc *decider) goAhead(d *delivery, span *attemptSpan) func() error {
 	}
 }
 
-// refused is what comes of d after mayGo refused its request: held again
-// (holdAgain: no ending, to send it again), or its ending.
-func (dc *decider) refused(d *delivery, span *attemptSpan) ending {
-	v := d.refusal
-	d.refusal = refusal{}
-	if v.hold != "" {
-		return dc.holdAgain(d, span, v.hold)
-	}
-	switch v.end.kind {
-	case endDeadLetter:
-		span.setOutcome("dead_lettered")
-	default:
-		span.setOutcome("released")
-	}
-	return v.end
+// takeRefused takes what mayGo said of d when it refused its request.
+func takeRefused(d *delivery) ending {
+	e := d.refused
+	d.refused = ending{}
+	return e
 }
 
-// outcome is what one attempt makes of a delivery.
-type outcome int
-
-const (
-	outDelivered   outcome = iota // a 2xx: success record, key, ack
-	outRetry                      // a transient failure: NAK with a delay
-	outExhausted                  // a transient failure on the last allowed delivery: dead letter
-	outRejected                   // a permanent failure: dead letter
-	outUnavailable                // the app unreachable: held until it answers, then sent again
-	outProbeHeld                  // a probe failed on the last allowed delivery: held for the next probe
-	outNotSent                    // the grace period ended while it waited for the rate limit
-	outAbandoned                  // the grace period ended during the request
-)
-
-// decide classifies the result of one request (Classify, the one place an
-// answer is judged), tells the breaker, and says what it makes of d.
-func (dc *decider) decide(d *delivery, err error, took time.Duration) outcome {
-	if errors.Is(err, errNotSent) {
-		return outNotSent
+// decide classifies the result of one request (classify, the one place an
+// answer is judged), tells the breaker and the gate, and returns the
+// ending it makes of d (endingOf): held (endHeld) if the attempt spent
+// nothing, to send d again once it may.
+func (dc *decider) decide(d *delivery, res result) ending {
+	if errors.Is(res.err, errNotSent) {
+		// On its last allowed delivery a NAK would let JetStream give up
+		// on it unseen, so giveBack dead-letters it.
+		return giveBackEnding(giveBackLater, "shutdown grace period over while waiting for the rate limit")
 	}
-	if err != nil && dc.ph.requests.Err() != nil {
-		return outAbandoned
+	if res.err != nil && dc.ph.requests.Err() != nil {
+		return abandoned(res.err, d.last(dc.o.MaxDeliver))
 	}
-	dc.m.request(resultLabel(err), took.Seconds())
-	class := classify(err, dc.o.Retryable)
+	dc.m.request(resultLabel(res.err), res.took.Seconds())
+	class := classify(res.err, dc.o.Retryable)
 	d.answered = class != apphttp.Unavailable
+	last := d.last(dc.o.MaxDeliver)
+	var retryAfter time.Duration
+	var fromApp bool
 	switch class {
-	case apphttp.Success:
-		dc.breaker.success()
-		return outDelivered
 	case apphttp.Unavailable:
-		return outUnavailable
+		// The outage spent nothing: d is held (the tracker keeps it in
+		// progress), and sent again once the app is back.
+		if dc.ph.fetched.Err() != nil {
+			return giveBackEnding(giveBackLater, "shutting down during an app outage")
+		}
+		dc.gate.hold(causeApp, res.err.Error())
+		if d.probe {
+			// The breaker's go-ahead reached no app: another one comes
+			// after its wait.
+			dc.breaker.retryProbe()
+		}
 	case apphttp.Transient:
-		fromApp, _ := apphttp.RetryAfter(retryAfterOf(err), dc.o.Now(), dc.o.RetryAfterMax)
-		if se := (*splitError)(nil); errors.As(err, &se) {
+		retryAfter, fromApp = apphttp.RetryAfter(retryAfterOf(res.err), dc.o.Now(), dc.o.RetryAfterMax)
+		if se := (*splitError)(nil); errors.As(res.err, &se) {
 			// A batch refused whole is no sign of an outage: the app
 			// answered, as for a message rejected.
 			dc.breaker.success()
 		} else {
-			dc.breaker.failure(d.skey, d.attempt == 1, fromApp, d.probe)
+			dc.breaker.failure(d.skey, d.attempt == 1, retryAfter, d.probe)
 		}
+		if last && d.probe {
+			d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
+				statusAttr(res.err), "error", res.err.Error())
+			if d.attempt > 1 && !d.detached && dc.ph.fetched.Err() == nil {
+				dc.detach(d)
+			}
+		}
+	default:
+		dc.breaker.success()
+	}
+	return endingOf(class, res, retryAfter, fromApp, last, d.probe)
+}
+
+// endingOf is the ending an answer of class makes of a delivery: res is its
+// request's result, retryAfter the app's Retry-After, capped (fromApp: it
+// gave one), last that the delivery is the message's last allowed one,
+// probe that it was the breaker's probe.
+func endingOf(class apphttp.Class, res result, retryAfter time.Duration, fromApp, last, probe bool) ending {
+	switch class {
+	case apphttp.Success:
+		return ending{kind: endSucceeded, answer: res.answer, took: res.took}
+	case apphttp.Unavailable:
+		return heldEnding("the app was unavailable")
+	case apphttp.Transient:
 		switch {
-		case d.last(dc.o.MaxDeliver) && d.probe:
+		case last && probe:
 			// A probe never spends a message's last allowed delivery.
-			return outProbeHeld
-		case d.last(dc.o.MaxDeliver):
-			return outExhausted
+			return heldEnding("the breaker was open")
+		case last:
+			return deadLetterEnding(failure{reason: dlq.ReasonExhausted, err: res.err})
 		}
-		return outRetry
+		return ending{kind: endRetry, err: res.err, retryAfter: retryAfter, fromApp: fromApp}
 	}
-	dc.breaker.success()
-	return outRejected
+	return deadLetterEnding(failure{reason: dlq.ReasonRejected, err: res.err})
 }
 
-// endingOf says what comes of what decide said: d's ending, or none to send
-// d again.
-func (dc *decider) endingOf(d *delivery, span *attemptSpan, out outcome, err error, answer *apphttp.Answer, took time.Duration) ending {
-	switch out {
-	case outDelivered:
-		span.setOutcome("delivered")
-		if dc.o.Success != nil && answer != nil {
-			// The success record keeps the attempt span's context.
-			answer.Header = dc.trace.inject(span, answer.Header)
-		}
-		return ending{kind: endSucceeded, answer: answer, took: took}
-	case outRetry:
-		span.setOutcome("retried")
-		return ending{kind: endRetry, err: err}
-	case outExhausted:
-		span.setOutcome("dead_lettered")
-		return deadLetterEnding(failure{reason: dlq.ReasonExhausted, err: err})
-	case outRejected:
-		span.setOutcome("dead_lettered")
-		return deadLetterEnding(failure{reason: dlq.ReasonRejected, err: err})
-	case outUnavailable:
-		return dc.heldForApp(d, span, err)
-	case outProbeHeld:
-		d.log.Debug("probe failed on the message's last allowed delivery; held for the next probe",
-			statusAttr(err), "error", err.Error())
-		if d.attempt > 1 && !d.detached && dc.ph.fetched.Err() == nil {
-			dc.detach(d)
-		}
-		return dc.holdAgain(d, span, "the breaker was open")
-	case outNotSent:
-		// On its last allowed delivery a NAK would let JetStream give up
-		// on it unseen, so giveBack dead-letters it.
-		span.setOutcome("released")
-		return giveBackEnding(afterLastPull, "shutdown grace period over while waiting for the rate limit")
+// retryAfterOf is the app's Retry-After of a failed request, if any.
+func retryAfterOf(err error) string {
+	var ae *apphttp.AppError
+	if errors.As(err, &ae) {
+		return ae.RetryAfter
 	}
-	return dc.abandoned(d, span, err) // outAbandoned
+	return ""
 }
 
-// heldForApp holds d after its request found the app unreachable (the
-// tracker keeps it in progress): the outage spent nothing. It returns no
-// ending to send d again once the app is back.
-func (dc *decider) heldForApp(d *delivery, span *attemptSpan, err error) ending {
-	if dc.ph.fetched.Err() != nil {
-		span.setOutcome("released")
-		return giveBackEnding(afterLastPull, "shutting down during an app outage")
-	}
-	dc.gate.hold(causeApp, err.Error())
-	if d.probe {
-		// The breaker's go-ahead reached no app: another one comes
-		// after its wait.
-		dc.breaker.retryProbe()
-	}
-	return dc.holdAgain(d, span, "the app was unavailable")
-}
-
-// abandoned is d's ending after the grace period ended during its request:
-// the app may have acted, so the attempt is spent; a message on its last
-// delivery is dead-lettered, as a timeout would be. (A 2xx that came in,
-// its body cut off by the cancel, is not abandoned: decide finds no error.)
-func (dc *decider) abandoned(d *delivery, span *attemptSpan, err error) ending {
-	if d.last(dc.o.MaxDeliver) {
-		span.setOutcome("dead_lettered")
+// abandoned is the ending of a delivery after the grace period ended
+// during its request (err): the app may have acted, so the attempt is
+// spent; on the message's last allowed delivery (last) it is
+// dead-lettered, as a timeout would be. (A 2xx that came in, its body cut
+// off by the cancel, is not abandoned: decide finds no error.)
+func abandoned(err error, last bool) ending {
+	if last {
 		return deadLetterEnding(failure{reason: dlq.ReasonExhausted,
 			err: fmt.Errorf("request abandoned when the shutdown grace period ended: %w", err)})
 	}
-	span.setOutcome("released")
-	return giveBackEnding(nakNow, "shutdown grace period over")
+	return giveBackEnding(giveBackNow, "shutdown grace period over")
 }
 
 // holdAgain holds d (in progress, spending nothing) as a worker holds a
@@ -476,11 +464,10 @@ func (dc *decider) abandoned(d *delivery, span *attemptSpan, err error) ending {
 // send d again. Otherwise d ends: dead-lettered if it outlived
 // COURIER_MAX_AGE meanwhile, given back if courier stopped fetching; while
 // says what held it, for the dead letter and the log.
-func (dc *decider) holdAgain(d *delivery, span *attemptSpan, while string) ending {
+func (dc *decider) holdAgain(d *delivery, while string) ending {
 	probe := dc.hold.hold(dc.ph.fetched, d.attempt == 1)
 	if dc.ph.fetched.Err() != nil {
-		span.setOutcome("released")
-		return giveBackEnding(afterLastPull, "shutting down while "+while)
+		return giveBackEnding(giveBackLater, "shutting down while "+while)
 	}
 	// A new go-ahead: no answer has reached the breaker for it yet.
 	d.probe, d.answered = probe, false
@@ -489,6 +476,5 @@ func (dc *decider) holdAgain(d *delivery, span *attemptSpan, while string) endin
 		return ending{}
 	}
 	f.err = fmt.Errorf("message exceeded COURIER_MAX_AGE %s while %s", dc.o.MaxAge, while)
-	span.setOutcome("dead_lettered")
 	return deadLetterEnding(f)
 }

@@ -53,9 +53,10 @@ type delivery struct {
 	own      flight
 	claimed  bool // the dedup store holds a claim of ours on skey
 	probe    bool // sent while the breaker is open, to see if the app recovered
-	// refusal is why mayGo refused d's last request (decide.go), for
-	// refused to act on.
-	refusal refusal
+	// refused is what mayGo (decide.go) said of d's last request when it
+	// refused it: held (endHeld), or ended unsent; for the decider to act
+	// on.
+	refused ending
 	// answered: the app's answer reached the breaker. A probe that ends
 	// without one (a duplicate, an expired message, the app unreachable)
 	// has used the breaker's token for nothing and must ask for another.
@@ -83,26 +84,23 @@ type delivery struct {
 	records *batchRecords
 }
 
-// refusal is what mayGo (decide.go) says of a delivery about to be sent:
-// go (the zero refusal), hold it and send it again once it may, or end it
-// unsent.
-type refusal struct {
-	hold string // not "": held, saying why (for its dead letter and log)
-	end  ending // not endNone: ends so, unsent
-}
-
-// refuses reports whether v stops the request.
-func (v refusal) refuses() bool { return v.hold != "" || v.end.kind != endNone }
-
 // keyLines are the lines of order per key a delivery is in (order.go's
-// orderer), told once how it ended and asked whether its admission still
-// holds. Safe for concurrent use.
+// orderer), told once how it ended (settler.told) and asked whether its
+// admission still holds. Safe for concurrent use.
 type keyLines interface {
-	// ended tells the lines how the message at seq, key's head, ended. It
-	// returns how many of key's messages waited behind it, and, for a
-	// retry while the lines are handed on, what must be given back
-	// meanwhile, in stream order.
-	ended(key string, seq uint64, how lineEnd, delay time.Duration) (waiting int, giveBack []jetstream.Msg)
+	// settled tells the lines that seq, key's head, was settled for good:
+	// its key goes on. It returns how many of key's messages waited
+	// behind it.
+	settled(key string, seq uint64) (waiting int)
+	// retrying tells the lines that seq, key's head, was NAK'd for a
+	// retry after delay: its key awaits the redelivery. While the lines
+	// are handed on, it returns what must be given back meanwhile, in
+	// stream order.
+	retrying(key string, seq uint64, delay time.Duration) (giveBack []jetstream.Msg)
+	// gaveBack tells the lines that seq, key's head, was given back after
+	// they were handed on (outdated): they await it as a retried head,
+	// should the pin come back.
+	gaveBack(key string, seq uint64)
 	// waitingBehind is how many of key's messages wait behind its head.
 	waitingBehind(key string) int
 	// outdated reports that the lines were handed on since epoch.
@@ -113,24 +111,11 @@ type keyLines interface {
 // key off, or no key in the message): nothing waits for it.
 type noLines struct{}
 
-func (noLines) ended(string, uint64, lineEnd, time.Duration) (int, []jetstream.Msg) { return 0, nil }
-func (noLines) waitingBehind(string) int                                            { return 0 }
-func (noLines) outdated(uint64) bool                                                { return false }
-
-// lineEnd is how a key's head ended, as its lines hear it.
-type lineEnd int
-
-const (
-	// lineSettled: settled for good (acked, a duplicate, dead-lettered,
-	// the original of a stored reference dead letter): its key goes on.
-	lineSettled lineEnd = iota
-	// lineRetried: NAK'd for a retry after a delay: its key awaits the
-	// redelivery.
-	lineRetried
-	// lineGaveBack: given back after the lines were handed on (outdated):
-	// they await it as a retried head, should the pin come back.
-	lineGaveBack
-)
+func (noLines) settled(string, uint64) int                             { return 0 }
+func (noLines) retrying(string, uint64, time.Duration) []jetstream.Msg { return nil }
+func (noLines) gaveBack(string, uint64)                                {}
+func (noLines) waitingBehind(string) int                               { return 0 }
+func (noLines) outdated(uint64) bool                                   { return false }
 
 // maxStoredKey bounds what the dedup store holds per key; a longer key (an
 // odd publisher's header) is stored as its SHA-256.

@@ -31,8 +31,8 @@
 //     gives it its headers (request.go) and span (trace.go); sends it by its
 //     way, alone or in a batch (batcher.go gathers entries, handoff.go hands
 //     a delivery to a batch and settles what the batch answered); and says
-//     what the answer makes of it (decide) and the ending that calls for
-//     (endingOf), or holds it and sends it again.
+//     the ending the answer makes of it (decide, endingOf; ending.go: the
+//     one type of every ending), or holds it and sends it again.
 //  4. send.go: the one path of every request to the app: the grace period,
 //     the rate limit, a slot of the in-flight limit (inflight.go, package
 //     limit), the timeout (timeout.go), the signature, the POST to its
@@ -68,7 +68,8 @@
 //     takeover.go, order.go, ordermarks.go, partition.go): the next
 //     message, in its key's order;
 //   - the holds (hold.go, gate.go, breaker.go): when nothing may be sent;
-//   - the settler (settle.go, references.go, backoff.go): every ending;
+//   - the settler (ending.go, settle.go, references.go, backoff.go): every
+//     ending;
 //   - the send path (send.go, inflight.go, routes.go, package limit);
 //   - what travels (delivery.go, request.go, phases.go, tracker.go,
 //     sourced.go, timeout.go);
@@ -79,11 +80,12 @@
 //   - delivery: one delivery of a message, from a worker taking it to its
 //     settling; its attempt is JetStream's delivery count.
 //   - ending: how a delivery ends, as the decider says it and the settler
-//     carries it out (settle.go).
+//     carries it out: one type, its kinds and their labels in metrics,
+//     spans and logs in one file (ending.go).
 //   - settle: end a delivery for good on the server: ack, NAK or Term.
 //   - give back: settle a delivery with a NAK without delay, so that another
 //     delivery takes the message at once (at shutdown, a partition handed
-//     on). Counted as released (courier_messages_total{result="released"},
+//     on). Counted as released (courier_messages_total{outcome="released"},
 //     Runner.Released).
 //   - retry: settle with a NAK with a delay; JetStream's delivery count is
 //     the one retry counter.

@@ -67,31 +67,29 @@ func (dc *decider) answer(e *batchEntry, res result) {
 		return
 	}
 	d, h, ct, span := e.d, e.h, e.ct, e.span
+	var a answered
 	if errors.Is(res.err, errRefused) {
 		// Its checks refused it when its batch was about to go: held or
 		// ended unsent, on a goroutine of its own.
-		d.batchDone = nil
-		go func() {
-			dc.sendUntilSettled(d, h, ct, span, &answered{res: res})
+		a = answered{end: takeRefused(d), err: res.err}
+	} else {
+		a = answered{end: dc.decide(d, res), err: res.err}
+		if a.end.kind == endSucceeded && dc.o.Success == nil || a.end.kind == endRetry && !d.claimed {
+			span.setOutcome(a.end.kind.String())
+			dc.settle.end(d, a.end)
+			span.end(res.err)
+			if a.end.kind != endSucceeded {
+				dc.settle.unclaim(d)
+			}
 			dc.handedOffSettled(d)
-		}()
-		return
-	}
-	out := dc.decide(d, res.err, res.took)
-	if out == outDelivered && dc.o.Success == nil || out == outRetry && !d.claimed {
-		dc.settle.end(d, dc.endingOf(d, span, out, res.err, res.answer, res.took))
-		span.end(res.err)
-		if out != outDelivered {
-			dc.settle.unclaim(d)
+			return
 		}
-		dc.handedOffSettled(d)
-		return
 	}
 	// Its own channel from now on, should it be sent again: its worker's
 	// is the worker's.
 	d.batchDone = nil
 	go func() {
-		dc.sendUntilSettled(d, h, ct, span, &answered{out: out, res: res})
+		dc.sendUntilSettled(d, h, ct, span, &a)
 		dc.handedOffSettled(d)
 	}()
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/courierhq/courier/apphttp"
@@ -28,9 +30,10 @@ type metrics struct {
 	successRecords, successErrors prometheus.Counter
 
 	// The children every message touches, looked up once: a vector's
-	// WithLabelValues hashes its labels on each call.
-	delivered, duplicate, retried, deadLettered, released prometheus.Counter
-	result                                                map[string]resultMetrics // by request result
+	// WithLabelValues hashes its labels on each call. ended has one for
+	// each kind of ending counted in courier_messages_total (endKind.counted).
+	ended  [nEndKinds]prometheus.Counter
+	result map[string]resultMetrics // by request result
 }
 
 // resultMetrics are one request result's children.
@@ -69,9 +72,15 @@ func newMetrics(reg prometheus.Registerer, deadLetters *prometheus.CounterVec) *
 // outcomes, holds, retries, and the stores' failures. Every labelled series
 // exists from the start, at 0.
 func (m *metrics) newMessageCollectors() {
+	var ends []string
+	for k := range nEndKinds {
+		if c := k.counted(); c != "" {
+			ends = append(ends, k.String()+" ("+c+")")
+		}
+	}
 	m.messages = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_messages_total",
-		Help: "Messages by how their delivery ended: delivered (acked after a 2xx), duplicate (acked, key already processed), retried (NAK'd with a delay), dead_lettered (terminated after its dead letter was stored), released (NAK'd at shutdown).",
+		Help: "Messages by how their delivery ended: " + strings.Join(ends, ", ") + ".",
 	}, []string{"outcome"})
 	m.dlqErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "courier_dead_letter_errors_total",
@@ -110,11 +119,11 @@ func (m *metrics) newMessageCollectors() {
 		Help:    "Delay of each retry: how long a NAK'd message waits before JetStream redelivers it (the app's Retry-After, capped, else the backoff schedule with jitter).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800},
 	})
-	m.delivered = m.messages.WithLabelValues("delivered")
-	m.duplicate = m.messages.WithLabelValues("duplicate")
-	m.retried = m.messages.WithLabelValues("retried")
-	m.deadLettered = m.messages.WithLabelValues("dead_lettered")
-	m.released = m.messages.WithLabelValues("released")
+	for k := range nEndKinds {
+		if k.counted() != "" {
+			m.ended[k] = m.messages.WithLabelValues(k.String())
+		}
+	}
 	for c := range nCauses {
 		m.held.WithLabelValues(c.Label())
 	}

@@ -293,18 +293,6 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	return false
 }
 
-// ended tells the lines how the head seq of key k ended (keyLines).
-func (o *orderer) ended(k string, seq uint64, how lineEnd, delay time.Duration) (waiting int, giveBack []jetstream.Msg) {
-	switch how {
-	case lineRetried:
-		return 0, o.retrying(k, seq, delay)
-	case lineGaveBack:
-		o.gaveBack(k, seq)
-		return 0, nil
-	}
-	return o.settled(k, seq), nil
-}
-
 // settled ends the head seq of key k for good (acked, a duplicate,
 // dead-lettered): the next message of its line, if any, is let go. It
 // returns how many were waiting behind it.

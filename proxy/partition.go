@@ -185,11 +185,11 @@ func (ps *partitions) handOn(s *session, loops context.Context) {
 	s.stopFetch()
 	<-s.fetched
 	for _, q := range s.order.handOn() {
-		ps.settle.giveBack(ps.settle.make.message(q.m), unpulled, "its partition is handed to another courier")
+		ps.settle.giveBack(ps.settle.make.message(q.m), giveBackUnpulled, "its partition is handed to another courier")
 	}
 	s.f.log.Debug("handing the partition on once what it holds is settled", "held", s.held.Load())
 	s.f.holdPin(loops, func() bool { return s.held.Load() == 0 }, func(m jetstream.Msg) {
-		ps.settle.giveBack(ps.settle.make.message(m), nakNow, "its partition is handed to another courier")
+		ps.settle.giveBack(ps.settle.make.message(m), giveBackNow, "its partition is handed to another courier")
 	})
 	if loops.Err() != nil {
 		return
@@ -215,7 +215,7 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 	s.finish.Do(func() {
 		for _, q := range s.order.drain() {
 			// Not expected: nothing of the partition is held.
-			ps.settle.giveBack(ps.settle.make.message(q.m), unpulled, "its partition is handed to another courier")
+			ps.settle.giveBack(ps.settle.make.message(q.m), giveBackUnpulled, "its partition is handed to another courier")
 		}
 		s.stopLoops()
 		s.loopsDone.Wait()

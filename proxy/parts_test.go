@@ -19,7 +19,7 @@ import (
 // their order.
 var (
 	below = []string{
-		"settle.go", "references.go", "backoff.go", // the settler
+		"ending.go", "settle.go", "references.go", "backoff.go", // how a delivery ends, and the settler
 		"send.go", "inflight.go", "routes.go", "timeout.go", "request.go", // the one send path
 		"delivery.go", "tracker.go", "sourced.go", // what travels, and its tracking
 		"given.go", "options.go", "phases.go", "cause.go", "metrics.go", "log.go", "trace.go",

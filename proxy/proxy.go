@@ -263,7 +263,7 @@ func (r *Runner) shutdown(loops context.Context) {
 	// that JetStream redelivers them in it; each partition, holding nothing
 	// now, is given up for the next courier to take at once (partition.go).
 	r.src.drain(loops, func(m jetstream.Msg) {
-		r.settle.giveBack(r.settle.make.message(m), afterLastPull, "shutting down while it waited behind its key")
+		r.settle.giveBack(r.settle.make.message(m), giveBackLater, "shutting down while it waited behind its key")
 	})
 }
 

@@ -72,38 +72,9 @@ type settler struct {
 	successErr     atomic.Pointer[error]
 }
 
-// ending is how a delivery ends, as the decision (decide.go) says it
-// and end does it.
-type ending struct {
-	kind   endKind
-	mode   giveBackMode    // endGiveBack
-	why    string          // endGiveBack
-	f      failure         // endDeadLetter
-	err    error           // endRetry: the attempt's
-	answer *apphttp.Answer // endSucceeded
-	took   time.Duration   // endSucceeded
-}
-
-// endKind names the ways a delivery ends.
-type endKind int
-
-const (
-	endNone       endKind = iota // not ended: sent (again)
-	endSucceeded                 // a 2xx: succeeded
-	endDuplicate                 // its key processed already: duplicate
-	endReferenced                // a stored reference dead letter's original: giveBackReferenced
-	endRetry                     // retry
-	endDeadLetter                // deadLetter
-	endGiveBack                  // giveBack
-)
-
-func giveBackEnding(mode giveBackMode, why string) ending {
-	return ending{kind: endGiveBack, mode: mode, why: why}
-}
-
-func deadLetterEnding(f failure) ending { return ending{kind: endDeadLetter, f: f} }
-
-// end ends d as e says.
+// end ends d as e says (ending.go). An ending it does not know, or one
+// that does not end a delivery (none, held), is a bug: it panics rather
+// than leave d unsettled.
 func (s *settler) end(d *delivery, e ending) {
 	switch e.kind {
 	case endSucceeded:
@@ -113,11 +84,13 @@ func (s *settler) end(d *delivery, e ending) {
 	case endReferenced:
 		s.giveBackReferenced(d)
 	case endRetry:
-		s.retry(d, e.err)
+		s.retry(d, e)
 	case endDeadLetter:
 		s.deadLetter(d, e.f)
 	case endGiveBack:
-		s.giveBack(d, e.mode, e.why)
+		s.giveBack(d, e.back, e.why)
+	default:
+		panic(fmt.Sprintf("proxy: the settler cannot end a delivery as %q (%d)", e.kind, int(e.kind)))
 	}
 }
 
@@ -213,7 +186,7 @@ func (s *settler) succeeded(d *delivery, a *apphttp.Answer, took time.Duration) 
 	}
 	s.inBackground(&s.pendingSuccess, once, then, func() {
 		s.unclaim(d)
-		s.giveBack(d, nakNow, "shutting down before its success record could be stored")
+		s.giveBack(d, giveBackNow, "shutting down before its success record could be stored")
 	})
 }
 
@@ -338,8 +311,8 @@ func (s *settler) acked(d *delivery, took time.Duration) {
 		d.log.Warn("ack failed; the message comes back and is recognised as a duplicate", "error", err)
 	}
 	s.endFlight(d, true)
-	s.told(d, lineSettled, 0)
-	s.m.delivered.Inc()
+	s.told(d, endSucceeded, 0)
+	s.m.ended[endSucceeded].Inc()
 	if d.log.enabled(slog.LevelDebug) {
 		d.log.Debug("delivered", "status", "2xx", "took", took.Round(time.Microsecond).String())
 	}
@@ -353,16 +326,20 @@ func (s *settler) duplicate(d *delivery) {
 	if err := d.m.Ack(); err != nil {
 		d.log.Warn("cannot ack duplicate; it comes back and is recognised again", "error", err)
 	}
-	s.told(d, lineSettled, 0)
-	s.m.duplicate.Inc()
+	s.told(d, endDuplicate, 0)
+	s.m.ended[endDuplicate].Inc()
 	d.log.Debug("duplicate acked without calling the app")
 }
 
 // retry NAKs d for redelivery after the app's Retry-After, capped, else
-// full-jitter backoff at JetStream's delivery count; err is its attempt's.
-func (s *settler) retry(d *delivery, err error) {
-	delay, fromApp := s.retryDelay(err, d.attempt)
-	s.told(d, lineRetried, delay)
+// full-jitter backoff at JetStream's delivery count, as e, its ending,
+// says; e.err is its attempt's.
+func (s *settler) retry(d *delivery, e ending) {
+	delay := e.retryAfter
+	if !e.fromApp {
+		delay = Delay(d.attempt, s.o.BackoffInitial, s.o.BackoffMax, s.o.BackoffMultiplier, rand.Int64N)
+	}
+	s.told(d, endRetry, delay)
 	s.track.remove(d.m)
 	var nerr error
 	if delay > 0 {
@@ -373,75 +350,33 @@ func (s *settler) retry(d *delivery, err error) {
 	if nerr != nil {
 		s.log.Warn("NAK failed; the message comes back after the ack wait", "subject", d.m.Subject(), "error", nerr)
 	}
-	s.m.retried.Inc()
+	s.m.ended[endRetry].Inc()
 	s.m.retryDelay.Observe(delay.Seconds())
-	d.log.Info("retry scheduled", statusAttr(err), "error", err.Error(),
-		"delay", delay.Round(time.Millisecond).String(), "retry_after", fromApp)
+	d.log.Info("retry scheduled", statusAttr(e.err), "error", e.err.Error(),
+		"delay", delay.Round(time.Millisecond).String(), "retry_after", e.fromApp)
 }
-
-// retryDelay is the app's Retry-After, capped, else full-jitter backoff at
-// JetStream's delivery count.
-func (s *settler) retryDelay(err error, attempt int) (time.Duration, bool) {
-	var ae *apphttp.AppError
-	if errors.As(err, &ae) && ae.RetryAfter != "" {
-		if d, ok := apphttp.RetryAfter(ae.RetryAfter, s.o.Now(), s.o.RetryAfterMax); ok {
-			return d, true
-		}
-	}
-	return Delay(attempt, s.o.BackoffInitial, s.o.BackoffMax, s.o.BackoffMultiplier, rand.Int64N), false
-}
-
-// retryAfterOf is the app's Retry-After of a failed request, if any.
-func retryAfterOf(err error) string {
-	var ae *apphttp.AppError
-	if errors.As(err, &ae) {
-		return ae.RetryAfter
-	}
-	return ""
-}
-
-// giveBackMode says when a delivery is given back, and whether its last
-// allowed delivery is dead-lettered instead.
-type giveBackMode int
-
-const (
-	// afterLastPull gives the delivery back once fetching has stopped (a
-	// message NAK'd before could come straight back to the open pull and
-	// spend another delivery). A NAK spends the delivery: on the message's
-	// last allowed one JetStream would give up on it without the app
-	// having seen it, so such a message is dead-lettered instead, saying
-	// so.
-	afterLastPull giveBackMode = iota
-	// unpulled is afterLastPull for a message no pull can bring back (its
-	// partition no longer fetches): nothing is waited for.
-	unpulled
-	// nakNow NAKs the message at once, whatever delivery it is on.
-	nakNow
-	// pinMoved is nakNow for a key's head admitted before the durable's
-	// pin moved away (orderer.outdated): its lines then await it as a
-	// retried head (orderer.gaveBack), should the pin come back.
-	pinMoved
-)
 
 // giveBack gives d back without delay, so that another delivery (another
 // courier's, or this one's after a restart) can take it at once, as mode
 // says; why is for the log.
 func (s *settler) giveBack(d *delivery, mode giveBackMode, why string) {
-	if mode == afterLastPull {
+	if mode == giveBackLater {
 		<-s.ph.fetched.Done()
 	}
-	if (mode == afterLastPull || mode == unpulled) && d.last(s.o.MaxDeliver) && s.deadLetterUnsent(d, why) {
+	if (mode == giveBackLater || mode == giveBackUnpulled) && d.last(s.o.MaxDeliver) && s.deadLetterUnsent(d, why) {
 		return
 	}
 	s.track.remove(d.m)
 	if err := d.m.Nak(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		s.log.Warn("cannot NAK message; it comes back after the ack wait", "subject", d.m.Subject(), "error", err)
 	}
-	s.m.released.Inc()
+	s.m.ended[endGiveBack].Inc()
 	s.released.Add(1)
 	s.log.Debug("message released", "subject", d.m.Subject(), "why", why)
-	if mode == pinMoved {
-		s.told(d, lineGaveBack, 0)
+	if mode == giveBackMoved {
+		// Only after the pin moved do its lines hear of it: at shutdown
+		// they are drained instead.
+		s.told(d, endGiveBack, 0)
 	}
 }
 
@@ -458,10 +393,11 @@ func (s *settler) deadLetterUnsent(d *delivery, why string) bool {
 		err: fmt.Errorf("not sent to the app: %s, on the message's last allowed delivery", why)})
 }
 
-// nakNow is giveBack for a message no worker took, NAK'd at once: what
-// the fetcher is given, to give back what it holds (fetch.go, pin.go).
+// nakNow is giveBack for a message no worker took, NAK'd at once
+// (giveBackNow): what the fetcher is given, to give back what it holds
+// (fetch.go, pin.go).
 func (s *settler) nakNow(m jetstream.Msg, why string) {
-	s.giveBack(s.make.message(m), nakNow, why)
+	s.giveBack(s.make.message(m), giveBackNow, why)
 }
 
 // unclaim ends the delivery's flight and its claim in the store after an
@@ -495,7 +431,7 @@ func (s *settler) endFlight(d *delivery, ok bool) {
 // with BackoffMax; it was counted and logged when its dead letter was stored.
 func (s *settler) giveBackReferenced(d *delivery) {
 	s.track.remove(d.m)
-	s.told(d, lineSettled, 0) // its dead letter is stored: its key goes on
+	s.told(d, endReferenced, 0) // its dead letter is stored: its key goes on
 	if err := d.m.NakWithDelay(s.o.BackoffMax); err != nil {
 		s.log.Warn("cannot NAK the original of a reference dead letter", "subject", d.m.Subject(), "error", err)
 	}
@@ -529,7 +465,7 @@ func (s *settler) deadLetter(d *delivery, f failure) {
 			return nil
 		}
 		return errors.New("not stored")
-	}, nil, func() { s.giveBack(d, nakNow, "shutting down before its dead letter could be stored") })
+	}, nil, func() { s.giveBack(d, giveBackNow, "shutting down before its dead letter could be stored") })
 }
 
 // backgroundRetry is the schedule on which a dead letter or a success
@@ -606,8 +542,8 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 		// letter's Nats-Msg-Id keeps the DLQ from storing it twice.
 		s.log.Warn("cannot terminate dead-lettered message", "subject", l.Subject, "error", err)
 	}
-	s.m.deadLettered.Inc()
-	if n := s.told(d, lineSettled, 0); n > 0 {
+	s.m.ended[endDeadLetter].Inc()
+	if n := s.told(d, endDeadLetter, 0); n > 0 {
 		d.log.Info("dead letter lets its key go on", "order_key", d.okey, "waiting", n)
 	}
 	if errors.Is(err, dlq.ErrDuplicate) {
@@ -626,15 +562,27 @@ func (s *settler) deadLetterOnce(ctx context.Context, d *delivery, f failure) bo
 
 // told tells d's lines of order per key, if its key has one, how d ended
 // (the one place they hear it), and gives back what they return; it
-// returns how many of its key's messages waited behind d. After a retry
-// while the partition is handed on, its key's later messages are given
-// back, in stream order, for the next courier.
-func (s *settler) told(d *delivery, how lineEnd, delay time.Duration) int {
-	n, back := d.ord.ended(d.okey, d.oseq, how, delay)
-	for _, m := range back {
-		s.giveBack(s.make.message(m), unpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
+// returns how many of its key's messages waited behind d. Settled for good
+// (acked, a duplicate, dead-lettered, the original of a stored reference
+// dead letter), its key goes on; NAK'd for a retry after delay, its key
+// awaits the redelivery, and while the partition is handed on, its key's
+// later messages are given back, in stream order, for the next courier;
+// given back after the lines were handed on (giveBackMoved), they await it
+// as a retried head, should the pin come back.
+func (s *settler) told(d *delivery, how endKind, delay time.Duration) int {
+	switch how {
+	case endSucceeded, endDuplicate, endReferenced, endDeadLetter:
+		return d.ord.settled(d.okey, d.oseq)
+	case endRetry:
+		for _, m := range d.ord.retrying(d.okey, d.oseq, delay) {
+			s.giveBack(s.make.message(m), giveBackUnpulled, "its partition is handed to another courier, and an earlier message of its key is retried")
+		}
+		return 0
+	case endGiveBack:
+		d.ord.gaveBack(d.okey, d.oseq)
+		return 0
 	}
-	return n
+	panic(fmt.Sprintf("proxy: order per key cannot hear of a delivery ended as %q (%d)", how, int(how)))
 }
 
 func statusAttr(err error) slog.Attr {

@@ -20,8 +20,8 @@ type counts struct {
 
 func (m *metrics) counts() counts {
 	return counts{
-		delivered: value(m.delivered), duplicate: value(m.duplicate), retried: value(m.retried),
-		deadLettered: value(m.deadLettered), released: value(m.released),
+		delivered: value(m.ended[endSucceeded]), duplicate: value(m.ended[endDuplicate]), retried: value(m.ended[endRetry]),
+		deadLettered: value(m.ended[endDeadLetter]), released: value(m.ended[endGiveBack]),
 	}
 }
 

@@ -80,7 +80,7 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.parts, p.members = parts, parts.members
+	p.parts = parts
 	p.stopMembers = parts.members.Start(ctx)
 	p.log.Info("sharing the durable's partitions with the other couriers", "partitions", p.cfg.OrderPartitions,
 		"instance", parts.members.Instance(), "work_stream", parts.Work.CachedInfo().Config.Name)
@@ -88,15 +88,12 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 }
 
 // memberInterval is how often a courier renews its membership, and
-// memberTTL how long it lasts without: a killed courier's partitions, or
-// the durable's pin, are taken by the others within memberTTL and a
-// moment (they give its pins up: proxy.Options.Membership), and a courier
-// that could not renew its membership for memberTTL (three intervals and
-// more of trouble with the bucket, or a pause) sends nothing it holds of
-// them.
+// memberTTL how long it lasts without: a killed courier's partitions are
+// taken by the others within memberTTL, or the consumer's PinnedTTL if that
+// is longer (the pin must lapse too).
 const (
-	memberInterval = 500 * time.Millisecond
-	memberTTL      = 2 * time.Second
+	memberInterval = 2 * time.Second
+	memberTTL      = 6 * time.Second
 )
 
 // joinMembers joins the durable's membership, which names this courier's
@@ -106,7 +103,12 @@ func joinMembers(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	return partition.Join(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer), partition.Options{
 		Owner:      jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer},
 		Partitions: cfg.OrderPartitions, Interval: memberInterval, TTL: memberTTL, Replicas: cfg.StreamReplicas, Logger: log,
-		Pins: runnerPins(pins),
+		Pins: func() map[int]string {
+			if r := pins.Load(); r != nil {
+				return r.Pins()
+			}
+			return nil
+		},
 	})
 }
 
@@ -120,14 +122,11 @@ func (p *path) runnerPartitions() *proxy.Partitions {
 		Consumers:  parts.Consumers,
 		Assignment: parts.members,
 		Marks:      func(i int) proxy.OrderMarks { return parts.marks.Partition(i) },
-		Handover: proxy.Handover{
-			Stream: parts.Work,
-			Unpin: func(ctx context.Context, i int) error {
-				return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
-			},
-			HandedOn: parts.members.HandedOn,
-			Clean:    parts.members.TakeHandedOn,
+		Unpin: func(ctx context.Context, i int) error {
+			return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
 		},
+		HandedOn: parts.members.HandedOn,
+		Clean:    parts.members.TakeHandedOn,
 	}
 }
 

@@ -518,7 +518,10 @@ func batchOutcome(entries []pending, results []result) (int, batchAnswer) {
 			e.Error = res.msg
 		}
 		if res.sched != nil {
-			e.Schedule, e.DeliverAt = res.sched.id.String(), res.sched.at.UTC().Format(time.RFC3339Nano)
+			e.Schedule = res.sched.id.String()
+			if !res.sched.at.IsZero() { // none: a duplicate of one delivered or cancelled
+				e.DeliverAt = res.sched.at.UTC().Format(time.RFC3339Nano)
+			}
 		}
 		ans.Entries[i] = e
 		if res.status == http.StatusOK || res.status == http.StatusAccepted {

@@ -91,7 +91,10 @@ func (s *Server) publishDelayed(reqCtx context.Context, deadline time.Time, m *n
 			res.outcome = outcomeScheduled
 		}
 		if res.ack.Duplicate {
-			// Stored within the duplicate window: its own time, if it waits.
+			// Stored within the duplicate window: its own time, if it
+			// waits; none if it was delivered or cancelled since (no
+			// deliver_at: nothing waits, and this publish stores nothing).
+			res.sched.at = time.Time{}
 			if info, err := schedule.Lookup(ctx, s.js, s.o.SchedulePrefix, id); err == nil && info.Seq == res.ack.Sequence {
 				res.sched.at = info.DeliverAt
 			}
@@ -119,8 +122,9 @@ func (s *Server) waiting(ctx context.Context, id schedule.ID, at time.Time, mine
 	if mine {
 		res.outcome = outcomeScheduled
 	}
-	// Delivered since, the read finds nothing: the answer keeps this
-	// request's time and no sequence.
+	// Delivered since, the read finds nothing: the answer has no time and
+	// no sequence.
+	res.sched.at = time.Time{}
 	if info, err := schedule.Lookup(ctx, s.js, s.o.SchedulePrefix, id); err == nil {
 		res.ack.Sequence, res.sched.at = info.Seq, info.DeliverAt
 	}
@@ -132,13 +136,16 @@ type scheduledBody struct {
 	Stream    string `json:"stream"`
 	Seq       uint64 `json:"seq"`
 	Schedule  string `json:"schedule"`
-	DeliverAt string `json:"deliver_at"`
+	DeliverAt string `json:"deliver_at,omitempty"` // none: a duplicate of one delivered or cancelled
 	Duplicate bool   `json:"duplicate"`
 }
 
 func scheduledAnswer(res result) scheduledBody {
-	return scheduledBody{Stream: res.ack.Stream, Seq: res.ack.Sequence, Schedule: res.sched.id.String(),
-		DeliverAt: res.sched.at.UTC().Format(time.RFC3339Nano), Duplicate: res.dup}
+	b := scheduledBody{Stream: res.ack.Stream, Seq: res.ack.Sequence, Schedule: res.sched.id.String(), Duplicate: res.dup}
+	if !res.sched.at.IsZero() {
+		b.DeliverAt = res.sched.at.UTC().Format(time.RFC3339Nano)
+	}
+	return b
 }
 
 // LogSchedules logs, for each stream that captures Options.Subjects,

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -183,6 +184,22 @@ func TestDelayedPublishRefused(t *testing.T) {
 			}
 		})
 	}
+	// The command is written to be copied as it is: payments.>, not
+	// payments.\u003e (JSON's escape of HTML characters).
+	req, err := http.NewRequest(http.MethodPost, a.url+PathPrefix+"payments.a", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Courier-Delay", "90")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(raw), "--subjects='payments.>,_sched.PAYMENTS.>'") {
+		t.Errorf("the answer's command is not as it is to be copied: %s", raw)
+	}
 	if n := msgCount(t, js, "ORDERS") + msgCount(t, js, "PAYMENTS"); n != 0 {
 		t.Errorf("%d messages stored by refused publishes", n)
 	}
@@ -251,6 +268,12 @@ func TestCancelSchedule(t *testing.T) {
 	}
 	if st, body := a.do(http.MethodDelete, SchedulesPath+ans.Schedule); st != http.StatusNotFound || !strings.Contains(body, "no such schedule waiting") {
 		t.Errorf("cancel again: %d %s, want 404", st, body)
+	}
+	// The publish sent again within the duplicate window is the one
+	// cancelled: a duplicate, with no time, for nothing waits.
+	if again := a.post("orders.created", "never", "Courier-Delay", "2s", "Idempotency-Key", "c-1"); again.status != http.StatusAccepted ||
+		!again.Duplicate || again.DeliverAt != "" {
+		t.Errorf("the cancelled publish sent again: %+v, want 202, a duplicate, no deliver_at", again)
 	}
 	if st, body := a.do(http.MethodDelete, SchedulesPath+"nonsense"); st != http.StatusBadRequest {
 		t.Errorf("cancel of no id: %d %s, want 400", st, body)

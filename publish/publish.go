@@ -403,7 +403,9 @@ func (s *Server) answer(w http.ResponseWriter, res result) {
 		h["Www-Authenticate"] = s.hdr.wwwAuthenticate
 	}
 	w.WriteHeader(res.status)
-	_ = json.NewEncoder(w).Encode(errorBody{res.msg})
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // a command the answer names is copied as it is: orders.> not orders.\u003e
+	_ = enc.Encode(errorBody{res.msg})
 }
 
 // answerHeaders are the values answer sets, made once per Server: net/http

@@ -94,14 +94,22 @@ func (s *sidecar) startPublish(ctx context.Context) (func(), error) {
 // publishes wait: a few stream reads.
 const schedulesReportTimeout = 5 * time.Second
 
-// connectPublish hands the publish API, if on, the NATS connection, and
-// logs for each stream it publishes to whether delayed publishing is on
-// and where the schedules wait, or why it is off and what fixes it.
-func (s *sidecar) connectPublish(ctx context.Context) {
+// connectPublish hands the publish API, if on, the NATS connection.
+func (s *sidecar) connectPublish() {
+	if s.publisher != nil {
+		s.publisher.Connect(s.nc, s.js)
+	}
+}
+
+// logSchedules logs, if the publish API is on, for each stream it
+// publishes to whether delayed publishing is on and where the schedules
+// wait, or why it is off and what fixes it. Called once the durables are
+// set up: a durable's filter, which start updates to leave the schedules
+// out, is one of the reasons.
+func (s *sidecar) logSchedules(ctx context.Context) {
 	if s.publisher == nil {
 		return
 	}
-	s.publisher.Connect(s.nc, s.js)
 	ctx, cancel := context.WithTimeout(ctx, schedulesReportTimeout)
 	defer cancel()
 	s.publisher.LogSchedules(ctx)

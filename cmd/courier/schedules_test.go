@@ -281,6 +281,35 @@ func TestScheduleCancelled(t *testing.T) {
 	}
 }
 
+// TestScheduleLogAfterTheDurableLeavesThemOut: the first start after the
+// stream was made to capture the schedules finds the durable set up
+// before, taking them in; the start updates its filter, and the start-up
+// log says delayed publishing is on, not off for a reason the start has
+// just mended.
+func TestScheduleLogAfterTheDurableLeavesThemOut(t *testing.T) {
+	h := newHarness(t, withSchedules)
+	natstest.Try(t, "a durable of before", func(ctx context.Context) error {
+		_, err := h.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+			Durable: "courier", Description: consumerDescription, AckPolicy: jetstream.AckExplicitPolicy})
+		return err
+	})
+	a := newApp(t, nil)
+	c := start(t, h.env(a.URL, publishEnv...))
+	poll.Until(t, 10*time.Second, "the start-up line", func() bool {
+		return len(logLines(c, "delayed publishing on")) > 0 || len(logLines(c, "delayed publishing off")) > 0
+	})
+	if off := logLines(c, "delayed publishing off"); len(off) > 0 {
+		t.Errorf("start-up log says delayed publishing is off once the durable left the schedules out: %v", off[0])
+	}
+	if info := h.consumerInfo("courier"); info == nil || info.Config.FilterSubject != "orders.>" {
+		t.Errorf("the durable's filter: %+v, want orders.>", info)
+	}
+	ans := postDelayed(t, publishAddr(t, c), "orders.created", "x", "Courier-Delay", "1m")
+	if ans.status != http.StatusAccepted {
+		t.Errorf("a delayed publish: %+v, want 202", ans)
+	}
+}
+
 // TestScheduleStreamWithout: a stream that cannot hold schedules refuses a
 // delayed publish with 409 naming the command that fixes it, and the
 // start-up log says delayed publishing is off for it and why.

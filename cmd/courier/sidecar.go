@@ -139,7 +139,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 	if s.drainConn, err = s.connect(ctx); err != nil {
 		return err
 	}
-	s.connectPublish(ctx)
+	s.connectPublish()
 	// Request/reply (README, "Results out"): answered from now on, beside the
 	// delivery loop, with its own slots and HTTP connections; on the stop
 	// signal it drains at the same time as the delivery loop.
@@ -150,6 +150,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 		}
 	}
 	if len(s.paths) == 0 {
+		s.logSchedules(ctx)
 		s.health.running(s.nc, replyLoop{s.replies})
 		s.log.Info("serving requests only (no COURIER_STREAM)", "subjects", s.cfg.ReplySubjects, "url", s.cfg.Redacted().ReplyURL)
 		<-ctx.Done()
@@ -172,6 +173,7 @@ func (s *sidecar) runSteps(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	s.logSchedules(ctx)
 	return s.deliver(ctx)
 }
 

@@ -355,12 +355,14 @@ func (s *Service) refuseWaiting() {
 // busy answers a request that found every slot taken and no room to wait:
 // 503 at once, so that its caller can try again, on another member of the
 // queue group if there is one.
+// The change to busy is logged first, so that whoever sees the answer or
+// its count finds the line too.
 func (s *Service) busy(req micro.Request, waiting int) {
-	a := s.respond(req, busyAnswer(s.o.MaxConcurrent, waiting))
-	s.m.outcome(a.outcome)
 	s.mu.Lock()
 	s.overloaded(true)
 	s.mu.Unlock()
+	a := s.respond(req, busyAnswer(s.o.MaxConcurrent, waiting))
+	s.m.outcome(a.outcome)
 }
 
 // overloaded logs when requests start being refused as busy and when one

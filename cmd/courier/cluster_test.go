@@ -139,11 +139,12 @@ func (k *cluster) replicas(stream string) int {
 }
 
 // waitReady waits until courier's /readyz answers 200 and returns its admin
-// address.
+// address: up to a minute, for three couriers starting at once on a busy
+// 3-node cluster each create R3 buckets, whose steps can take 10 s each.
 func waitReady(t *testing.T, c *courier) string {
 	t.Helper()
 	admin := adminAddr(t, c)
-	poll.Until(t, 30*time.Second, "courier ready", func() bool {
+	poll.Until(t, 60*time.Second, "courier ready", func() bool {
 		if err, done := c.exited(0); done {
 			t.Fatalf("courier exited while starting: %v", err)
 		}

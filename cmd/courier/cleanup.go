@@ -420,23 +420,16 @@ func planOrderMarks(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 // kept with the consumer, whose couriers watch it.
 func planRewinds(ctx context.Context, js jetstream.JetStream, cfg config.Config, force bool) (*item, error) {
 	name := rewind.BucketName(cfg.Stream, cfg.Consumer)
-	kv, err := js.KeyValue(ctx, name)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	} else if err != nil {
-		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
-	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	found, oerr, err := bucketOwner(ctx, js, cfg, name)
+	if !found || err != nil {
+		return nil, err
 	}
 	it := &item{what: fmt.Sprintf("key-value bucket %q (the durable's rewinds)", name)}
 	consumer, err := planConsumer(ctx, js, cfg, force)
-	var oerr *jsutil.OwnerError
 	switch {
 	case err != nil:
 		return nil, err
-	case errors.As(jsutil.CheckOwner("key-value bucket", name, st.Metadata(), jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer}), &oerr):
+	case oerr != nil:
 		// Never another durable's, even with --force.
 		it.keep = fmt.Sprintf("it is the rewinds of consumer %q on stream %q, whose names make the same bucket name", oerr.Owner.Consumer, oerr.Owner.Stream)
 	case consumer != nil && consumer.keep != "":
@@ -449,6 +442,26 @@ func planRewinds(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	return it, keepForLiveCourier(ctx, js, cfg, force, it, "watches its rewinds there")
 }
 
+// bucketOwner looks key-value bucket name up: found is false when it does
+// not exist; oerr, when it records another durable than cfg's (names of
+// two durables can make one bucket name), never to be removed for cfg's.
+func bucketOwner(ctx context.Context, js jetstream.JetStream, cfg config.Config, name string) (found bool, oerr *jsutil.OwnerError, err error) {
+	kv, err := js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return false, nil, nil
+	} else if err != nil {
+		return false, nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return false, nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	}
+	if errors.As(jsutil.CheckOwner("key-value bucket", name, st.Metadata(), jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer}), &oerr) {
+		return true, oerr, nil
+	}
+	return true, nil, nil
+}
+
 // planPinHolders finds the membership bucket of a durable with order per
 // key and no partitions (pinwatch.go); a partitioned durable's is found by
 // planPartitions.
@@ -457,23 +470,16 @@ func planPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		return nil, err
 	}
 	name := partition.MembersBucket(cfg.Stream, cfg.Consumer)
-	kv, err := js.KeyValue(ctx, name)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	} else if err != nil {
-		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
-	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("looking up key-value bucket %q: %w", name, err)
+	found, oerr, err := bucketOwner(ctx, js, cfg, name)
+	if !found || err != nil {
+		return nil, err
 	}
 	it := &item{what: fmt.Sprintf("key-value bucket %q (the couriers holding the durable's pin)", name)}
 	consumer, err := planConsumer(ctx, js, cfg, force)
-	var oerr *jsutil.OwnerError
 	switch {
 	case err != nil:
 		return nil, err
-	case errors.As(jsutil.CheckOwner("key-value bucket", name, st.Metadata(), jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer}), &oerr):
+	case oerr != nil:
 		it.keep = fmt.Sprintf("it is the couriers of consumer %q on stream %q, whose names make the same bucket name", oerr.Owner.Consumer, oerr.Owner.Stream)
 	case consumer != nil && consumer.keep != "":
 		it.keep = "the consumer is kept, and the couriers on it name themselves here"

@@ -26,7 +26,9 @@ import (
 // one that stops cleanly deletes its key. Each courier watches the bucket
 // and computes, from the live members, the partitions it is to pull from
 // (Assign). Two couriers may briefly disagree; the pins keep one courier a
-// partition at a time meanwhile.
+// partition at a time meanwhile. The heartbeats are also the couriers'
+// liveness (liveness.go): the pins of one whose key went are given up by
+// the others, and a courier whose own key may have gone holds nothing.
 
 // MembersBucket is the membership bucket of consumer on stream:
 // "COURIER_MEMBERS_<stream>_<consumer>" (characters a bucket name cannot
@@ -61,7 +63,7 @@ type Options struct {
 	Instance string
 	// Partitions is how many partitions the durable has. Required.
 	Partitions int
-	// Interval is how often the key is put again; default 2s. TTL is how
+	// Interval is how often the key is put again; default 1s. TTL is how
 	// long it lives without (the bucket's TTL, whole seconds); default
 	// three intervals.
 	Interval, TTL time.Duration
@@ -83,6 +85,8 @@ type Options struct {
 // once (or Start); Assigned and Instance are safe for concurrent use.
 type Members struct {
 	o   Options
+	js  jetstream.JetStream
+	cfg jetstream.KeyValueConfig // the bucket's, made again if it is deleted
 	kv  jetstream.KeyValue
 	log *slog.Logger
 	// w is the watch of the members' keys, alive until stopWatch (its
@@ -94,6 +98,9 @@ type Members struct {
 	seen     map[string]time.Time // member → when its key was last put (this clock)
 	assigned []int
 	changed  chan struct{} // closed at the next change of assigned
+	// What liveness.go keeps: the pins each member names, those of
+	// members gone, and this courier's own term.
+	live
 }
 
 // Join creates or updates the bucket, puts this courier's key, and reads
@@ -106,7 +113,7 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 		o.Instance = InstanceID()
 	}
 	if o.Interval <= 0 {
-		o.Interval = 2 * time.Second
+		o.Interval = time.Second
 	}
 	if o.TTL <= 0 {
 		o.TTL = 3 * o.Interval
@@ -137,8 +144,8 @@ func Join(ctx context.Context, js jetstream.JetStream, bucket string, o Options)
 	if err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}
-	m := &Members{o: o, kv: kv, log: o.Logger.With("component", "partitions", "instance", o.Instance),
-		seen: map[string]time.Time{}, changed: make(chan struct{})}
+	m := &Members{o: o, js: js, cfg: cfg, kv: kv, log: o.Logger.With("component", "partitions", "instance", o.Instance),
+		seen: map[string]time.Time{}, changed: make(chan struct{}), live: newLive()}
 	if err := m.put(ctx); err != nil {
 		return nil, fmt.Errorf("membership bucket %s: %w", bucket, err)
 	}
@@ -163,7 +170,7 @@ func (m *Members) watch(ctx context.Context) error {
 		}
 		return err
 	}
-	seen := map[string]time.Time{}
+	var entries []jetstream.KeyValueEntry
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -172,12 +179,23 @@ func (m *Members) watch(ctx context.Context) error {
 				return errors.New("watch ended")
 			}
 			if e != nil {
-				noteIn(seen, e, m.o.Now())
+				entries = append(entries, e)
 				continue
 			}
-			// The values there were: what follows is news.
+			// The values there were: what follows is news. A member
+			// known before and absent now left while the watch was down.
 			m.mu.Lock()
-			m.seen = seen
+			now := m.o.Now()
+			was := m.seen
+			m.seen = map[string]time.Time{}
+			for _, e := range entries {
+				m.note(e, now)
+			}
+			for id := range was {
+				if _, ok := m.seen[id]; !ok {
+					m.left(id, now)
+				}
+			}
 			m.mu.Unlock()
 			m.w, m.stopWatch = w, stop
 			return nil
@@ -229,7 +247,7 @@ func (m *Members) Run(ctx context.Context) {
 			}
 			if e != nil {
 				m.mu.Lock()
-				noteIn(m.seen, e, m.o.Now())
+				m.note(e, m.o.Now())
 				m.mu.Unlock()
 				m.reassign()
 			}
@@ -244,6 +262,9 @@ func (m *Members) Run(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(ctx, m.o.Interval)
 			err := m.put(pctx)
 			cancel()
+			if err != nil && ctx.Err() == nil {
+				err = m.makeAgain(ctx, err)
+			}
 			switch {
 			case err != nil && !failing && ctx.Err() == nil:
 				failing = true
@@ -255,6 +276,22 @@ func (m *Members) Run(ctx context.Context) {
 			m.reassign()
 		}
 	}
+}
+
+// makeAgain, after a heartbeat failed with err, makes the bucket again if
+// it was deleted (by hand, while couriers run), and puts this courier's
+// key: else every courier's term would stay lapsed. It returns err if the
+// bucket is there.
+func (m *Members) makeAgain(ctx context.Context, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, kerr := m.js.KeyValue(ctx, m.cfg.Bucket); !errors.Is(kerr, jetstream.ErrBucketNotFound) {
+		return err
+	}
+	if _, err := m.js.CreateOrUpdateKeyValue(ctx, m.cfg); err != nil {
+		return err
+	}
+	return m.put(ctx)
 }
 
 // Start runs Run in a goroutine of its own until ctx ends (the stop
@@ -269,6 +306,8 @@ func (m *Members) Start(ctx context.Context) (stop func()) {
 	return sync.OnceFunc(func() { cancel(); <-done })
 }
 
+// put puts this courier's key, naming its pins; once stored, its term is
+// renewed from when it was sent (renewed).
 func (m *Members) put(ctx context.Context) error {
 	v := Member{Instance: m.o.Instance}
 	if m.o.Pins != nil {
@@ -278,18 +317,28 @@ func (m *Members) put(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.kv.Put(ctx, memberPrefix+m.o.Instance, b)
-	return err
+	sent := m.o.Now()
+	if _, err = m.kv.Put(ctx, memberPrefix+m.o.Instance, b); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.renewed(sent)
+	m.mu.Unlock()
+	return nil
 }
 
-// noteIn takes one entry of the watch into seen, at now.
-func noteIn(seen map[string]time.Time, e jetstream.KeyValueEntry, now time.Time) {
+// note takes one entry of the watch in, at now. Called with mu held.
+func (m *Members) note(e jetstream.KeyValueEntry, now time.Time) {
 	id := strings.TrimPrefix(e.Key(), memberPrefix)
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
-		seen[id] = now
+		m.seen[id] = now
+		var mb Member
+		_ = json.Unmarshal(e.Value(), &mb)
+		m.named(id, mb.Pins)
 	default: // deleted (stopped) or purged by the TTL (killed)
-		delete(seen, id)
+		delete(m.seen, id)
+		m.left(id, now)
 	}
 }
 
@@ -304,6 +353,7 @@ func (m *Members) reassign() {
 	for id, at := range m.seen {
 		if now.Sub(at) > 2*m.o.TTL {
 			delete(m.seen, id)
+			m.left(id, now)
 			continue
 		}
 		if id != m.o.Instance {

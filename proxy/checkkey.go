@@ -50,7 +50,14 @@ var checkWait = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Secon
 // checkOnce asks the store once about skey. A store that cannot answer
 // holds deliveries (causeStore) until one of its answers comes; a key another
 // replica holds is errClaimed.
+//
+// The question outlives ctx (bounded by its own timeout): a claim the
+// store took for a question courier stopped waiting for would hold the
+// key, unreleased, for the claim's TTL, and a question cut short by the
+// stop is no sign of an outage. The caller gives the delivery back if it
+// is stopping once the answer is in (its claim then released).
 func (c *checker) once(ctx context.Context, skey string) (verdict.Verdict, error) {
+	ctx = context.WithoutCancel(ctx)
 	if !c.quick {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)

@@ -14,7 +14,8 @@
 // A message travels through the files in this order:
 //
 //  1. source.go: where a worker's next message comes from. fetch.go pulls
-//     it (pin.go: a priority group's pin), tracker.go keeps it in progress
+//     it (pin.go: a priority group's pin; takeover.go: how the pin goes
+//     from one courier to the next), tracker.go keeps it in progress
 //     and sourced.go gives a partition's message its original subject;
 //     with order per key, order.go holds it behind an earlier message of
 //     its key (ordermarks.go: that order across restarts and takeovers;
@@ -63,8 +64,9 @@
 //     its worker to its ending;
 //   - batches (batcher.go): entries gathered into one request;
 //   - tracing (trace.go): an attempt's span, a batch's;
-//   - the source and order per key (source.go, fetch.go, pin.go, order.go,
-//     ordermarks.go, partition.go): the next message, in its key's order;
+//   - the source and order per key (source.go, fetch.go, pin.go,
+//     takeover.go, order.go, ordermarks.go, partition.go): the next
+//     message, in its key's order;
 //   - the holds (hold.go, gate.go, breaker.go): when nothing may be sent;
 //   - the settler (ending.go, settle.go, references.go, backoff.go): every
 //     ending;
@@ -102,4 +104,10 @@
 //     rewind, JetStream's consumer reset; Options.Rewinds) delivers again:
 //     its key is checked and recorded in the rewind's scope (replayKey), so
 //     it reaches the app once per rewind, marked HeaderReplay.
+//   - out: what a consumer has delivered and not had settled, with this
+//     courier or another; at a takeover, the keys of what is out wait for
+//     it (takeover.go).
+//   - term: this courier's standing in its durable's membership
+//     (Membership.Term); once it lapses, nothing held of a pinned group is
+//     sent: another courier may have the pin.
 package proxy

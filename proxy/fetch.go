@@ -88,8 +88,8 @@ type fetcher struct {
 	// have arrived that were out then (a later one was delivered after):
 	// keyed messages wait until they all have (endHold). Used by the pull
 	// loop alone.
-	holdFor, arrivals int
-	holdUpTo          uint64
+	holdFor, arrivals   int
+	holdFloor, holdUpTo uint64
 	// part, for a partition's fetcher (partition.go), is its session, and
 	// wrap makes each of its messages the origin's (sourced.go). Set once,
 	// before run.
@@ -98,6 +98,20 @@ type fetcher struct {
 	// giveBack gives a message back at once (settler.nakNow). Set once,
 	// before run, with order.
 	giveBack func(m jetstream.Msg, why string)
+	// index is the partition pulled from (0: the durable), handover how
+	// its pin is handed on, and membership this courier's standing among
+	// the couriers of the durable (nil: none kept). Set once, before run.
+	// pinned is the client the consumer had pinned when checkOrphaned
+	// last read it, at pinnedRead (watch's).
+	index      int
+	handover   Handover
+	membership Membership
+	pinned     string
+	pinnedRead time.Time
+	// floorUntil: keys wait for what was out at a takeover (waitForOut)
+	// until then at most; meanwhile the ack floor, which lets them go, is
+	// read after every pull (readFloor), last at floorRead.
+	floorUntil, floorRead time.Time
 
 	// The consumer's settings as last read: its limits on one pull request
 	// (its own or the server's; 0: none), its ack wait, its pause.
@@ -184,6 +198,9 @@ func (f *fetcher) run(ctx context.Context) error {
 // as pulls do, an error to be retried after a wait, or a permanent one when
 // the consumer is gone.
 func (f *fetcher) pull(ctx context.Context) error {
+	if err := f.checkLease(ctx); err != nil {
+		return err
+	}
 	if err := f.waitToFetch(ctx); err != nil {
 		return err
 	}
@@ -199,7 +216,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 	if f.part != nil && f.pin == "" {
 		// A partition's first pull asks for one message: when the pin
 		// comes with it, what else the consumer has out is exactly what
-		// others hold (partitionPinned).
+		// others hold (tookOver).
 		room = 1
 	}
 	if f.connected != nil && !f.connected() {
@@ -237,9 +254,10 @@ func (f *fetcher) pull(ctx context.Context) error {
 		for m := range batch.Messages() {
 			f.arrived(ctx, m, room)
 		}
-		f.endHold()
+		f.endHold(ctx)
 		err = batch.Error()
 		f.checkUnpinned(err)
+		f.readFloor(ctx)
 	}
 	if endsNormally(err) {
 		f.consuming()
@@ -321,7 +339,7 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 			f.arrivals++
 		}
 		if f.arrivals >= f.holdFor {
-			f.endHold()
+			f.endHold(ctx)
 		}
 	}
 }
@@ -412,16 +430,26 @@ func (f *fetcher) room(ctx context.Context) (n int, bytes int64, ok bool) {
 // watch re-reads the consumer's settings every interval until ctx ends: its
 // ack wait, pull limits and pause can be changed on the server (an operator,
 // another instance in a rollout) while courier runs. It runs beside the pulls
-// so that a pause, which stops them, is still seen to end.
+// so that a pause, which stops them, is still seen to end. With a
+// membership, it also gives up the pin of a courier that is gone, for this
+// one to take (checkOrphaned).
 func (f *fetcher) watch(ctx context.Context) {
 	t := time.NewTicker(f.every)
 	defer t.Stop()
+	var orphans <-chan time.Time
+	if f.membership != nil && f.handover.Unpin != nil && f.group != "" && f.order != nil {
+		ot := time.NewTicker(orphanEvery)
+		defer ot.Stop()
+		orphans = ot.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			f.reread(ctx)
+		case <-orphans:
+			f.checkOrphaned(ctx)
 		}
 	}
 }

@@ -82,18 +82,53 @@ type Partitions struct {
 	Assignment Assignment
 	// Marks returns partition i's order marks; nil: none kept.
 	Marks func(i int) OrderMarks
-	// Unpin gives partition i's pin up at once
-	// (jetstream.Stream.UnpinConsumer); nil: it lapses after the
-	// consumer's PinnedTTL.
+	// Handover hands each partition's pin on.
+	Handover
+}
+
+// Handover is how the pin of a priority group is handed on to the next
+// courier: partition i's (Partitions), or the durable's (Options.Handover,
+// i 0). Any of its functions may be nil.
+type Handover struct {
+	// Unpin gives the pin up at once (jetstream.Stream.UnpinConsumer);
+	// nil: it lapses after the consumer's PinnedTTL.
 	Unpin func(ctx context.Context, i int) error
 	// HandedOn records, before the pin is given up, that this courier
-	// handed partition i on holding nothing of it. Clean reports whether a
-	// pin this courier was given at pinnedAt (the server's time) follows
-	// such a record within window, and forgets the record: first
-	// deliveries then need not wait for what another courier held. Either
-	// may be nil (every takeover waits).
+	// handed it on holding nothing and with its marks written. Clean
+	// reports whether a pin this courier was given at pinnedAt (the
+	// server's time) follows such a record within window, and forgets the
+	// record: first deliveries then need not wait for what another courier
+	// held. Either may be nil (every takeover waits).
 	HandedOn func(ctx context.Context, i int) error
 	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
+	// Stream is the stream the group's consumer reads (partition i's work
+	// stream, or the durable's). When the pin comes from a courier that
+	// did not hand it on (it died), what that courier may still hold is
+	// read from it, so that only the keys of those messages wait for
+	// them; nil: every key waits an ack wait.
+	Stream StreamReader
+}
+
+// StreamReader reads a stream's messages by sequence
+// (jetstream.Stream). Safe for concurrent use.
+type StreamReader interface {
+	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+}
+
+// Membership is this courier's standing among the couriers of its durable,
+// kept by their heartbeats (package partition): whether it may still send
+// what it holds, and whether a pin is held by a courier that is gone. Safe
+// for concurrent use.
+type Membership interface {
+	// Term returns this courier's term and whether it is live now. Once
+	// not live, or in another term than before, it may have been taken
+	// for dead and its pins given to others: what it holds of a pinned
+	// group is given back, never sent.
+	Term() (term uint64, live bool)
+	// Orphaned reports whether pin, the client the server has pinned to
+	// partition i (0: the durable), belongs to no live courier, and this
+	// courier is the one to give it up (Handover.Unpin).
+	Orphaned(i int, pin string) bool
 }
 
 // Assignment is the partitions a courier is to pull from. Safe for

@@ -83,6 +83,16 @@ type Options struct {
 	// (partition.go): New is given no consumer, and the runner pulls from
 	// the partitions assigned to it. Needs OrderKey and PriorityGroup.
 	Partitions *Partitions
+	// Handover, with OrderKey and PriorityGroup and no partitions, hands
+	// the durable's pin on (i 0): given up once this courier stopped and
+	// gave back what it held, and found clean by the courier it goes to.
+	Handover Handover
+	// Membership, with PriorityGroup, is this courier's standing among the
+	// couriers of its durable: a pin whose courier is gone is given up
+	// (Handover.Unpin, Partitions' for a partition) within seconds, not
+	// after the consumer's PinnedTTL, and this courier sends nothing of a
+	// pinned group once its own membership lapsed. Nil: neither.
+	Membership Membership
 	// BackoffInitial, BackoffMax and BackoffMultiplier shape the retry
 	// schedule before jitter. Defaults 1s, 10m, 2 (a multiplier, if set,
 	// must be at least 1).

@@ -70,12 +70,21 @@ type orderer struct {
 	holding bool
 	barrier []queued
 	stale   int
-	// epoch counts the times the pin moved away (unpinned): a message
-	// admitted before is not sent.
+	// epoch counts the times the pin moved away (unpinned) or this
+	// courier's membership lapsed (lease): a message admitted before is
+	// not sent.
 	epoch uint64
+	// lease, when set, is this courier's membership term
+	// (Membership.Term); term is the one the lines are in, and lapsed
+	// that it ended and the fetcher has yet to give back what the lines
+	// hold (ordermarks.go, lapsedNow).
+	lease  func() (uint64, bool)
+	term   uint64
+	lapsed bool
 	// blind: at the hand-over, a barrier stood (a start's or a takeover's
-	// wait for what another courier held), so this courier did not know
-	// every key's first unsettled message; its hand-over is not clean.
+	// wait for what another courier held) or a line still awaited what
+	// another courier had, so this courier did not know every key's
+	// unsettled messages; its hand-over is not clean.
 	blind bool
 	// givenBack is, for each key whose line was given back whole (drain)
 	// while its head was still with a worker, that head and the first
@@ -110,10 +119,9 @@ type keyLine struct {
 	// here (the pin may come back, and the key's later messages with it,
 	// before that message does).
 	next uint64
-	// out are heads known from elsewhere (a mark, the pin moving away)
-	// that an earlier message of the key, redelivered, took the place of
-	// (enter), in stream order: each is awaited in its turn, as the head
-	// is, until stale.
+	// out are the key's later messages another courier had out when the
+	// pin came to this one (awaitOut), in stream order: each is awaited
+	// in its turn, as the head is.
 	out []uint64
 	// retried are heads retried here that an earlier message of the key,
 	// redelivered, took the place of (enter), in stream order: each is
@@ -328,7 +336,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 		return n
 	}
 	if l.out = after(l.out, seq); len(l.out) > 0 && (n == 0 || l.out[0] < l.waiting[0].seq) {
-		// The key's next message is one known from elsewhere: awaited.
+		// The key's next message is out with another courier: awaited.
 		l.head, l.inFlight, l.here, l.out = l.out[0], false, false, l.out[1:]
 		o.awaitRetained(l, o.now())
 		if o.marks != nil && n > 0 {
@@ -479,10 +487,9 @@ func (o *orderer) forget(k string, l *keyLine) []queued {
 	return l.waiting
 }
 
-// awaitsElsewhere reports whether a line awaits more than its head, or a
-// head another courier may have settled (unpinned; a retried head an
-// earlier message took the place of; a marked head that message took the
-// place of): the marks name only each key's first. Called with mu held.
+// awaitsElsewhere reports whether a line awaits a message another courier
+// had (awaitOut, unpinned): the marks name only each key's first. Called
+// with mu held.
 func (o *orderer) awaitsElsewhere() bool {
 	for _, l := range o.lines {
 		if len(l.out) > 0 || len(l.retried) > 0 || l.retained && !l.inFlight && !l.here {
@@ -600,11 +607,12 @@ func (o *orderer) gaveBack(k string, seq uint64) {
 }
 
 // outdated reports whether a message admitted in epoch was admitted before
-// the pin last moved away from this courier: it must not be sent.
+// the pin last moved away from this courier, or this courier's membership
+// has lapsed since: it must not be sent.
 func (o *orderer) outdated(epoch uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return epoch != o.epoch
+	return !o.leaseHeld() || epoch != o.epoch
 }
 
 // stats is what the metrics show: keys with messages waiting, the messages

@@ -138,8 +138,9 @@ func (o *orderer) lift() {
 		for k, l := range o.lines {
 			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
 				// Given up without removing the mark: it may be the
-				// pinned courier's, if this one stands by.
-				heads[k], l.marked = l.head, false
+				// pinned courier's, if this one stands by. So is what
+				// else of the key was out.
+				heads[k], l.marked, l.out = l.head, false, nil
 			}
 		}
 	}
@@ -267,19 +268,22 @@ func (m *marker) set(key string, mk ordermark.Mark) {
 // run writes what is asked until ctx ends, then what is left (trying for
 // up to markFinalTries), and closes done. A wish that cannot be written is
 // kept and tried again with the next, unless a newer one replaced it.
+// Writes outlive ctx (each bounded by its own timeout): one cut short as
+// the loops stop would fail for nothing, and leave a mark the next courier
+// relies on unwritten.
 func (m *marker) run(ctx context.Context) {
 	defer close(m.done)
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
+	write := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-m.wake:
-			m.flush(ctx)
+			m.flush(write)
 		case <-retry.C:
-			m.flush(ctx)
+			m.flush(write)
 		case <-ctx.Done():
-			final := context.WithoutCancel(ctx)
-			for try := 0; m.flush(final) && try < markFinalTries; try++ {
+			for try := 0; m.flush(write) && try < markFinalTries; try++ {
 				time.Sleep(200 * time.Millisecond)
 			}
 			m.mu.Lock()
@@ -374,6 +378,39 @@ func (o *orderer) barrierDue() bool {
 	return !o.holding && !o.barrierUntil.IsZero() && o.now().After(o.barrierUntil)
 }
 
+// awaitOut makes each key of outs await its messages there, in stream
+// order: those the consumer had out when the pin came to this courier
+// (fetcher.waitForOut). Each comes back within the ack wait if the courier
+// that held it died, or was settled by that courier: it is awaited, as a
+// head kept when the pin moved away (retained), until the ack floor
+// passes it (ackFloor) or for markWait. A key with a line already (this
+// courier's, or a mark's) awaits those after its head; and, if its head is
+// not with a worker, those before it first: a mark may name a later
+// message than one still out (written by a courier that took the pin
+// without knowing what was out, and gave back only the later one).
+func (o *orderer) awaitOut(outs map[string][]uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, seqs := range outs {
+		l := o.lines[k]
+		switch {
+		case l == nil:
+			l = &keyLine{head: seqs[0], retained: true}
+			o.lines[k] = l
+			o.awaitRetained(l, o.now())
+		case !l.inFlight && seqs[0] < l.head:
+			l.out = append(l.out, l.head)
+			l.head, l.retained, l.here = seqs[0], true, false
+			stale := l.stale
+			o.awaitRetained(l, o.now())
+			l.stale = later(l.stale, stale)
+		}
+		merged := append(slices.Clone(l.out), after(seqs, l.head)...)
+		slices.Sort(merged)
+		l.out = slices.Compact(merged)
+	}
+}
+
 // after is seqs, in stream order, without those up to seq.
 func after(seqs []uint64, seq uint64) []uint64 {
 	i, found := slices.BinarySearch(seqs, seq)
@@ -381,6 +418,51 @@ func after(seqs []uint64, seq uint64) []uint64 {
 		i++
 	}
 	return seqs[i:]
+}
+
+// setLease makes the lines follow this courier's membership term (lease:
+// Membership.Term), from the term it is in now.
+func (o *orderer) setLease(lease func() (uint64, bool)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lease = lease
+	o.term, _ = lease()
+}
+
+// leaseHeld reports whether this courier's membership is live, in the term
+// the lines are in. Once it is not, every message admitted before is
+// outdated (the epoch moves on), and stays so: another courier may have
+// been given the pin meanwhile, and sends those keys now. Called with mu
+// held.
+func (o *orderer) leaseHeld() bool {
+	if o.lease == nil {
+		return true
+	}
+	if o.lapsed {
+		return false
+	}
+	if term, live := o.lease(); live && term == o.term {
+		return true
+	}
+	o.lapsed = true
+	o.epoch++
+	return false
+}
+
+// lapsedNow reports whether this courier's membership lapsed and the
+// fetcher has yet to give back what the lines hold (fetcher.checkLease).
+func (o *orderer) lapsedNow() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.leaseHeld()
+}
+
+// renew puts the lines in term, once the membership is live again and
+// what they held was given back.
+func (o *orderer) renew(term uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.term, o.lapsed = term, false
 }
 
 // takeover raises the barrier again when the pin of the consumer's

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -125,12 +124,16 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	log := ps.log.With("partition", i)
 	f := newFetcher(ps.o.Consumers[i], ps.track, ps.gate, log, ps.opts, true)
 	f.group, f.part, f.noProbe, f.giveBack = ps.opts.PriorityGroup, s, ps.hold.noProbe, ps.settle.nakNow
+	f.index, f.handover, f.membership = i, ps.o.Handover, ps.opts.Membership
 	f.wrap = func(m jetstream.Msg) jetstream.Msg { return newSourced(m, &s.held) }
 	f.bound.Store(true) // until a pull fails
 	s.f = f
 	s.order = newOrderer(ps.opts.OrderKey, ps.opts.Now, ps.rel, orderFull(ps.log))
 	s.order.untrack = ps.track.remove
 	s.order.markWait = orderBarrier(ps.opts.AckWait)
+	if m := ps.opts.Membership; m != nil {
+		s.order.setLease(m.Term)
+	}
 	if ps.o.Marks != nil {
 		if st := ps.o.Marks(i); st != nil {
 			s.order.marks = newMarker(ordermark.NewCapped(st, ordermark.Cap{MaxDelay: max(ps.opts.BackoffMax, ps.opts.RetryAfterMax), AckWait: ps.opts.AckWait, Now: ps.opts.Now, Logger: log}), log)
@@ -202,61 +205,29 @@ func (ps *partitions) handOn(s *session, loops context.Context) {
 	s.f.log.Info("partition handed on")
 }
 
-// finishSession ends session s once it holds nothing: its loops stop (its
-// marks are written), and if the pin is still this courier's and nothing
-// was abandoned, the hand-over is recorded and the pin given up, so that
-// the next courier takes the partition at once; else the pin lapses after
-// the consumer's PinnedTTL.
+// finishSession ends session s once it holds nothing: what its lines
+// still know is marked (each key's first unsettled message: a head given
+// back unsent at shutdown among them), its loops stop (its marks are
+// written), and if nothing of it was abandoned, its pin is handed on
+// (fetcher.handOnPin): the next courier takes the partition at once; else
+// the pin lapses after the consumer's PinnedTTL.
 func (ps *partitions) finishSession(ctx context.Context, s *session) {
 	s.finish.Do(func() {
+		for _, q := range s.order.drain() {
+			// Not expected: nothing of the partition is held.
+			ps.settle.giveBack(ps.settle.make.message(q.m), giveBackUnpulled, "its partition is handed to another courier")
+		}
 		s.stopLoops()
 		s.loopsDone.Wait()
 		if s.held.Load() != 0 || ps.ph.requests.Err() != nil {
 			return
 		}
-		// Clean only if this courier knew every key's first unsettled
-		// message (no wait for what a courier before it held stood) and
-		// the marks naming what it gave back are written: the next
-		// courier sends at once, awaiting only what the marks name.
-		clean := !s.order.isBlind() && s.order.marks != nil && s.order.marks.written()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if !s.f.stillPinned(ctx) {
-			return
-		}
-		if !clean {
-			s.f.log.Info("handing the partition on without a clean record: the next courier waits for what may still be out")
-		}
-		if clean && ps.o.HandedOn != nil {
-			if err := ps.o.HandedOn(ctx, s.i); err != nil {
-				s.f.log.Warn("cannot record the partition's hand-over; the next courier waits an ack wait before first deliveries", "error", err)
-			}
-		}
-		if ps.o.Unpin != nil {
-			if err := ps.o.Unpin(ctx, s.i); err != nil {
-				s.f.log.Warn("cannot give up the partition's pin; it lapses after the consumer's pinned TTL", "error", err)
-			}
-		}
+		s.f.handOnPin(ctx, s.order)
 	})
 }
 
 // heldNow is how many of the partition's messages the runner tracks.
 func (s *session) heldNow() int64 { return s.held.Load() }
-
-// clean reports whether the courier before this one handed the partition
-// on holding nothing of it just before the pin in info came to this one
-// (Partitions.Clean, within the consumer's PinnedTTL).
-func (s *session) clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool {
-	if s.ps.o.Clean == nil {
-		return false
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group == group && !g.PinnedTS.IsZero() {
-			return s.ps.o.Clean(ctx, s.i, g.PinnedTS, info.Config.PinnedTTL)
-		}
-	}
-	return false
-}
 
 // all is every session, in partition order. Called with mu held.
 func (ps *partitions) all() []*session {

@@ -22,6 +22,7 @@ import (
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/orderkey"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/verdict"
 	"github.com/courierhq/courier/ordermark"
 	"github.com/courierhq/courier/partition"
 	"github.com/courierhq/courier/proxy"
@@ -41,6 +42,8 @@ type partEnv struct {
 	// badHeaders counts requests whose subject or stream was not the
 	// origin's (the partition's token left in, the work stream's name).
 	badHeaders atomic.Int32
+	// dd is the dedup store replicas share; nil: dedup off.
+	dd proxy.Deduper
 
 	mu      sync.Mutex
 	handled map[string]int // replica → requests answered 2xx
@@ -152,12 +155,14 @@ func (e *partEnv) replica(name string) (stop func()) {
 	o.Partitions = &proxy.Partitions{
 		Consumers: consumers, Assignment: members,
 		Marks: func(i int) proxy.OrderMarks { return marks.Partition(i) },
-		Unpin: func(ctx context.Context, i int) error {
-			return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
+		Handover: proxy.Handover{
+			Unpin: func(ctx context.Context, i int) error {
+				return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
+			},
+			HandedOn: members.HandedOn, Clean: members.TakeHandedOn,
 		},
-		HandedOn: members.HandedOn, Clean: members.TakeHandedOn,
 	}
-	r, err := proxy.New(nil, dlq.NewPublisher(rjs, "dlq.s"), nil, o)
+	r, err := proxy.New(nil, dlq.NewPublisher(rjs, "dlq.s"), e.dd, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,4 +339,79 @@ func TestPartitionsRollingRestartAndNodeLoss(t *testing.T) {
 	e.publish(keys, 9, 12)
 	poll.Until(t, 90*time.Second, "every key delivered", e.delivered(keys, 12))
 	e.checkOrder(keys, 12)
+}
+
+// A courier stopped (as SIGTERM does) while its deliveries wait on a slow
+// dedup store, as on a loaded machine, leaves nothing the next courier
+// must wait out: the checks the stop came in the middle of are answered
+// and their claims given up with the messages, and the partitions are
+// handed on with their marks written. The next courier delivers every key
+// in order well within the claims' TTL.
+func TestPartitionsStopUnderLoad(t *testing.T) {
+	e := newPartEnv(t, 4, nil)
+	store := &slowClaims{took: 300 * time.Millisecond, ttl: 30 * time.Second, claims: map[string]time.Time{}, done: map[string]bool{}}
+	e.dd = store
+	keys := keysN(16)
+	stopA := e.replica("a")
+	e.publish(keys, 0, 1)
+	poll.Until(t, 30*time.Second, "a delivering", e.delivered(keys, 1))
+	e.publish(keys, 1, 5)
+	poll.Until(t, 10*time.Second, "a's deliveries waiting on the store", func() bool { return store.checking.Load() > 0 })
+	stopA()
+	stopped := time.Now()
+	e.replica("b")
+	poll.Until(t, 15*time.Second, "b delivering every key", e.delivered(keys, 5))
+	t.Logf("every key delivered %s after a stopped", time.Since(stopped).Round(time.Millisecond))
+	e.checkOrder(keys, 5)
+}
+
+// slowClaims is a dedup store shared by replicas whose every check takes a
+// while, as across a slow network: the claim is taken as the check
+// begins, and stays if the caller stops waiting for the answer, until it
+// is released or recorded, or its TTL runs out.
+type slowClaims struct {
+	took, ttl time.Duration
+	checking  atomic.Int32 // checks under way
+	mu        sync.Mutex
+	claims    map[string]time.Time // key → when its claim lapses
+	done      map[string]bool
+}
+
+func (s *slowClaims) Check(ctx context.Context, key string) (verdict.Verdict, error) {
+	s.checking.Add(1)
+	defer s.checking.Add(-1)
+	s.mu.Lock()
+	v := verdict.New
+	switch {
+	case s.done[key]:
+		v = verdict.Processed
+	case time.Now().Before(s.claims[key]):
+		v = verdict.Claimed
+	default:
+		s.claims[key] = time.Now().Add(s.ttl)
+	}
+	s.mu.Unlock()
+	select {
+	case <-time.After(s.took):
+		return v, nil
+	case <-ctx.Done():
+		return verdict.New, ctx.Err()
+	}
+}
+
+func (s *slowClaims) Record(_ context.Context, keys ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		s.done[k] = true
+		delete(s.claims, k)
+	}
+	return nil
+}
+
+func (s *slowClaims) Release(_ context.Context, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.claims, key)
+	return nil
 }

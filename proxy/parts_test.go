@@ -27,7 +27,7 @@ var (
 	above = []string{
 		"proxy.go", "decide.go", "checkkey.go", "handoff.go", "batcher.go", "summary.go", "state.go",
 		"hold.go", "gate.go", "breaker.go",
-		"source.go", "fetch.go", "pin.go", "order.go", "ordermarks.go", "partition.go",
+		"source.go", "fetch.go", "pin.go", "takeover.go", "order.go", "ordermarks.go", "partition.go",
 	}
 )
 

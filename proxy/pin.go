@@ -16,11 +16,14 @@ import (
 // checkPin notes the pin id m carries: when it is new, the pin of the
 // priority group has just moved to this courier (its start, or another
 // replica gone quiet): it reads the marks as the courier that had the pin
-// left them. If the consumer has more messages out than this pull asked
-// for, another courier may hold some of them: order per key waits for them
-// as after a restart (orderer.takeover). If not, this pull may bring them
-// all back, in the order each fell due: keyed messages wait until as many
-// as were out have arrived, and then go in stream order (endHold).
+// left them (tookOver: the pin handed on clean, or nothing else out, and
+// nothing more is awaited). If messages are out, the keys of what is out
+// wait for it (waitForOut: read from the stream). Without the stream to
+// read them from, if the consumer has more messages out than this pull
+// asked for, another courier may hold some of them: every keyed message
+// waits as after a restart (orderer.takeover); if not, this pull may bring
+// them all back, in the order each fell due: keyed messages wait until as
+// many as were out have arrived, and then go in stream order (endHold).
 //
 // What is out is counted from the consumer's info, read now (its ack
 // pending), less what this courier holds itself (a pin given anew when
@@ -42,34 +45,23 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	defer cancel()
 	marks := f.order.reload(ictx)
 	info, err := f.cons.Info(ictx)
-	if f.part != nil && f.partitionPinned(ictx, info, err, first && asked == 1) {
+	if f.tookOver(ictx, info, err, first && asked == 1) {
 		return
 	}
-	if err != nil {
-		f.log.Info("pinned to this courier; the consumer cannot be read: keyed messages wait for what another courier may still hold",
-			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return
-	}
-	// Heads kept from before the pin last moved away that the courier
-	// that had it settled meanwhile go on (orderer.unpinned).
-	f.order.ackFloor(info.AckFloor.Stream)
 	own := f.track.held() - 1 // m is tracked already, and out
 	if f.part != nil {
 		own = int(f.part.heldNow()) - 1 // of this partition only
 	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
-	if out > asked {
-		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-			"for", orderBarrier(f.ackWaitNow()).String(), "out", out)
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return
-	}
 	if out <= 1 {
 		f.order.open(true) // nothing but m is out
 		return
 	}
-	f.holdFor, f.holdUpTo, f.arrivals = out, info.Delivered.Stream, 0
+	if out > asked || f.handover.Stream != nil {
+		f.waitForOut(ctx, info.AckFloor.Stream, info.Delivered.Stream, out)
+		return
+	}
+	f.holdFor, f.holdFloor, f.holdUpTo, f.arrivals = out, info.AckFloor.Stream, info.Delivered.Stream, 0
 	f.order.hold()
 }
 
@@ -79,47 +71,17 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 // waits for is here. If the pull ended short of them, the rest are
 // elsewhere: held by another courier, or retried with a delay not yet run
 // out, or not due back from a courier that died until their ack wait runs
-// out; keyed messages wait for them as after a restart (orderer.takeover).
-func (f *fetcher) endHold() {
+// out; the keys of what was out wait for it (waitForOut).
+func (f *fetcher) endHold(ctx context.Context) {
 	if f.holdFor == 0 {
 		return
 	}
 	all := f.arrivals >= f.holdFor
 	if !all {
-		f.log.Info("pinned to this courier: keyed messages wait for what another courier may still hold",
-			"for", orderBarrier(f.ackWaitNow()).String(), "out", f.holdFor, "came_back", f.arrivals)
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
+		f.waitForOut(ctx, f.holdFloor, f.holdUpTo, f.holdFor-f.arrivals)
 	}
 	f.holdFor, f.arrivals = 0, 0
 	f.order.open(all)
-}
-
-// partitionPinned takes a partition over when its pin has come to this
-// courier (checkPin has read the marks the courier before left): lines
-// whose head is at or below the ack floor go on, and if that courier
-// handed the partition on holding nothing (Partitions.Clean), or the
-// consumer has nothing out but the one message of this courier's first
-// pull (exact: the pin came with it), the marks name each key's first
-// unsettled message: nothing more to wait for. It reports whether it took
-// the partition over; if not, checkPin waits for what was out as for the
-// durable's pin: until the pull brings it all back (the messages of a
-// courier that died come back once their ack wait is over, by the time
-// its pin lapsed), or an ack wait if some may still be with another
-// courier.
-func (f *fetcher) partitionPinned(ctx context.Context, info *jetstream.ConsumerInfo, err error, exact bool) bool {
-	if err != nil {
-		f.log.Info("pinned to this partition; its consumer cannot be read: keyed messages wait for what another courier may hold",
-			"error", err, "for", orderBarrier(f.ackWaitNow()).String())
-		f.order.takeover(orderBarrier(f.ackWaitNow()))
-		return true
-	}
-	clean := f.part.clean(ctx, info, f.group)
-	f.order.ackFloor(info.AckFloor.Stream)
-	if clean || exact && info.NumAckPending <= 1 {
-		f.log.Info("pinned to this partition", "handed_on", clean)
-		return true
-	}
-	return false
 }
 
 // stillPinned reports whether the pin of the fetcher's priority group is
@@ -193,9 +155,10 @@ func (f *fetcher) keepPin(ctx context.Context) {
 }
 
 // pinPull sends one pull no message fits in (one byte), which counts as
-// the pinned client pulling, and hands what it brings anyway to got.
+// the pinned client pulling, and hands what it brings anyway to got. Not
+// once this courier's membership lapsed: its pin is to go.
 func (f *fetcher) pinPull(got func(jetstream.Msg)) {
-	if f.connected != nil && !f.connected() {
+	if f.connected != nil && !f.connected() || f.order != nil && f.order.lapsedNow() {
 		return
 	}
 	batch, err := f.cons.Fetch(1, jetstream.FetchMaxBytes(1), jetstream.FetchMaxWait(100*time.Millisecond),
@@ -223,10 +186,16 @@ func (f *fetcher) checkUnpinned(err error) {
 	if f.order == nil || f.pin == "" || !errors.Is(err, jetstream.ErrPinIDMismatch) {
 		return
 	}
+	f.lostPin("the durable's pin moved to another courier: keyed messages held here are given back to it")
+}
+
+// lostPin forgets the pin, and gives back what the lines hold (why says
+// why, for the log).
+func (f *fetcher) lostPin(why string) {
 	f.pin = ""
 	f.pinNow.Store(nil)
 	held := f.order.unpinned()
-	f.log.Info("the durable's pin moved to another courier: keyed messages held here are given back to it", "held", len(held))
+	f.log.Info(why, "held", len(held))
 	for _, q := range held {
 		f.giveBack(q.m, "the durable's pin moved while it waited behind its key")
 	}
@@ -254,8 +223,7 @@ func (f *fetcher) waitPinned(ctx context.Context, ready <-chan struct{}) error {
 }
 
 // pinnedPartition is the partition a fetcher pulls for (partition.go's
-// session): what the runner holds of it, and whether its pin came clean.
+// session): what the runner holds of it.
 type pinnedPartition interface {
 	heldNow() int64
-	clean(ctx context.Context, info *jetstream.ConsumerInfo, group string) bool
 }

@@ -108,9 +108,14 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 			src.rel = newLetGo()
 			src.order = newOrderer(o.OrderKey, o.Now, src.rel, orderFull(r.log))
 			src.order.untrack = r.track.remove
+			src.order.markWait = orderBarrier(o.AckWait)
 			src.fetch.order, src.fetch.group, src.fetch.giveBack = src.order, o.PriorityGroup, r.settle.nakNow
+			src.fetch.handover, src.fetch.membership = o.Handover, o.Membership
 			if o.OrderMarks != nil {
 				src.order.marks = newMarker(ordermark.NewCapped(o.OrderMarks, ordermark.Cap{MaxDelay: max(o.BackoffMax, o.RetryAfterMax), AckWait: o.AckWait, Now: o.Now, Logger: r.log}), r.log)
+			}
+			if o.Membership != nil && o.PriorityGroup != "" {
+				src.order.setLease(o.Membership.Term)
 			}
 			src.registerOrderMetrics(o.Registerer)
 		}
@@ -154,12 +159,19 @@ func (r *Runner) ReferenceStored(ctx context.Context, seq uint64) (bool, error) 
 
 // Pins returns, for each partition this courier holds the pin of, the pin
 // id the server gave it (its consumer's priority group state names it):
-// `courier status` matches them. Nil without partitions.
+// `courier status` matches them. Without partitions, the durable's pin as
+// partition 0, when its pulls name a priority group and it holds the pin;
+// else nil.
 func (r *Runner) Pins() map[int]string {
-	if r.src.parts == nil {
-		return nil
+	if r.src.parts != nil {
+		return r.src.parts.pins()
 	}
-	return r.src.parts.pins()
+	if f := r.src.fetch; f.group != "" {
+		if p := f.pinNow.Load(); p != nil {
+			return map[int]string{0: *p}
+		}
+	}
+	return nil
 }
 
 // Alive reports nil while the runner's loops respond.
@@ -213,6 +225,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.shutdown(loops)
 	stopLoops()
 	loopsDone.Wait()
+	// The marks are written: the durable's pin goes to the next courier.
+	r.src.handOn(ctx, r.track.held(), ph.requests.Err() != nil)
 	r.src.wait()
 	return fatal
 }

@@ -159,9 +159,11 @@ func (rs *references) marked(ctx context.Context, d *delivery) (bool, error) {
 // dead letter: it ends as endReferenced, given back with BackoffMax, as
 // when its dead letter was stored, without calling the app, until JetStream's
 // budget is spent. A store that cannot answer lets the delivery go on (the
-// dedup check that follows holds it while the store is down).
+// dedup check that follows holds it while the store is down). The question
+// outlives a stop, as the dedup check does (checker.once): one cut short
+// is no sign of an outage.
 func (rs *references) referenced(d *delivery) bool {
-	ok, err := rs.marked(d.wait, d)
+	ok, err := rs.marked(context.WithoutCancel(d.wait), d)
 	if err != nil {
 		d.log.Warn("cannot tell whether the message's reference dead letter is stored; delivering it", "error", err)
 		return false

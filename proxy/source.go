@@ -96,6 +96,17 @@ func (s *source) drain(loops context.Context, giveBack func(jetstream.Msg)) {
 	}
 }
 
+// handOn gives the durable's pin up for the next courier at the end of
+// shutdown, once the loops have stopped (the marks are written), if this
+// courier holds nothing (held) and abandoned no request
+// (fetcher.handOnPin). Partitions hand theirs on as each is finished.
+func (s *source) handOn(ctx context.Context, held int, abandoned bool) {
+	if s.fetch == nil || s.order == nil || s.fetch.group == "" || held != 0 || abandoned {
+		return
+	}
+	s.fetch.handOnPin(ctx, s.order)
+}
+
 // wait waits for the partitions' loops and hand-overs, once Run's loops
 // have stopped.
 func (s *source) wait() {

@@ -34,28 +34,41 @@ func newSourced(m jetstream.Msg, held *atomic.Int64) jetstream.Msg {
 	if err != nil {
 		return m // no metadata: the worker NAKs it as it is
 	}
-	sm := &sourcedMsg{Msg: m, held: held, seq: meta.Sequence.Stream, subject: m.Subject()}
+	sm := &sourcedMsg{Msg: m, held: held, seq: meta.Sequence.Stream}
 	own := *meta
 	sm.meta = &own
-	h := m.Headers()
-	if _, ok := h[natshdr.SourceHeader]; !ok {
-		sm.header = h
-		// No origin named: strip the partition token the transform added.
-		if _, rest, ok := strings.Cut(sm.subject, "."); ok {
-			sm.subject = rest
-		}
-		return sm
-	}
-	if stream, seq, subject, ok := natshdr.Source(h); ok {
-		own.Stream, own.Sequence.Stream, sm.subject = stream, seq, subject
-	}
-	sm.header = make(nats.Header, len(h))
-	for k, v := range h {
-		if k != natshdr.SourceHeader {
-			sm.header[k] = v
-		}
+	var stream string
+	var seq uint64
+	sm.subject, sm.header, stream, seq = origin(m.Subject(), m.Headers())
+	if stream != "" {
+		own.Stream, own.Sequence.Stream = stream, seq
 	}
 	return sm
+}
+
+// origin is the subject and headers of the message that a message of a
+// work stream, with subject and h, copies, and that message's stream and
+// sequence (none if its header does not name them).
+func origin(subject string, h nats.Header) (string, nats.Header, string, uint64) {
+	if _, ok := h[natshdr.SourceHeader]; !ok {
+		// No origin named: strip the partition token the transform added.
+		if _, rest, ok := strings.Cut(subject, "."); ok {
+			subject = rest
+		}
+		return subject, h, "", 0
+	}
+	var stream string
+	var seq uint64
+	if st, sq, subj, ok := natshdr.Source(h); ok {
+		stream, seq, subject = st, sq, subj
+	}
+	out := make(nats.Header, len(h))
+	for k, v := range h {
+		if k != natshdr.SourceHeader {
+			out[k] = v
+		}
+	}
+	return subject, out, stream, seq
 }
 
 func (m *sourcedMsg) Subject() string      { return m.subject }

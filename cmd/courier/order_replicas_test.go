@@ -68,6 +68,27 @@ type keyedApp struct {
 	// longestGap the longest time between two such answers.
 	lastOK     time.Time
 	longestGap time.Duration
+	calls      []appCall // every request, as it came
+}
+
+// appCall is one request to keyedApp: when it came, on which path (from
+// which courier), of which key.
+type appCall struct {
+	at        time.Time
+	path, key string
+}
+
+// firstCall returns the first request after t that ok accepts; false if
+// none came.
+func (a *keyedApp) firstCall(t time.Time, ok func(appCall) bool) (appCall, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.calls {
+		if c.at.After(t) && ok(c) {
+			return c, true
+		}
+	}
+	return appCall{}, false
 }
 
 func newKeyedApp(t *testing.T, delay time.Duration) *keyedApp {
@@ -188,6 +209,7 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 	}
 	a.busy[key]++
 	a.last = path
+	a.calls = append(a.calls, appCall{at: time.Now(), path: path, key: key})
 	a.trace[key] = append(a.trace[key], fmt.Sprintf("%s %d from %s, attempt %s",
 		time.Now().Format("15:04:05.000"), n, path, attempt))
 	id := fmt.Sprint(key, "/", n)
@@ -690,18 +712,18 @@ func TestOrderPinMovesFromALiveCourier(t *testing.T) {
 	// back.
 	n := before
 	pinned := func() bool { return len(logLines(s.cs[1].asCourier(), "pinned to this courier")) > 0 }
+	pinnedBack := func() int { return len(logLines(s.cs[0].asCourier(), "pinned to this courier")) }
 	for !pinned() {
 		if n == rounds {
 			t.Fatal("replica 1 never got the pin")
 		}
+		was := pinnedBack()
 		if err := stream.UnpinConsumer(ctx, "courier", "courier"); err != nil {
 			t.Fatalf("unpin: %v", err)
 		}
 		publishRounds(t, h.js, keys, n, n+1)
 		n++
-		poll.Until(t, 10*time.Second, "a pin given", func() bool {
-			return pinned() || len(logLines(s.cs[0].asCourier(), "pinned to this courier")) > 0
-		})
+		poll.Until(t, 10*time.Second, "a pin given", func() bool { return pinned() || pinnedBack() > was })
 	}
 	t.Logf("replica 1 pinned after %d rounds unpinned", n-before)
 	publishRounds(t, h.js, keys, n, rounds)

@@ -80,7 +80,7 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.parts = parts
+	p.parts, p.members = parts, parts.members
 	p.stopMembers = parts.members.Start(ctx)
 	p.log.Info("sharing the durable's partitions with the other couriers", "partitions", p.cfg.OrderPartitions,
 		"instance", parts.members.Instance(), "work_stream", parts.Work.CachedInfo().Config.Name)
@@ -103,12 +103,7 @@ func joinMembers(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	return partition.Join(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer), partition.Options{
 		Owner:      jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer},
 		Partitions: cfg.OrderPartitions, Interval: memberInterval, TTL: memberTTL, Replicas: cfg.StreamReplicas, Logger: log,
-		Pins: func() map[int]string {
-			if r := pins.Load(); r != nil {
-				return r.Pins()
-			}
-			return nil
-		},
+		Pins: runnerPins(pins),
 	})
 }
 
@@ -122,11 +117,13 @@ func (p *path) runnerPartitions() *proxy.Partitions {
 		Consumers:  parts.Consumers,
 		Assignment: parts.members,
 		Marks:      func(i int) proxy.OrderMarks { return parts.marks.Partition(i) },
-		Unpin: func(ctx context.Context, i int) error {
-			return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
+		Handover: proxy.Handover{
+			Unpin: func(ctx context.Context, i int) error {
+				return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
+			},
+			HandedOn: parts.members.HandedOn,
+			Clean:    parts.members.TakeHandedOn,
 		},
-		HandedOn: parts.members.HandedOn,
-		Clean:    parts.members.TakeHandedOn,
 	}
 }
 

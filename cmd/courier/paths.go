@@ -11,6 +11,7 @@ import (
 
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/ordermark"
+	"github.com/courierhq/courier/partition"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/rewind"
 	"github.com/courierhq/courier/schedule"
@@ -40,9 +41,11 @@ type path struct {
 	dd     proxy.Deduper    // nil: dedup off
 	marks  *ordermark.Store // nil: no order per key
 	parts  *partitions      // nil unless COURIER_ORDER_PARTITIONS splits the durable
-	pinned *pinWatch        // the durable's consumer noting its pin: order per key without partitions
 	// rewinds are the durable's rewinds (courier rewind); nil: none known.
 	rewinds *rewind.View
+	// members is the durable's membership (partitions', or the pin
+	// holders' with order per key); nil: none.
+	members *partition.Members
 	// runner, once made, tells the membership the pins it holds.
 	runner atomic.Pointer[proxy.Runner]
 	// deadLetters counts the path's dead letters by reason, whoever stores

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync/atomic"
 
@@ -11,74 +10,39 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/partition"
+	"github.com/courierhq/courier/proxy"
 )
 
 // With order per key and no partitions, one courier at a time holds the
-// durable's pin (its priority group). `courier status` names it as it
-// names the holders of partitions: by the instance (host or pod name)
-// each courier puts, with the pin the server gave it, in the durable's
-// membership bucket (package partition, one "partition"). The delivery
-// loop does not say which pin it holds but for partitions, so pinWatch
-// reads it off the messages it fetches.
-
-// pinWatch is the durable's consumer as the delivery loop uses it, noting
-// the pin id the server gives this courier with each message of the
-// pinned group (the Nats-Pin-Id header), and forgetting it when a pull is
-// refused for a pin that moved.
-type pinWatch struct {
-	jetstream.Consumer
-	pin atomic.Pointer[string]
-}
-
-// Fetch is the consumer's Fetch, its messages passed on through a channel
-// as large as the pull, so that the goroutine copying them never waits:
-// it ends when the pull does, whoever reads.
-func (c *pinWatch) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
-	b, err := c.Consumer.Fetch(batch, opts...)
-	if err != nil {
-		return b, err
-	}
-	out := make(chan jetstream.Msg, max(batch, 1))
-	go func() {
-		defer close(out)
-		for m := range b.Messages() {
-			if p := m.Headers().Get("Nats-Pin-Id"); p != "" {
-				c.pin.Store(&p)
-			}
-			out <- m
-		}
-		if errors.Is(b.Error(), jetstream.ErrPinIDMismatch) {
-			c.pin.Store(nil)
-		}
-	}()
-	return pinnedBatch{b, out}, nil
-}
-
-// pins is the pin held now, as the membership puts it.
-func (c *pinWatch) pins() map[int]string {
-	if p := c.pin.Load(); p != nil {
-		return map[int]string{0: *p}
-	}
-	return nil
-}
-
-// pinnedBatch is a pull's messages as pinWatch passes them on.
-type pinnedBatch struct {
-	jetstream.MessageBatch
-	msgs chan jetstream.Msg
-}
-
-func (b pinnedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+// durable's pin (its priority group). The couriers of the durable keep a
+// membership (package partition, one "partition"), each naming itself by
+// its instance (host or pod name) with the pin the server gave it: `courier
+// status` names the pin's holder by it, as it names the holders of
+// partitions. Its heartbeats are also the couriers' liveness: the pin of a
+// courier that dies is given up by another within seconds, and one that
+// stops hands its pin on at once (proxy.Options.Membership and Handover).
 
 // joinPinHolders joins the membership of a durable with order per key and
-// no partitions, naming this courier with the pin it holds (pins).
-// Assignments mean nothing here: its log is kept to warnings.
-func joinPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger, pins func() map[int]string) (*partition.Members, error) {
+// no partitions, naming this courier with the pin its runner holds (pins,
+// set once the runner exists). Assignments mean only which courier gives
+// up the pin of one that is gone: its log is kept to warnings.
+func joinPinHolders(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger, pins *atomic.Pointer[proxy.Runner]) (*partition.Members, error) {
 	return partition.Join(ctx, js, partition.MembersBucket(cfg.Stream, cfg.Consumer), partition.Options{
 		Owner:      jsutil.Owner{Stream: cfg.Stream, Consumer: cfg.Consumer},
 		Partitions: 1, Interval: memberInterval, TTL: memberTTL, Replicas: cfg.StreamReplicas,
-		Logger: slog.New(minLevel{log.Handler(), slog.LevelWarn}), Pins: pins,
+		Logger: slog.New(minLevel{log.Handler(), slog.LevelWarn}), Pins: runnerPins(pins),
 	})
+}
+
+// runnerPins is what the membership's heartbeat names: the pins the runner
+// holds, once it exists.
+func runnerPins(r *atomic.Pointer[proxy.Runner]) func() map[int]string {
+	return func() map[int]string {
+		if r := r.Load(); r != nil {
+			return r.Pins()
+		}
+		return nil
+	}
 }
 
 // minLevel is a handler that drops records below its level.
@@ -99,25 +63,44 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.level}
 }
 
-// joinPinHolders wraps the durable's consumer in a pinWatch and joins the
-// membership that names the pin's holder, kept until the stop signal. A
-// membership refused for good (no permission for its bucket) costs only
-// the name in `courier status`, which then shows the pin id: it is said,
-// and courier delivers on.
+// joinPinHolders joins the membership that names the pin's holder, kept
+// past the stop signal until the sidecar closes (stopMemberships), after
+// the runner has handed its pin on: left at the signal, the others would
+// take this courier for gone and give its pin up themselves, before it
+// had given back what it holds and recorded a clean hand-over. A membership refused for good (no permission for
+// its bucket) costs the name in `courier status`, which then shows the pin
+// id, and the liveness: the pin of a courier that dies lapses after the
+// consumer's PinnedTTL. It is said, and courier delivers on.
 func (p *path) joinPinHolders(ctx context.Context) {
-	w := &pinWatch{Consumer: p.cons}
-	p.pinned = w
 	var m *partition.Members
 	err := retrySetup(ctx, p.log, "the pin holders' membership", func(ctx context.Context) error {
 		var err error
-		m, err = joinPinHolders(ctx, p.js, p.cfg, p.log, w.pins)
+		m, err = joinPinHolders(ctx, p.js, p.cfg, p.log, &p.runner)
 		return err
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			p.log.Warn("courier status will name the courier holding the durable's pin by its pin id only", "error", err)
+			p.log.Warn("courier status will name the courier holding the durable's pin by its pin id only, and a courier that dies keeps it for the consumer's pinned TTL", "error", err)
 		}
 		return
 	}
-	p.stopMembers = m.Start(ctx)
+	p.members = m
+	p.stopMembers = m.Start(context.WithoutCancel(ctx))
+}
+
+// durableHandover hands the durable's pin on (order per key, no
+// partitions): given up at a clean stop, recorded clean in the membership
+// when it has one.
+func (p *path) durableHandover() proxy.Handover {
+	if p.cfg.OrderKey == "" || partitioned(p.cfg) {
+		return proxy.Handover{}
+	}
+	stream, consumer := p.stream, p.cfg.Consumer
+	h := proxy.Handover{Unpin: func(ctx context.Context, _ int) error {
+		return stream.UnpinConsumer(ctx, consumer, orderGroup)
+	}}
+	if p.members != nil {
+		h.HandedOn, h.Clean = p.members.HandedOn, p.members.TakeHandedOn
+	}
+	return h
 }

@@ -371,11 +371,7 @@ func (p *path) setUp(ctx context.Context) error {
 // newRunner makes the delivery loop; it does no I/O.
 func (p *path) newRunner() (*proxy.Runner, error) {
 	cfg := p.cfg
-	var cons jetstream.Consumer = p.cons
-	if p.pinned != nil {
-		cons = p.pinned
-	}
-	return proxy.New(cons, dlq.NewPublisher(p.js, cfg.DLQSubject), p.dd, proxy.Options{
+	return proxy.New(p.cons, dlq.NewPublisher(p.js, cfg.DLQSubject), p.dd, proxy.Options{
 		AppURL:            cfg.AppURL,
 		AppHealthURL:      cfg.AppHealthURL,
 		Stream:            cfg.Stream,
@@ -394,6 +390,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		Rewinds:           p.rewindsView(),
 		PriorityGroup:     priorityGroup(cfg),
 		Partitions:        p.runnerPartitions(),
+		Handover:          p.durableHandover(),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,

@@ -346,12 +346,7 @@ func (rep *report) print(w io.Writer) {
 	n += rep.replicasAnomalies(w)
 	n += rep.subscriptionsAnomalies(w)
 	n += rep.adaptiveAnomalies(w)
-	for _, r := range rep.rollouts {
-		if r.err != nil || r.disorder > 0 {
-			n++
-			fmt.Fprintf(w, "  %s: %d out of their entity's order%s\n", r.name, r.disorder, noteIf(r.err))
-		}
-	}
+	n += rep.rolloutAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {
 			n++

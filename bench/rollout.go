@@ -18,24 +18,24 @@ package main
 // header). The figures are the waits from publishing to the app's first
 // call of each message, for the messages published before the event (at
 // rest), during it (a crash: the 10s after the kill) and after it; beside
-// them, what the couriers logged around the message that waited longest
-// during the event: the stall's cause.
+// them, after a kill how long until the app was called again, in a
+// rolling update how long each SIGTERM took, what the couriers logged
+// around the message that waited longest during the event (the stall's
+// cause, rolloutlog.go) and what they logged at warn or error. The
+// couriers are run by rolloutSet (rolloutset.go). It runs only when -only
+// names it (-only rollout).
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -101,11 +101,18 @@ type rolloutResult struct {
 	windows [3]waits // before, during, after
 	// recalled is, after a kill, how long until the app was called again
 	// (by any courier); -1: never.
-	recalled  time.Duration
+	recalled time.Duration
+	// stops are, in a rolling update, how long each SIGTERM took to end
+	// its courier.
+	stops     []time.Duration
 	eventTook time.Duration
 	published int
 	dups      int64
 	disorder  int // messages first called before an earlier one of their entity
+	// warns counts the lines the couriers logged at warn or error;
+	// firstWarn is the first of them.
+	warns     int
+	firstWarn string
 	worst     string
 	cause     []string // what the couriers logged around the worst wait
 	err       error
@@ -199,28 +206,21 @@ func (b *bench) rollout(ctx context.Context, cl *cluster, e rolloutEvent, m roll
 	var recall *recallWatch // a kill's
 	switch e {
 	case rollingUpdate:
-		for old := range rolloutReplicas {
-			if _, err := cs.start(ctx, true); err != nil {
-				return res, err
-			}
-			if err := cs.cs[old].stop(stopGrace); err != nil {
-				res.err = errors.Join(res.err, fmt.Errorf("courier %d: %w", old, err))
-			}
-		}
-	case crash:
-		last := b.app.lastCaller()
-		if last < 0 || last >= len(cs.cs) {
-			return res, errors.New("no courier has called the app")
-		}
-		before := t.requests.Load()
-		cs.cs[last].kill()
-		killed := time.Now()
-		recall = watchRecall(t, before, killed)
-		defer recall.stop()
-		if _, err := cs.start(ctx, false); err != nil {
+		var bad, err error
+		res.stops, bad, err = cs.update(ctx)
+		if err != nil {
 			return res, err
 		}
-		sleepCtx(ctx, rolloutCrashWindow-time.Since(killed))
+		res.err = errors.Join(res.err, bad)
+	case crash:
+		var err error
+		recall, err = cs.crash(ctx, t)
+		if recall != nil {
+			defer recall.stop()
+		}
+		if err != nil {
+			return res, err
+		}
 	}
 	end := time.Now()
 	res.eventTook = end.Sub(start)
@@ -246,47 +246,8 @@ func (b *bench) rollout(ctx context.Context, cl *cluster, e rolloutEvent, m roll
 		res.err = errors.Join(res.err, fmt.Errorf("%d messages never reached the app", lost))
 	}
 	res.worst, res.cause = worstWait(t, sent, start, end, logs)
+	res.warns, res.firstWarn = warnings(logs)
 	return res, ctx.Err()
-}
-
-// recallWatch measures how long after a kill the app is called again, by
-// any courier: past the kill's window if it takes longer. Its owner must
-// call stop.
-type recallWatch struct {
-	quit, done chan struct{}
-	once       sync.Once
-	took       time.Duration // -1: not called again; read after done
-}
-
-// watchRecall watches t from the kill at killed on, before being the
-// requests t had counted just before it.
-func watchRecall(t *tally, before int64, killed time.Time) *recallWatch {
-	w := &recallWatch{quit: make(chan struct{}), done: make(chan struct{}), took: -1}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			if t.requests.Load() != before {
-				w.took = time.Since(killed)
-				return
-			}
-			select {
-			case <-w.quit:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return w
-}
-
-// stop ends the watch and returns how long after the kill the app was
-// called again; -1: not yet.
-func (w *recallWatch) stop() time.Duration {
-	w.once.Do(func() { close(w.quit) })
-	<-w.done
-	return w.took
 }
 
 // rolloutWaits sorts the messages by when they were published (sent) into
@@ -329,202 +290,6 @@ func rolloutWaits(t *tally, sent []time.Time, from, start, end, to time.Time) ([
 		}
 	}
 	return out, disorder
-}
-
-// worstWait names the message published in [start, end) that waited
-// longest, and returns what the couriers logged from a second before it
-// was published until it was called.
-func worstWait(t *tally, sent []time.Time, start, end time.Time, logs []courierLog) (string, []string) {
-	worst, wait := -1, time.Duration(0)
-	for id, at := range sent {
-		if at.Before(start) || !at.Before(end) || !t.seen[id].Load() {
-			continue
-		}
-		if d := time.Duration(t.lat[id].Load()); d > wait {
-			worst, wait = id, d
-		}
-	}
-	if worst < 0 {
-		return "", nil
-	}
-	from, to := sent[worst].Add(-time.Second), sent[worst].Add(wait)
-	var lines []logLine
-	for i, l := range logs {
-		for _, ln := range l.lines {
-			if !ln.at.Before(from) && !ln.at.After(to) && !startUpLine(ln.msg) {
-				ln.courier = i
-				lines = append(lines, ln)
-			}
-		}
-	}
-	slices.SortFunc(lines, func(a, b logLine) int { return a.at.Compare(b.at) })
-	var out []string
-	for _, ln := range lines {
-		if len(out) == 12 {
-			out = append(out, fmt.Sprintf("... and %d more", len(lines)-12))
-			break
-		}
-		out = append(out, fmt.Sprintf("%+.3fs c%d %s", ln.at.Sub(sent[worst]).Seconds(), ln.courier, ln.text))
-	}
-	name := fmt.Sprintf("message %d (entity e%d), published %+.3fs into the event, waited %s",
-		worst, worst%rolloutEntities, sent[worst].Sub(start).Seconds(), fmtSec(wait))
-	return name, out
-}
-
-// startUpLine reports whether msg is one of the lines every courier logs
-// as it starts or stops, which say nothing of a stall.
-func startUpLine(msg string) bool {
-	if msg == "consuming" { // not "consuming again", which may be the cause
-		return true
-	}
-	for _, p := range []string{"courier starting", "features in force", "connected to NATS", "dedup keys in a shared",
-		"catching max-deliveries", "sharing the durable's partitions", "summary", "courier stopped"} {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// rolloutSet is the couriers of one run: each a process with a log, a
-// dedup directory and an admin port of its own, calling the app on a path
-// of its own (/messages/c<i>) so that the app tells who called last.
-type rolloutSet struct {
-	b      *bench
-	cl     *cluster
-	run    uint64
-	stream string
-	e      rolloutEvent
-	m      rolloutMode
-	mu     sync.Mutex
-	cs     []*child
-	logs   []string
-}
-
-func newRolloutSet(b *bench, cl *cluster, run uint64, stream string, e rolloutEvent, m rolloutMode) *rolloutSet {
-	return &rolloutSet{b: b, cl: cl, run: run, stream: stream, e: e, m: m}
-}
-
-// start starts the next courier and, with ready, waits until its /readyz
-// answers 200.
-func (s *rolloutSet) start(ctx context.Context, ready bool) (int, error) {
-	i := len(s.cs)
-	port, err := freePort()
-	if err != nil {
-		return 0, err
-	}
-	extra := append([]string{
-		"NATS_URL=" + s.cl.nodeFirst(i),
-		"COURIER_APP_URL=" + s.b.app.URL() + "/c" + strconv.Itoa(i),
-		"COURIER_ADMIN_ADDR=127.0.0.1:" + strconv.Itoa(port),
-		"COURIER_STREAM_REPLICAS=3",
-		"COURIER_ACK_WAIT=" + s.e.ackWait().String(),
-	}, s.m.env...)
-	c, logPath, err := s.b.launchReplica(dedupShared, s.run, s.stream, rolloutInflight, i, extra...)
-	if err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	s.cs, s.logs = append(s.cs, c), append(s.logs, logPath)
-	s.mu.Unlock()
-	if !ready {
-		return i, nil
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return i, nil
-			}
-		}
-		select {
-		case <-c.Exited():
-			return i, fmt.Errorf("courier %d exited before it was ready", i)
-		case <-ctx.Done():
-			return i, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return i, fmt.Errorf("courier %d not ready within 60s", i)
-		}
-	}
-}
-
-// stopAll stops every courier still running, and returns what each logged.
-func (s *rolloutSet) stopAll() []courierLog {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, c := range s.cs {
-		wg.Go(func() { _ = c.stop(stopGrace) })
-	}
-	wg.Wait()
-	out := make([]courierLog, len(s.logs))
-	for i, p := range s.logs {
-		out[i] = readCourierLog(p)
-		_ = os.Remove(p)
-	}
-	s.cs, s.logs = nil, nil
-	return out
-}
-
-// courierLog is what one courier logged, line by line.
-type courierLog struct{ lines []logLine }
-
-// logLine is one line of courier's JSON log: when, and the rest as text.
-type logLine struct {
-	at      time.Time
-	msg     string
-	text    string
-	courier int
-}
-
-// readCourierLog reads a log of courier's JSON lines.
-func readCourierLog(path string) courierLog {
-	var out courierLog
-	f, err := os.Open(path)
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) != nil {
-			continue
-		}
-		at, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(rec["time"]))
-		msg := fmt.Sprint(rec["msg"])
-		text := fmt.Sprint(rec["level"], " ", msg)
-		keys := make([]string, 0, len(rec))
-		for k := range rec {
-			if k != "time" && k != "level" && k != "msg" {
-				keys = append(keys, k)
-			}
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			text += fmt.Sprintf(" %s=%v", k, rec[k])
-		}
-		if len(text) > 300 {
-			text = text[:300] + "…"
-		}
-		out.lines = append(out.lines, logLine{at: at, msg: msg, text: text})
-	}
-	return out
-}
-
-// kill ends the process with SIGKILL and waits for it; stop is a no-op
-// after.
-func (c *child) kill() {
-	c.stopOnce.Do(func() {
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		<-c.exited
-	})
 }
 
 // rolloutPublisher publishes message after message at a steady rate,
@@ -649,6 +414,13 @@ func (rep *report) printRollouts(w io.Writer) {
 			t.add(label, fmt.Sprint(x.n), fmtSec(x.p50), fmtSec(x.p99), fmtSec(x.max), fmt.Sprint(x.lost))
 		}
 		t.write(w)
+		if len(r.stops) > 0 {
+			took := make([]string, len(r.stops))
+			for i, d := range r.stops {
+				took[i] = fmtSec(d)
+			}
+			fmt.Fprintf(w, "  each SIGTERM ended its courier in %s\n", strings.Join(took, ", "))
+		}
 		if r.event == crash {
 			called := "  the app not called again after the kill\n"
 			if r.recalled >= 0 {
@@ -656,8 +428,8 @@ func (rep *report) printRollouts(w io.Writer) {
 			}
 			fmt.Fprint(w, called)
 		}
-		fmt.Fprintf(w, "  %d published, %d duplicate requests, %d first called before an earlier message of their entity%s\n",
-			r.published, r.dups, r.disorder, noteIf(r.err))
+		fmt.Fprintf(w, "  %d published, %d duplicate requests, %d first called before an earlier message of their entity, %d logged at warn or error%s\n",
+			r.published, r.dups, r.disorder, r.warns, noteIf(r.err))
 		if r.worst != "" {
 			fmt.Fprintf(w, "  longest wait during: %s; the couriers' log meanwhile:\n", r.worst)
 			for _, l := range r.cause {
@@ -665,4 +437,32 @@ func (rep *report) printRollouts(w io.Writer) {
 			}
 		}
 	}
+}
+
+// rolloutAnomalies writes what went wrong in the scenario's runs beyond
+// waiting, and returns how many runs it names. Duplicates count only
+// after a clean stop: after a kill, what the killed courier had in flight
+// is called again.
+func (rep *report) rolloutAnomalies(w io.Writer) int {
+	n := 0
+	for _, r := range rep.rollouts {
+		var notes []string
+		if r.err != nil {
+			notes = append(notes, r.err.Error())
+		}
+		if r.disorder > 0 {
+			notes = append(notes, fmt.Sprintf("%d out of their entity's order", r.disorder))
+		}
+		if r.dups > 0 && r.event == rollingUpdate {
+			notes = append(notes, fmt.Sprintf("%d duplicate requests from clean stops", r.dups))
+		}
+		if r.warns > 0 {
+			notes = append(notes, fmt.Sprintf("%d logged at warn or error, the first: %s", r.warns, r.firstWarn))
+		}
+		if len(notes) > 0 {
+			n++
+			fmt.Fprintf(w, "  %s: %s\n", r.name, strings.Join(notes, "; "))
+		}
+	}
+	return n
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,7 +201,10 @@ type app struct {
 	// decodeJSON makes the app decode batches with encoding/json
 	// (receiveBatchJSON) rather than scan them.
 	decodeJSON atomic.Bool
-	served     chan error
+	// last is the path of the latest request: who called last, when
+	// each caller has a path of its own (rollout.go).
+	last   atomic.Pointer[string]
+	served chan error
 }
 
 // startApp listens on a random loopback port and on a Unix socket in dir,
@@ -228,6 +232,20 @@ func (a *app) URL() string { return "http://" + a.ln.Addr().String() + "/message
 // SocketURL is where the app accepts messages on its Unix socket, as
 // COURIER_APP_URL names it.
 func (a *app) SocketURL() string { return "unix://" + a.sock + ":/messages" }
+
+// lastCaller is the number of the courier that called last, on the path
+// /messages/c<i>; -1: none yet.
+func (a *app) lastCaller() int {
+	p := a.last.Load()
+	if p == nil {
+		return -1
+	}
+	i, err := strconv.Atoi(strings.TrimPrefix(*p, "/messages/c"))
+	if err != nil {
+		return -1
+	}
+	return i
+}
 
 // measure makes t the tally that receives from now on.
 func (a *app) measure(t *tally) { a.current.Store(t) }
@@ -262,6 +280,8 @@ func (a *app) handle(w http.ResponseWriter, r *http.Request) {
 		defer func() { o.exit(time.Now()) }()
 	}
 	now := time.Now()
+	path := r.URL.Path
+	a.last.Store(&path)
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		w.WriteHeader(http.StatusBadRequest)

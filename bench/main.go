@@ -25,11 +25,14 @@
 // time), and the limit and unloaded answer time auto ends at, from
 // courier's /metrics. Then publishing: courier's HTTP publish API at 16
 // callers against nats.go's synchronous js.Publish at 16 and a minimal HTTP
-// forwarder (./bench/pubforwarder) at 16 (see publish.go).
+// forwarder (./bench/pubforwarder) at 16 (see publish.go). Only when -only
+// names them (-only rollout), rollouts and crashes: a rolling update and a
+// SIGKILL of three ordered couriers on a 3-node cluster, in both modes of
+// order, and the waits they cause (see rollout.go).
 //
 // Run it from the module root:
 //
-//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-subs-n 3000] [-adaptive-n 4000] [-publish-n 20000]
+//	go run ./bench [-n 30000] [-inflight 1,16,64] [-size 256] [-rate 200] [-latency-n 2000] [-repeat 3] [-only regexp] [-replicas-n 3000] [-subs-n 3000] [-adaptive-n 4000] [-publish-n 20000] [-rollout-rate 100]
 //
 // It builds courier and the forwarder into a temporary directory, starts an
 // embedded nats-server and the app inside its own process, and starts and
@@ -93,6 +96,9 @@ type options struct {
 	// adaptiveN messages per drain of the adaptive scenario (the instant
 	// app's drains take more, adaptive.go); 0 skips it.
 	adaptiveN int
+	// rolloutRate is the publish rate of the rollout scenario, msgs/s; 0
+	// skips it. The scenario runs only when -only names it.
+	rolloutRate float64
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -110,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.subsN, "subs-n", 3000, "messages per stream per drain of the subscriptions scenario (0 skips it; -only subscriptions runs it alone)")
 	fs.IntVar(&o.publishN, "publish-n", 20000, "messages per phase of the publish scenario (0 skips it; -only publish runs it alone)")
 	fs.IntVar(&o.adaptiveN, "adaptive-n", 4000, "messages per drain of the adaptive scenario, 5× to the instant app and 2× to the 20 ms one (0 skips it; -only adaptive runs it alone)")
+	fs.Float64Var(&o.rolloutRate, "rollout-rate", 100, "msgs/s published throughout the rollout scenario, which runs only when -only names it (-only rollout runs it alone)")
 	fs.StringVar(&o.courier, "courier", "", "benchmark this courier binary instead of building ./cmd/courier")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on one drain (and on the latency phase beyond its publishing time)")
 	fs.StringVar(&only, "only", "", `measure only the variants whose name matches this regexp (e.g. "baseline|dedup on$")`)
@@ -133,8 +140,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.n < 1 || o.latencyN < 1 || o.repeat < 1:
 		return o, errors.New("-n, -latency-n and -repeat must be positive")
-	case o.replicasN < 0 || o.publishN < 0 || o.adaptiveN < 0 || o.subsN < 0:
-		return o, errors.New("-replicas-n, -publish-n, -adaptive-n and -subs-n must not be negative")
+	case o.replicasN < 0 || o.publishN < 0 || o.adaptiveN < 0 || o.subsN < 0 || o.rolloutRate < 0:
+		return o, errors.New("-replicas-n, -publish-n, -adaptive-n, -subs-n and -rollout-rate must not be negative")
 	case o.size < bodyFixed:
 		return o, fmt.Errorf("-size must be at least %d (the benchmark's own header)", bodyFixed)
 	case o.rate <= 0:
@@ -238,7 +245,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep.loadStart = loadAvg()
 
 	for _, phase := range []func(context.Context, *report, io.Writer) error{
-		b.idlePhase, b.drainPhase, b.replicasPhase, b.subscriptionsPhase, b.adaptivePhase, b.publishPhase, b.latencyPhase,
+		b.idlePhase, b.drainPhase, b.replicasPhase, b.subscriptionsPhase, b.adaptivePhase, b.publishPhase, b.rolloutPhase, b.latencyPhase,
 	} {
 		if err := phase(ctx, rep, stderr); err != nil {
 			return err

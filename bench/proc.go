@@ -81,6 +81,15 @@ func (c *child) stop(grace time.Duration) error {
 	return c.stopErr
 }
 
+// kill ends the process with SIGKILL and waits for it; stop is a no-op
+// after.
+func (c *child) kill() {
+	c.stopOnce.Do(func() {
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.exited
+	})
+}
+
 func (c *child) exitErr(when string) error {
 	if c.err == nil {
 		return nil

@@ -23,6 +23,7 @@ type report struct {
 	subs      []subsResult
 	publishes []publishResult
 	adaptive  []*adaptiveResult
+	rollouts  []rolloutResult
 	loadStart string // the load average when measuring began
 }
 
@@ -314,6 +315,7 @@ func (rep *report) print(w io.Writer) {
 	rep.printSubscriptions(w)
 	rep.printAdaptive(w)
 	rep.printPublish(w)
+	rep.printRollouts(w)
 
 	if len(rep.latency) > 0 {
 		fmt.Fprintf(w, "\nLatency, publish to app, paced at %.0f msgs/s (%d messages after %d of warm-up)\n",
@@ -344,6 +346,7 @@ func (rep *report) print(w io.Writer) {
 	n += rep.replicasAnomalies(w)
 	n += rep.subscriptionsAnomalies(w)
 	n += rep.adaptiveAnomalies(w)
+	n += rep.rolloutAnomalies(w)
 	for _, r := range rep.latency {
 		if r.err != nil {
 			n++

@@ -427,31 +427,8 @@ func (s *Shared) Seen(ctx context.Context, key string) (bool, error) { return s.
 
 // Seen is Shared.Seen for a key of this scope.
 func (v *SharedScope) Seen(ctx context.Context, key string) (bool, error) {
-	s := v.s
-	bk, err := v.bucketKey(key)
-	if err != nil {
-		return false, err
-	}
-	var seen bool
-	err = s.use(func() error {
-		if seen, err = v.local.Seen(ctx, key); err != nil || seen {
-			return err
-		}
-		ctx, cancel := s.bound(ctx)
-		defer cancel()
-		r, err := s.readLast(ctx, bk)
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			return nil
-		case err != nil:
-			return s.bucketError(opRead, err)
-		}
-		if seen = !r.deleted() && !r.claim(); seen {
-			v.cache(ctx, key, r.time)
-		}
-		return nil
-	})
-	return seen, err
+	verdict, err := v.Peek(ctx, key)
+	return verdict == Processed, err
 }
 
 // Healthy is the local Store's: nil while it can take writes.

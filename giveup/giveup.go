@@ -26,6 +26,7 @@ import (
 
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/verdict"
 )
 
 // DeadLetterer stores dead letters; *dlq.Publisher is one. DeadLetter
@@ -36,6 +37,15 @@ import (
 // must be safe for concurrent use.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, l dlq.Letter) error
+}
+
+// Dedup tells what the delivery loop's dedup store holds for an
+// idempotency key without claiming it: verdict.Processed (recorded),
+// verdict.Claimed (a delivery of it is under way, on this replica or
+// another), verdict.New (neither). *dedup.Store, *dedup.Shared and their
+// scopes are ones (Peek). It must be safe for concurrent use.
+type Dedup interface {
+	Peek(ctx context.Context, key string) (verdict.Verdict, error)
 }
 
 // Results of handling an advisory, the values of the result label of
@@ -53,8 +63,10 @@ const (
 	// ResultMalformed: the advisory could not be understood; it was
 	// terminated.
 	ResultMalformed = "malformed"
-	// ResultRetry: fetching the message or storing its dead letter failed;
-	// the advisory was NAK'd and comes back.
+	// ResultRetry: fetching the message or storing its dead letter failed,
+	// or the delivery loop (Options.Delivering), or another replica's
+	// (Options.Dedup), is still delivering the message; the advisory was
+	// NAK'd and comes back.
 	ResultRetry = "retry"
 	// ResultRefused: the consumer's state on the server says it did not
 	// give up on the message the advisory names (it never delivered it,
@@ -62,13 +74,20 @@ const (
 	// advisory was not the server's. It was terminated and nothing
 	// dead-lettered.
 	ResultRefused = "refused"
+	// ResultProcessed: the message's idempotency key is recorded in the
+	// dedup store (Options.Dedup): courier processed it, and nothing is
+	// dead-lettered. Either the advisory is not the server's, or the
+	// message's ack was lost after it was processed. The advisory was
+	// acked and the message, on a work-queue stream, removed, as its ack
+	// would have.
+	ResultProcessed = "processed"
 )
 
 // maxDeleteTries bounds how often an advisory is handled again because the
-// original could not be removed from a work-queue stream after its dead letter
-// was stored. The tries fall well within the DLQ's duplicate window, so they
-// store no second dead letter; after them the original is left for an
-// operator (the dead letter is safe).
+// original could not be removed from a work-queue stream after its dead
+// letter was stored (or it was found processed). The tries fall well within
+// the DLQ's duplicate window, so they store no second dead letter; after
+// them the original is left for an operator (the dead letter is safe).
 const maxDeleteTries = 5
 
 // Catcher consumes the captured max-deliveries advisories of one durable
@@ -115,9 +134,9 @@ func New(js jetstream.JetStream, stream jetstream.Stream, consumer string, dl De
 	}
 	handled := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "courier_giveup_advisories_total",
-		Help: "Max-deliveries advisories (JetStream gave up on a message) handled, by result: dead_lettered, duplicate (dead letter already stored), gone (message no longer in the stream), malformed (terminated), retry (NAK'd, comes back), refused (the consumer's state says it did not give up on the message: terminated).",
+		Help: "Max-deliveries advisories (JetStream gave up on a message) handled, by result: dead_lettered, duplicate (dead letter already stored), gone (message no longer in the stream), malformed (terminated), retry (NAK'd, comes back: a step failed, or the message is still being delivered), refused (the consumer's state says it did not give up on the message: terminated), processed (the dedup store records the message processed: nothing dead-lettered).",
 	}, []string{"result"})
-	for _, r := range []string{ResultDeadLettered, ResultDuplicate, ResultGone, ResultMalformed, ResultRetry, ResultRefused} {
+	for _, r := range []string{ResultDeadLettered, ResultDuplicate, ResultGone, ResultMalformed, ResultRetry, ResultRefused, ResultProcessed} {
 		handled.WithLabelValues(r)
 	}
 	if err := o.Registerer.Register(handled); err != nil {

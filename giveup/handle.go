@@ -15,6 +15,7 @@ import (
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/internal/jsutil"
 	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/verdict"
 )
 
 // advisory is the part of JetStream's JSConsumerDeliveryExceededAdvisory
@@ -70,7 +71,8 @@ func (c *Catcher) handle(ctx context.Context, m jetstream.Msg) {
 	log := c.log.With("seq", a.StreamSeq, "deliveries", a.Deliveries, "advisory", a.ID)
 
 	orig, ok := c.fetchOriginal(work, m, a, tries, log)
-	if !ok || c.refused(work, m, a, orig, tries, log) || c.settledAsReference(work, m, a, orig, tries, log) {
+	if !ok || c.refused(work, m, a, orig, tries, log) || c.notGivenUp(work, m, a, orig, tries, log) ||
+		c.settledAsReference(work, m, a, orig, tries, log) {
 		return
 	}
 	c.deadLetter(work, m, a, orig, tries, log)
@@ -94,6 +96,38 @@ func (c *Catcher) refused(work context.Context, m jetstream.Msg, a advisory, ori
 		c.count(ResultRefused)
 	default:
 		log.Error("cannot check the max-deliveries advisory against the consumer's state; advisory handled again later", "error", err)
+		c.retry(m, tries, log)
+	}
+	return true
+}
+
+// notGivenUp checks the advisory against what courier itself holds of the
+// message (ownState); it reports true when it settled the advisory because
+// the message was processed, or NAK'd it because the message is still
+// being delivered or the dedup store could not answer.
+func (c *Catcher) notGivenUp(work context.Context, m jetstream.Msg, a advisory, orig *jetstream.RawStreamMsg, tries int, log *slog.Logger) bool {
+	v, by, err := c.ownState(work, a, orig)
+	if err != nil {
+		log.Error("cannot ask the dedup store whether the message JetStream is said to have given up on was processed; advisory handled again later", "error", err)
+		c.retry(m, tries, log)
+		return true
+	}
+	switch v {
+	case verdict.New:
+		return false
+	case verdict.Claimed:
+		log.Info("the message JetStream is said to have given up on is still being delivered: advisory handled again later", "by", by)
+		c.retry(m, tries, log)
+	case verdict.Processed:
+		log.Warn("max-deliveries advisory of a message courier processed (its idempotency key is recorded in the dedup store): nothing dead-lettered, advisory acked; either the advisory is not the server's or the message's ack was lost",
+			"subject", orig.Subject, "consumer", a.Consumer)
+		if !c.removeOriginal(work, a.StreamSeq, tries, "processed", log) {
+			c.retry(m, tries, log)
+			return true
+		}
+		c.settle(work, m, ResultProcessed, log)
+	default:
+		log.Error("the dedup store gave an answer the catch does not know; advisory handled again later", "verdict", v.String())
 		c.retry(m, tries, log)
 	}
 	return true
@@ -196,7 +230,7 @@ func (c *Catcher) deadLetter(work context.Context, m jetstream.Msg, a advisory, 
 		// stay, even in a work-queue stream.
 		log.Warn("dead letter stored without the original's body (too large with its envelope); the original is left in its stream, where replay reads it",
 			"size", len(orig.Data))
-	} else if !c.removeOriginal(work, a.StreamSeq, tries, log) {
+	} else if !c.removeOriginal(work, a.StreamSeq, tries, "dead-lettered", log) {
 		c.retry(m, tries, log)
 		return
 	}
@@ -207,22 +241,24 @@ func (c *Catcher) deadLetter(work context.Context, m jetstream.Msg, a advisory, 
 	c.settle(work, m, result, log)
 }
 
-// removeOriginal removes the dead-lettered original from a work-queue
-// stream, as a Term would have; on other streams it leaves it. It reports
-// false when the advisory should be handled again to try once more.
-func (c *Catcher) removeOriginal(ctx context.Context, seq uint64, tries int, log *slog.Logger) bool {
+// removeOriginal removes the original, dead-lettered or processed (what),
+// from a work-queue stream, as a Term or an ack would have; on other
+// streams it leaves it. It reports false when the advisory should be
+// handled again to try once more.
+func (c *Catcher) removeOriginal(ctx context.Context, seq uint64, tries int, what string, log *slog.Logger) bool {
+	log = log.With("original", what)
 	cfg := c.info.Config
 	switch cfg.Retention {
 	case jetstream.InterestPolicy:
-		log.Info("dead-lettered original left in its interest-retention stream: other consumers may still need it")
+		log.Info("original left in its interest-retention stream: other consumers may still need it")
 		return true
 	case jetstream.WorkQueuePolicy:
 	default:
-		log.Debug("dead-lettered original left in its limits-retention stream")
+		log.Debug("original left in its limits-retention stream")
 		return true
 	}
 	if cfg.DenyDelete {
-		log.Warn("dead-lettered original left in its work-queue stream, which denies deletes: remove it by hand",
+		log.Warn("original left in its work-queue stream, which denies deletes: remove it by hand",
 			"how", fmt.Sprintf("nats stream rmm %s %d", cfg.Name, seq))
 		return true
 	}
@@ -230,7 +266,7 @@ func (c *Catcher) removeOriginal(ctx context.Context, seq uint64, tries int, log
 	err := c.stream.DeleteMsg(sctx, seq)
 	cancel()
 	if err == nil {
-		log.Info("dead-lettered original removed from its work-queue stream")
+		log.Info("original removed from its work-queue stream")
 		return true
 	}
 	// Gone already (another replica removed it)? nats.go reports a delete
@@ -242,10 +278,10 @@ func (c *Catcher) removeOriginal(ctx context.Context, seq uint64, tries int, log
 		return true
 	}
 	if tries < maxDeleteTries {
-		log.Warn("cannot remove the dead-lettered original from its work-queue stream; trying again", "error", err)
+		log.Warn("cannot remove the original from its work-queue stream; trying again", "error", err)
 		return false
 	}
-	log.Error("cannot remove the dead-lettered original from its work-queue stream; giving up (the dead letter is stored): remove it by hand",
+	log.Error("cannot remove the original from its work-queue stream; giving up (its dead letter is stored, or it was processed): remove it by hand",
 		"error", err, "how", fmt.Sprintf("nats stream rmm %s %d", cfg.Name, seq))
 	return true
 }

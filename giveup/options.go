@@ -54,12 +54,31 @@ type Options struct {
 	// handled again later. Nil: only the DLQ's duplicate window guards. It
 	// must be safe for concurrent use.
 	ReferenceStored func(ctx context.Context, seq uint64) (bool, error)
+	// Delivering, when set, reports whether the delivery loop is still
+	// delivering the message at seq of the stream
+	// (proxy.Runner.Delivering): it has it in progress, or awaits it as
+	// its key's head. The server has not given up on such a message (not
+	// yet, or the advisory is not the server's): its advisory is handled
+	// again later, and checked anew then. Nil: not asked. It must be quick
+	// and safe for concurrent use.
+	Delivering func(seq uint64) bool
+	// Dedup, when set, is the delivery loop's dedup store (COURIER_DEDUP),
+	// read without claiming: a message whose idempotency key is recorded
+	// there was processed, and gets no dead letter; one whose key another
+	// delivery claims (the shared store) is handled again later. Nil
+	// (dedup off): not asked.
+	Dedup Dedup
+	// IdempotencyHeader is the header the delivery loop takes a message's
+	// idempotency key from (COURIER_IDEMPOTENCY_HEADER), as
+	// proxy.ResolveKey does; Dedup is asked of that key.
+	IdempotencyHeader string
 	// Origin, when set, says that the stream is the partitions' work
 	// stream (COURIER_ORDER_PARTITIONS), whose messages copy those of
 	// another (package partition): New is then given AllConsumers, each
 	// dead letter names the message copied (its Nats-Stream-Source
-	// header), as the delivery loop's do, and ReferenceStored is asked of
-	// its sequence. The copy is removed once its dead letter is stored,
+	// header), as the delivery loop's do, and ReferenceStored and Dedup
+	// are asked of it (Delivering of the copy's sequence, which the
+	// delivery loop reads). The copy is removed once its dead letter is stored,
 	// even one that refers to the original for its body: the original is
 	// in its own stream.
 	Origin *Origin

@@ -25,7 +25,7 @@ var (
 		"given.go", "options.go", "phases.go", "cause.go", "metrics.go", "log.go", "trace.go",
 	}
 	above = []string{
-		"proxy.go", "decide.go", "checkkey.go", "handoff.go", "batcher.go", "summary.go", "state.go",
+		"proxy.go", "holds.go", "decide.go", "checkkey.go", "handoff.go", "batcher.go", "summary.go", "state.go",
 		"hold.go", "gate.go", "breaker.go",
 		"source.go", "fetch.go", "pin.go", "takeover.go", "order.go", "ordermarks.go", "partition.go",
 	}

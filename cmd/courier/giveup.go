@@ -12,6 +12,7 @@ import (
 	"github.com/courierhq/courier/config"
 	"github.com/courierhq/courier/dlq"
 	"github.com/courierhq/courier/giveup"
+	"github.com/courierhq/courier/proxy"
 )
 
 // startGiveup sets up the max-deliveries catch (a stream capturing the
@@ -19,20 +20,28 @@ import (
 // like the rest of start-up) and runs it until the returned stop is called.
 // stream is the handle the delivery loop uses, so both derive the same
 // dead-letter ids; with partitions, the work stream, whose every consumer's
-// advisories are caught, and origin the stream it copies. referenceStored tells the originals of reference dead
-// letters the delivery loop stored (proxy.Runner.ReferenceStored), which get
-// no second one. stop ends the catch, lets the advisory in hand finish, and
-// waits; it may be called more than once.
+// advisories are caught, and origin the stream it copies. runner, the
+// delivery loop, tells the originals of reference dead letters it stored,
+// which get no second one, and the messages it is still delivering, whose
+// advisories wait; dd, its dedup store (nil: dedup off), the messages
+// processed, which get none (docs/threat-model.md#advisories). stop ends
+// the catch, lets the advisory in hand finish, and waits; it may be called
+// more than once.
 func startGiveup(ctx context.Context, js jetstream.JetStream, cfg config.Config, stream jetstream.Stream, origin *giveup.Origin, log *slog.Logger, reg prometheus.Registerer,
-	onDeadLetter func(), referenceStored func(context.Context, uint64) (bool, error)) (stop func(), err error) {
+	onDeadLetter func(), runner *proxy.Runner, dd proxy.Deduper) (stop func(), err error) {
 	consumer := cfg.Consumer
 	if origin != nil {
 		consumer = giveup.AllConsumers
 	}
-	c, err := giveup.New(js, stream, consumer, dlq.NewPublisher(js, cfg.DLQSubject), giveup.Options{
+	o := giveup.Options{
 		Replicas: cfg.StreamReplicas, Logger: log, Registerer: reg, OnDeadLetter: onDeadLetter,
-		ReferenceStored: referenceStored, Origin: origin,
-	})
+		ReferenceStored: runner.ReferenceStored, Delivering: runner.Delivering, IdempotencyHeader: cfg.IdempotencyHeader,
+		Origin: origin,
+	}
+	if peek, ok := dd.(giveup.Dedup); ok {
+		o.Dedup = peek
+	}
+	c, err := giveup.New(js, stream, consumer, dlq.NewPublisher(js, cfg.DLQSubject), o)
 	if err != nil {
 		return nil, err
 	}

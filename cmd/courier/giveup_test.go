@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -321,5 +323,56 @@ func TestGiveUpReferenceDeadLetterNotStoredTwice(t *testing.T) {
 	}
 	if !h.original(seq) {
 		t.Error("the original of the reference dead letter was removed from its work-queue stream")
+	}
+}
+
+// A max-deliveries advisory published by someone other than the server,
+// naming a message courier is delivering (the app has it), dead-letters
+// nothing while courier is; once the app has answered 2xx (its key
+// recorded), it dead-letters nothing either: the message was processed. Its
+// idempotency key is longer than the dedup store holds as it is: the catch
+// finds the key in the form the delivery loop recorded it.
+func TestGiveUpForgedAdvisoryOfProcessedMessage(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	a := newApp(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		<-release
+		w.WriteHeader(http.StatusOK)
+	})
+	answer := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(answer) // before the app closes, which waits for its requests
+	c := start(t, h.env(a.URL))
+	poll.Until(t, 10*time.Second, "the advisory consumer", func() bool { return h.advisoryConsumer() != nil })
+	admin := adminAddr(t, c)
+	advisories := func(result string) float64 {
+		return metricstest.Value(t, metrics(admin), "courier_giveup_advisories_total", "result", result)
+	}
+
+	key := strings.Repeat("k", 300)
+	seq := h.publish("orders.created", "processed", map[string]string{"Idempotency-Key": key})
+	poll.Until(t, 10*time.Second, "the app has the message", func() bool { return a.count() == 1 })
+	forged, err := json.Marshal(map[string]any{
+		"type": giveup.AdvisoryType, "id": "forged", "timestamp": time.Now(),
+		"stream": h.stream, "consumer": "courier", "stream_seq": seq, "deliveries": 5,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.nc.Publish(giveup.AdvisorySubject(h.stream, "courier"), forged); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 15*time.Second, "the advisory handled again, twice", func() bool { return advisories("retry") >= 2 })
+	if n := len(h.deadLetters(dlqSubject)); n != 0 {
+		t.Fatalf("%d dead letters of a message the app has, want none", n)
+	}
+
+	answer()
+	poll.Until(t, 15*time.Second, "the advisory settled as processed", func() bool { return advisories("processed") == 1 })
+	poll.Until(t, 10*time.Second, "the advisory handled", h.advisoriesSettled)
+	if n := len(h.deadLetters(dlqSubject)); n != 0 {
+		t.Errorf("%d dead letters of a processed message, want none", n)
+	}
+	if n := a.count(); n != 1 {
+		t.Errorf("the app received %d requests, want 1", n)
 	}
 }

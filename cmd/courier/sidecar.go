@@ -194,7 +194,8 @@ func (p *path) start(ctx context.Context) (err error) {
 		return err
 	}
 	// The delivery loop, made (not run) before the catch, which asks it
-	// which originals of reference dead letters it left in the stream.
+	// which originals of reference dead letters it left in the stream and
+	// which messages it is still delivering.
 	runner, err := p.newRunner()
 	if err != nil {
 		return err
@@ -206,7 +207,7 @@ func (p *path) start(ctx context.Context) (err error) {
 	caught, origin := p.giveupStream()
 	p.stopGiveup, err = startGiveup(ctx, p.js, p.cfg, caught, origin, p.log, p.reg, func() {
 		p.deadLetters.WithLabelValues(dlq.ReasonMaxDeliveries).Inc()
-	}, runner.ReferenceStored)
+	}, runner, p.dd)
 	return err
 }
 

@@ -21,10 +21,11 @@ type live struct {
 	gone    map[string]time.Time      // pin → when the member naming it left or lapsed
 	unknown map[string]time.Time      // pin → when first asked of while no member named it
 	// sent is when the last heartbeat stored was sent; term counts this
-	// courier's terms, lapsed that the current one ended.
-	sent   time.Time
-	term   uint64
-	lapsed bool
+	// courier's terms, begun when its first heartbeat was sent, lapsed
+	// that the current one ended.
+	sent, begun time.Time
+	term        uint64
+	lapsed      bool
 }
 
 func newLive() live {
@@ -53,7 +54,7 @@ func (m *Members) Term() (term uint64, live bool) {
 func (m *Members) renewed(sent time.Time) {
 	if m.term == 0 || m.lapsed || sent.Sub(m.sent) >= m.o.TTL {
 		m.term++
-		m.lapsed = false
+		m.lapsed, m.begun = false, sent
 	}
 	m.sent = sent
 }
@@ -65,14 +66,17 @@ func (m *Members) renewed(sent time.Time) {
 // no member has named it in the TTL since this courier first asked (a
 // courier puts its pins with every heartbeat, so one that holds a pin
 // names it within an interval; one that died before it could is found
-// so). Safe for concurrent use.
+// so). Only once this courier's own term has lasted the TTL: a courier
+// that could not store its heartbeats for a while (the bucket's leader
+// moving, its node cut off) was likely not alone, and the others, alive,
+// are given the TTL to put theirs again. Safe for concurrent use.
 func (m *Members) Orphaned(i int, pin string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if pin == "" || !slices.Contains(m.assigned, i) {
+	now := m.o.Now()
+	if pin == "" || !slices.Contains(m.assigned, i) || m.lapsed || m.term == 0 || now.Sub(m.sent) >= m.o.TTL || now.Sub(m.begun) < m.o.TTL {
 		return false
 	}
-	now := m.o.Now()
 	m.forget(now)
 	if _, ok := m.gone[pin]; ok {
 		return true

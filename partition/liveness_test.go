@@ -116,6 +116,54 @@ func TestOrphaned(t *testing.T) {
 	})
 }
 
+// A courier that could not store its heartbeats for a while (here, its
+// clock jumps past its TTL, as a pause or a bucket out of reach leaves it)
+// begins a new term with its next one, and takes no other courier's pin
+// for orphaned until that term has lasted the TTL: the others were likely
+// cut off as it was, and are given the time to put theirs again.
+func TestOrphanedNotByACourierJustBack(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	var mu sync.Mutex
+	var ahead time.Duration
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Now().Add(ahead)
+	}
+	const ttl = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := Join(ctx, js, MembersBucket("S", "c"), Options{
+		Instance: "a", Partitions: 1, Interval: 100 * time.Millisecond, TTL: ttl, Now: now,
+		Pins: func() map[int]string { return map[int]string{0: "pin-a"} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Start(context.Background()))
+	poll.Until(t, 10*time.Second, "a pin no courier names orphaned", func() bool { return a.Orphaned(0, "pin-gone") })
+	before, _ := a.Term()
+	mu.Lock()
+	ahead = 2 * ttl
+	mu.Unlock()
+	jumped := time.Now()
+	if a.Orphaned(0, "pin-gone") {
+		t.Fatal("a pin is orphaned for a courier whose own heartbeat is older than its TTL")
+	}
+	poll.Until(t, 5*time.Second, "a new term", func() bool {
+		term, live := a.Term()
+		return live && term > before
+	})
+	for time.Since(jumped) < ttl/2 {
+		if a.Orphaned(0, "pin-gone") {
+			t.Fatalf("a pin is orphaned %s after the courier's new term began, within its TTL (%s)", time.Since(jumped), ttl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	poll.Until(t, 5*time.Second, "the pin orphaned once the new term lasted the TTL", func() bool { return a.Orphaned(0, "pin-gone") })
+}
+
 // A membership bucket deleted while couriers run is made again by their
 // next heartbeat: their terms go on.
 func TestBucketMadeAgain(t *testing.T) {

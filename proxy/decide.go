@@ -343,7 +343,15 @@ func (dc *decider) mayGo(d *delivery) ending {
 // by takeRefused), and the request counted on d's span if it goes.
 func (dc *decider) goAhead(d *delivery, span *attemptSpan) func() error {
 	return func() error {
+		if d.sending != nil {
+			// Before the checks: a request that passes them is kept in
+			// progress from then on, whatever the tracker asks meanwhile.
+			d.sending.Store(true)
+		}
 		if e := dc.mayGo(d); e.kind != endNone {
+			if d.sending != nil {
+				d.sending.Store(false)
+			}
 			d.refused = e
 			return errRefused
 		}

@@ -30,6 +30,10 @@ type queued struct {
 	letGo bool
 	ord   keyLines
 	epoch uint64 // ord's epoch when it was admitted (unpinned)
+	// sending is set while its request's last checks are made and once it
+	// is sent: until then, outdated, it is not kept in progress
+	// (orderer.lapse). Nil: not in a line.
+	sending *atomic.Bool
 }
 
 // delivery is one delivery of one message, from a worker taking it to its
@@ -37,15 +41,16 @@ type queued struct {
 type delivery struct {
 	m       jetstream.Msg
 	meta    *jetstream.MsgMetadata
-	attempt int      // JetStream's delivery count, 1-based
-	key     string   // the resolved dedup key, as the app sees it
-	skey    string   // the key as the dedup store holds it
-	replay  string   // the rewind that delivers the message again; "" if none
-	fkey    string   // the key as the flights hold it: storeKey(key), for a replay too (check)
-	okey    string   // the ordering key (order.go); "" when not ordered
-	ord     keyLines // the lines okey is in (of its partition, partition.go); noLines: none
-	oepoch  uint64   // ord's epoch when it was admitted
-	oseq    uint64   // its sequence in okey's line (streamSeq)
+	attempt int          // JetStream's delivery count, 1-based
+	key     string       // the resolved dedup key, as the app sees it
+	skey    string       // the key as the dedup store holds it
+	replay  string       // the rewind that delivers the message again; "" if none
+	fkey    string       // the key as the flights hold it: storeKey(key), for a replay too (check)
+	okey    string       // the ordering key (order.go); "" when not ordered
+	ord     keyLines     // the lines okey is in (of its partition, partition.go); noLines: none
+	oepoch  uint64       // ord's epoch when it was admitted
+	oseq    uint64       // its sequence in okey's line (streamSeq)
+	sending *atomic.Bool // queued.sending
 	// detached: held for a probe apart from the workers (detach); its
 	// worker returns once it is settled.
 	detached bool
@@ -168,7 +173,7 @@ func (k keyer) delivery(q queued, meta *jetstream.MsgMetadata, ln lane, wait con
 	return &delivery{
 		m: m, meta: meta, attempt: int(meta.NumDelivered), key: key, skey: skey, replay: replay, fkey: storeKey(key), wait: wait, timer: ln.timer,
 		requests: ln.requests, batchDone: ln.batchDone,
-		arrived: q.at, okey: q.okey, ord: ord, oepoch: q.epoch, oseq: q.seq,
+		arrived: q.at, okey: q.okey, ord: ord, oepoch: q.epoch, oseq: q.seq, sending: q.sending,
 		log: msgLog{l: k.log, subject: m.Subject(), seq: meta.Sequence.Stream, key: key, attempt: int(meta.NumDelivered)},
 	}
 }

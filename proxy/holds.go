@@ -15,8 +15,9 @@ import (
 // seq of its consumer's stream (with partitions, the work stream's): it has
 // it in progress (fetched and not yet settled: queued, with a worker, held
 // while the gate is closed, waiting behind its key, its dead letter being
-// stored), or, with order per key, its key's line awaits it (a head retried
-// and due back, or one another courier held). JetStream gives up on a
+// stored), it gave it back to be retried after a delay that, with an ack
+// wait, has not run out, or, with order per key, its key's line awaits it
+// (a head retried and due back, or one another courier held). JetStream gives up on a
 // message when it would deliver it again after its last delivery: not while
 // courier keeps it in progress, nor at a retry courier asked for (it never
 // retries a last delivery). So an advisory naming such a message is not, or
@@ -32,6 +33,9 @@ func (r *Runner) Delivering(seq uint64) bool {
 		held = append(held, m)
 	}
 	r.track.mu.Unlock()
+	if r.track.isRetrying(seq) {
+		return true
+	}
 	for _, m := range held {
 		if meta, err := m.Metadata(); err == nil && streamSeq(m, meta) == seq {
 			return true

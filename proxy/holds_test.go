@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +21,15 @@ import (
 func TestRunnerDelivering(t *testing.T) {
 	e := setup(t)
 	release := make(chan struct{})
+	var retryPlain atomic.Bool // the next plain message's first attempt is answered 503
 	keyed, plain := make(chan struct{}, 4), make(chan struct{}, 4)
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Order") == "" {
-			plain <- struct{}{}
+			if plain <- struct{}{}; r.Header.Get(proxy.HeaderAttempt) == "1" && retryPlain.CompareAndSwap(true, false) {
+				w.Header().Set("Retry-After", "3")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
 		} else if keyed <- struct{}{}; r.Header.Get(proxy.HeaderAttempt) == "1" {
 			w.Header().Set("Retry-After", "3")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -71,6 +77,18 @@ func TestRunnerDelivering(t *testing.T) {
 	<-keyed // the retry, now at the app
 	if !r.Delivering(seq) {
 		t.Error("Delivering = false while the app has the retried message")
+	}
+
+	// Without a key, given back to be retried after a delay: still being
+	// delivered until the delay and an ack wait have run out.
+	retryPlain.Store(true)
+	retried := publish("")
+	<-plain
+	poll.Until(t, 5*time.Second, "the plain message's retry", func() bool {
+		return counter(t, e.reg, "courier_messages_total", "retried") == 2
+	})
+	if !r.Delivering(retried) {
+		t.Error("Delivering = false while the message waits out its retry's delay")
 	}
 
 	close(release)

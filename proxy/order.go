@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +45,9 @@ type orderer struct {
 	// untrack, when set, stops keeping a message in progress (tracker): a
 	// waiting copy replaced by its redelivery. Set once, before use.
 	untrack func(jetstream.Msg)
+	// lapse, when set, stops keeping a message in progress once it is
+	// outdated and unsent (tracker.lapse). Set once, before use.
+	lapse func(m jetstream.Msg, lapsed func() bool)
 
 	mu      sync.Mutex
 	lines   map[string]*keyLine
@@ -216,6 +220,11 @@ func (o *orderer) admit(q *queued) bool {
 	q.okey, q.seq, q.ord = k, streamSeq(q.m, meta), o
 	o.mu.Lock()
 	q.epoch = o.epoch
+	if o.lapse != nil {
+		sending, epoch := new(atomic.Bool), o.epoch
+		q.sending = sending
+		o.lapse(q.m, func() bool { return !sending.Load() && o.outdated(epoch) })
+	}
 	if o.holding || !o.barrierUntil.IsZero() {
 		// Redeliveries too: what a courier that died held comes back
 		// when each message's ack wait runs out, not in stream order;

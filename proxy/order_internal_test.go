@@ -262,3 +262,41 @@ func TestOrderEarlierRedeliveryThenTheRetriedHead(t *testing.T) {
 		t.Fatalf("after 8, let go %v %v, want 9", q.seq, ok)
 	}
 }
+
+// A keyed message admitted before the pin moved away lapses (is no longer
+// kept in progress, tracker.lapse) unless its request was already passing
+// its last checks or sent: the courier pinned now awaits it for an ack
+// wait, so it must come back within one.
+func TestOrderMessagesAdmittedBeforeThePinMovedLapse(t *testing.T) {
+	o, _ := testOrderer(t)
+	lapsed := map[jetstream.Msg]func() bool{}
+	o.lapse = func(m jetstream.Msg, f func() bool) { lapsed[m] = f }
+	unsent, sent, behind := &fakeMsg{seq: 1, subject: "s.a"}, &fakeMsg{seq: 2, subject: "s.b"}, &fakeMsg{seq: 3, subject: "s.a"}
+	qs := map[jetstream.Msg]*queued{}
+	for _, m := range []*fakeMsg{unsent, sent, behind} {
+		q := &queued{m: m}
+		o.admit(q)
+		qs[m] = q
+	}
+	for m, f := range lapsed {
+		if f() {
+			t.Fatalf("message %d lapsed while the pin is this courier's", m.(*fakeMsg).seq)
+		}
+	}
+	qs[sent].sending.Store(true)
+	o.unpinned()
+	if !lapsed[unsent]() {
+		t.Error("a head admitted before the pin moved, not sent, is still kept in progress")
+	}
+	if lapsed[sent]() {
+		t.Error("a head sent before the pin moved is no longer kept in progress")
+	}
+	if len(lapsed) != 3 {
+		t.Errorf("%d messages given a lapse, want every keyed one (3)", len(lapsed))
+	}
+	after := &queued{m: &fakeMsg{seq: 4, subject: "s.c"}}
+	o.admit(after)
+	if lapsed[after.m]() {
+		t.Error("a message admitted after the pin moved lapsed")
+	}
+}

@@ -156,12 +156,14 @@ func (e *partEnv) replica(name string) (stop func()) {
 		Consumers: consumers, Assignment: members,
 		Marks: func(i int) proxy.OrderMarks { return marks.Partition(i) },
 		Handover: proxy.Handover{
+			Stream: ws,
 			Unpin: func(ctx context.Context, i int) error {
 				return ws.UnpinConsumer(ctx, partition.ConsumerName("c", i), "courier")
 			},
 			HandedOn: members.HandedOn, Clean: members.TakeHandedOn,
 		},
 	}
+	o.Membership = members
 	r, err := proxy.New(nil, dlq.NewPublisher(rjs, "dlq.s"), e.dd, o)
 	if err != nil {
 		t.Fatal(err)

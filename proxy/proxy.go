@@ -107,7 +107,7 @@ func New(cons jetstream.Consumer, dl DeadLetterer, dd Deduper, o Options) (*Runn
 		if o.OrderKey != nil {
 			src.rel = newLetGo()
 			src.order = newOrderer(o.OrderKey, o.Now, src.rel, orderFull(r.log))
-			src.order.untrack = r.track.remove
+			src.order.untrack, src.order.lapse = r.track.remove, r.track.lapse
 			src.order.markWait = orderBarrier(o.AckWait)
 			src.fetch.order, src.fetch.group, src.fetch.giveBack = src.order, o.PriorityGroup, r.settle.nakNow
 			src.fetch.handover, src.fetch.membership = o.Handover, o.Membership

@@ -350,6 +350,9 @@ func (s *settler) retry(d *delivery, e ending) {
 	if nerr != nil {
 		s.log.Warn("NAK failed; the message comes back after the ack wait", "subject", d.m.Subject(), "error", nerr)
 	}
+	if d.meta != nil {
+		s.track.retried(streamSeq(d.m, d.meta), delay)
+	}
 	s.m.ended[endRetry].Inc()
 	s.m.retryDelay.Observe(delay.Seconds())
 	d.log.Info("retry scheduled", statusAttr(e.err), "error", e.err.Error(),

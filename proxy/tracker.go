@@ -14,8 +14,16 @@ import (
 // every half ack wait. It also serves as the liveness heartbeat. Safe for
 // concurrent use.
 type tracker struct {
-	mu      sync.Mutex
-	msgs    map[jetstream.Msg]time.Time // last time JetStream heard of it
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]time.Time // last time JetStream heard of it
+	// lapsed, for a message of a pinned group admitted to its key's line,
+	// reports whether it is no longer this courier's to send (orderer.lapse):
+	// it is then no longer kept in progress.
+	lapsed map[jetstream.Msg]func() bool
+	// retrying is, for each message given back with a delay (its stream
+	// sequence, as Runner.Delivering asks), until when it may be out
+	// waiting for it: its delay and an ack wait.
+	retrying map[uint64]time.Time
 	ackWait time.Duration
 	now     func() time.Time
 	beat    atomic.Int64 // unix nanos of the last tick
@@ -24,7 +32,7 @@ type tracker struct {
 }
 
 func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *tracker {
-	t := &tracker{msgs: make(map[jetstream.Msg]time.Time), ackWait: ackWait, now: now, sent: sent,
+	t := &tracker{msgs: make(map[jetstream.Msg]time.Time), lapsed: make(map[jetstream.Msg]func() bool), retrying: make(map[uint64]time.Time), ackWait: ackWait, now: now, sent: sent,
 		retime: make(chan struct{}, 1)}
 	t.beat.Store(now().UnixNano())
 	return t
@@ -34,6 +42,12 @@ func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *track
 // of its partition (session.held) until it is removed.
 func (t *tracker) add(m jetstream.Msg) {
 	t.mu.Lock()
+	if len(t.retrying) > 0 {
+		// A retry come back is held again, no longer retrying.
+		if meta, err := m.Metadata(); err == nil {
+			delete(t.retrying, streamSeq(m, meta))
+		}
+	}
 	if _, ok := t.msgs[m]; !ok {
 		if sm, ok := m.(*sourcedMsg); ok {
 			sm.held.Add(1)
@@ -43,10 +57,43 @@ func (t *tracker) add(m jetstream.Msg) {
 	t.mu.Unlock()
 }
 
+// lapse stops keeping m in progress once lapsed reports true: a message
+// of a pinned group that this courier has not sent when the pin moved to
+// another (orderer.lapse). JetStream then redelivers it within an ack wait
+// of the last signal, to the courier pinned now, which awaits it that
+// long (orderer.awaitRetained); kept in progress, it would stay out for
+// as long as this courier held it (a dedup check, a closed gate).
+func (t *tracker) lapse(m jetstream.Msg, lapsed func() bool) {
+	t.mu.Lock()
+	if _, ok := t.msgs[m]; ok {
+		t.lapsed[m] = lapsed
+	}
+	t.mu.Unlock()
+}
+
+// retried notes that the message at seq was given back to be delivered
+// again after delay: until then and an ack wait, it is still being
+// delivered (Runner.Delivering), though no longer held.
+func (t *tracker) retried(seq uint64, delay time.Duration) {
+	t.mu.Lock()
+	t.retrying[seq] = t.now().Add(delay + t.ackWait)
+	t.mu.Unlock()
+}
+
+// isRetrying reports whether the message at seq was given back with a
+// delay that, with an ack wait, has not run out.
+func (t *tracker) isRetrying(seq uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	until, ok := t.retrying[seq]
+	return ok && t.now().Before(until)
+}
+
 func (t *tracker) remove(m jetstream.Msg) {
 	t.mu.Lock()
 	if _, ok := t.msgs[m]; ok {
 		delete(t.msgs, m)
+		delete(t.lapsed, m)
 		if sm, ok := m.(*sourcedMsg); ok {
 			sm.held.Add(-1)
 		}
@@ -99,25 +146,57 @@ func (t *tracker) run(ctx context.Context) {
 		}
 		now := t.now()
 		t.beat.Store(now.UnixNano())
-		due = due[:0]
+		due = t.due(due[:0], now)
+		t.forgetRetries(now)
 		// The signals are sent under the lock: a worker removes a message
 		// (taking the lock) before it acks or NAKs it, so no in-progress
 		// signal can follow a NAK and turn its delay into a full ack wait.
 		// Sending is a buffered publish, quick even for many messages.
 		t.mu.Lock()
-		for m, last := range t.msgs {
-			if now.Sub(last) >= t.ackWait/2 {
-				t.msgs[m] = now
-				due = append(due, m)
-			}
-		}
 		for _, m := range due {
+			if _, ok := t.msgs[m]; !ok {
+				continue
+			}
+			t.msgs[m] = now
 			if m.InProgress() == nil {
 				t.sent()
 			}
 		}
 		t.mu.Unlock()
 	}
+}
+
+// forgetRetries forgets the retries whose time ran out.
+func (t *tracker) forgetRetries(now time.Time) {
+	t.mu.Lock()
+	for seq, until := range t.retrying {
+		if !now.Before(until) {
+			delete(t.retrying, seq)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// due appends to due the messages whose last signal is half an ack wait
+// old and that have not lapsed. Whether one has is asked without the lock:
+// the lines it asks take their own lock, and call remove under it.
+func (t *tracker) due(due []jetstream.Msg, now time.Time) []jetstream.Msg {
+	var asks []func() bool
+	t.mu.Lock()
+	for m, last := range t.msgs {
+		if now.Sub(last) >= t.ackWait/2 {
+			due = append(due, m)
+			asks = append(asks, t.lapsed[m])
+		}
+	}
+	t.mu.Unlock()
+	kept := due[:0]
+	for i, m := range due {
+		if asks[i] == nil || !asks[i]() {
+			kept = append(kept, m)
+		}
+	}
+	return kept
 }
 
 // lastBeat is when the tracker last ticked.

@@ -88,12 +88,15 @@ func (p *path) setUpPartitions(ctx context.Context) error {
 }
 
 // memberInterval is how often a courier renews its membership, and
-// memberTTL how long it lasts without: a killed courier's partitions are
-// taken by the others within memberTTL, or the consumer's PinnedTTL if that
-// is longer (the pin must lapse too).
+// memberTTL how long it lasts without: a killed courier's partitions, or
+// the durable's pin, are taken by the others within memberTTL and a
+// moment (they give its pins up: proxy.Options.Membership), and a courier
+// that could not renew its membership for memberTTL (three intervals and
+// more of trouble with the bucket, or a pause) sends nothing it holds of
+// them.
 const (
-	memberInterval = 2 * time.Second
-	memberTTL      = 6 * time.Second
+	memberInterval = 500 * time.Millisecond
+	memberTTL      = 2 * time.Second
 )
 
 // joinMembers joins the durable's membership, which names this courier's
@@ -118,6 +121,7 @@ func (p *path) runnerPartitions() *proxy.Partitions {
 		Assignment: parts.members,
 		Marks:      func(i int) proxy.OrderMarks { return parts.marks.Partition(i) },
 		Handover: proxy.Handover{
+			Stream: parts.Work,
 			Unpin: func(ctx context.Context, i int) error {
 				return parts.Work.UnpinConsumer(ctx, partition.ConsumerName(consumer, i), orderGroup)
 			},

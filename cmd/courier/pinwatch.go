@@ -88,6 +88,15 @@ func (p *path) joinPinHolders(ctx context.Context) {
 	p.stopMembers = m.Start(context.WithoutCancel(ctx))
 }
 
+// membership is the runner's view of the durable's membership; nil
+// without one.
+func (p *path) membership() proxy.Membership {
+	if p.members == nil {
+		return nil
+	}
+	return p.members
+}
+
 // durableHandover hands the durable's pin on (order per key, no
 // partitions): given up at a clean stop, recorded clean in the membership
 // when it has one.
@@ -96,7 +105,7 @@ func (p *path) durableHandover() proxy.Handover {
 		return proxy.Handover{}
 	}
 	stream, consumer := p.stream, p.cfg.Consumer
-	h := proxy.Handover{Unpin: func(ctx context.Context, _ int) error {
+	h := proxy.Handover{Stream: stream, Unpin: func(ctx context.Context, _ int) error {
 		return stream.UnpinConsumer(ctx, consumer, orderGroup)
 	}}
 	if p.members != nil {

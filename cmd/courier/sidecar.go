@@ -392,6 +392,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		PriorityGroup:     priorityGroup(cfg),
 		Partitions:        p.runnerPartitions(),
 		Handover:          p.durableHandover(),
+		Membership:        p.membership(),
 		HTTPTimeout:       cfg.HTTPTimeout,
 		BackoffInitial:    cfg.BackoffInitial,
 		BackoffMax:        cfg.BackoffMax,

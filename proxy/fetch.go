@@ -264,6 +264,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 		return nil
 	}
 	f.notConsuming()
+	f.readFloor(ctx)
 	if gone := f.consumerGone(ctx, err); gone != nil {
 		return retry.Permanent(gone)
 	}
@@ -470,6 +471,9 @@ func (f *fetcher) reread(ctx context.Context) (limitsChanged bool) {
 	info, err := f.cons.Info(ictx)
 	if err != nil {
 		f.log.Debug("cannot read the consumer's settings", "error", err)
+		if f.order != nil && ctx.Err() == nil {
+			f.order.postpone()
+		}
 		return false
 	}
 	return f.apply(info)

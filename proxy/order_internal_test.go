@@ -300,3 +300,37 @@ func TestOrderMessagesAdmittedBeforeThePinMovedLapse(t *testing.T) {
 		t.Error("a message admitted after the pin moved lapsed")
 	}
 }
+
+// While the consumer does not answer (its leader being elected), nothing
+// out can come back: the wait for what was out at a takeover starts over
+// (postpone), so a key's later message does not go first once the wait
+// would have run out meanwhile.
+func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
+	key, err := orderkey.Parse("subject:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1000, 0)
+	o := newOrderer(key, func() time.Time { return at }, newLetGo(), func(bool) {})
+	o.markWait = 5 * time.Second
+	o.awaitOut(map[string][]uint64{"a": {5}})
+	later := &queued{m: &fakeMsg{seq: 6, subject: "s.a"}}
+	if o.admit(later) {
+		t.Fatal("a key's later message goes while an earlier one is out")
+	}
+	at = at.Add(4 * time.Second)
+	if !o.awaiting() {
+		t.Fatal("nothing awaited while a message is out")
+	}
+	o.postpone()                 // a read of the consumer failed
+	at = at.Add(3 * time.Second) // past the first wait, within the new one
+	o.lift()
+	if o.lines["a"] == nil || o.lines["a"].head != 5 {
+		t.Fatal("the message out was given up within the wait begun again when the consumer did not answer")
+	}
+	at = at.Add(3 * time.Second)
+	o.lift()
+	if l := o.lines["a"]; l == nil || l.head != 6 {
+		t.Errorf("line %+v: want the later message let go once the new wait is over", o.lines["a"])
+	}
+}

@@ -370,6 +370,33 @@ func liftLoop(ctx context.Context, o *orderer) {
 	}
 }
 
+// postpone starts the waits for what is out over, as the consumer does not
+// answer (its leader is being elected, its node is lost): nothing out can
+// come back meanwhile, so neither a head awaited until stale nor the
+// barrier of a takeover gives up before markWait after now. Called by the
+// fetcher each time a read of the consumer fails.
+func (o *orderer) postpone() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	until := o.now().Add(o.markWait)
+	for _, l := range o.lines {
+		if !l.stale.IsZero() {
+			l.stale = later(l.stale, until)
+		}
+	}
+	if !o.barrierUntil.IsZero() {
+		o.barrierUntil = later(o.barrierUntil, until)
+	}
+}
+
+// awaiting reports whether a line awaits a head until stale, or a
+// takeover's barrier stands: what is out is awaited for a time.
+func (o *orderer) awaiting() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stale > 0 || !o.barrierUntil.IsZero()
+}
+
 // barrierDue reports whether a timed barrier is up and its time is over:
 // the next lift lets it down.
 func (o *orderer) barrierDue() bool {

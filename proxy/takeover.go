@@ -246,7 +246,8 @@ const floorReadEvery = 500 * time.Millisecond
 // what was out at a takeover: a key whose awaited message was settled by
 // the courier that had it goes on once the floor passes it.
 func (f *fetcher) readFloor(ctx context.Context) {
-	if now := f.now(); now.After(f.floorUntil) || now.Sub(f.floorRead) < floorReadEvery {
+	now := f.now()
+	if now.Sub(f.floorRead) < floorReadEvery || now.After(f.floorUntil) && (f.order == nil || !f.order.awaiting()) {
 		return
 	}
 	f.floorRead = f.now()

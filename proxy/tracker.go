@@ -24,11 +24,11 @@ type tracker struct {
 	// sequence, as Runner.Delivering asks), until when it may be out
 	// waiting for it: its delay and an ack wait.
 	retrying map[uint64]time.Time
-	ackWait time.Duration
-	now     func() time.Time
-	beat    atomic.Int64 // unix nanos of the last tick
-	sent    func()
-	retime  chan struct{} // the ack wait changed
+	ackWait  time.Duration
+	now      func() time.Time
+	beat     atomic.Int64 // unix nanos of the last tick
+	sent     func()
+	retime   chan struct{} // the ack wait changed
 }
 
 func newTracker(ackWait time.Duration, now func() time.Time, sent func()) *tracker {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -60,29 +61,39 @@ func atGeneration(trs []jetstream.SubjectTransformConfig, gen int) []jetstream.S
 	return out
 }
 
+// Resourced is what Resource did: the generation of the work stream's new
+// source, and where the work stream stood just before (its last sequence,
+// and when it stored that message): every copy the new source makes comes
+// after it.
+type Resourced struct {
+	Generation int
+	Last       uint64
+	LastAt     time.Time
+}
+
 // Resource makes the work stream copy the consumed stream again from its
-// sequence from on, under a new generation of its source, and returns that
-// generation. The copies come after what the work stream holds; the source
-// goes on with the messages stored later, as before. The partitions'
-// consumers, their pins and the couriers are left as they are.
-func (d *Durable) Resource(ctx context.Context, js jetstream.JetStream, from uint64) (int, error) {
+// sequence from on, under a new generation of its source. The copies come
+// after what the work stream holds; the source goes on with the messages
+// stored later, as before. The partitions' consumers, their pins and the
+// couriers are left as they are.
+func (d *Durable) Resource(ctx context.Context, js jetstream.JetStream, from uint64) (Resourced, error) {
 	info, err := d.Work.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("reading the partitions' work stream: %w", err)
+		return Resourced{}, fmt.Errorf("reading the partitions' work stream: %w", err)
 	}
 	cfg := info.Config
 	if len(cfg.Sources) != 1 || cfg.Sources[0].Name != d.stream {
-		return 0, fmt.Errorf("the partitions' work stream %s does not copy stream %s alone (%s): courier did not make it so, and will not re-source it", cfg.Name, d.stream, describeSources(cfg))
+		return Resourced{}, fmt.Errorf("the partitions' work stream %s does not copy stream %s alone (%s): courier did not make it so, and will not re-source it", cfg.Name, d.stream, describeSources(cfg))
 	}
-	gen := Generation(cfg) + 1
+	r := Resourced{Generation: Generation(cfg) + 1, Last: info.State.LastSeq, LastAt: info.State.LastTime}
 	src := *cfg.Sources[0]
-	src.SubjectTransforms = atGeneration(src.SubjectTransforms, gen)
+	src.SubjectTransforms = atGeneration(src.SubjectTransforms, r.Generation)
 	src.OptStartSeq, src.OptStartTime = from, nil
 	cfg.Sources = []*jetstream.StreamSource{&src}
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return 0, fmt.Errorf("re-sourcing the partitions' work stream %s from sequence %d of %s: %w", cfg.Name, from, d.stream, err)
+		return Resourced{}, fmt.Errorf("re-sourcing the partitions' work stream %s from sequence %d of %s: %w", cfg.Name, from, d.stream, err)
 	}
-	return gen, nil
+	return r, nil
 }
 
 // Copy is a message of the work stream as Resource sees it: where it is in

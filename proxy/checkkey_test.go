@@ -25,6 +25,8 @@ func (r *rewinds) Replay(stream string, seq uint64) string {
 	return ""
 }
 
+func (r *rewinds) Superseded(string, uint64, uint64, time.Time) bool { return false }
+
 // Messages a rewind delivers again reach the app although their keys were
 // recorded, once each per rewind (two copies of a key in the range are one
 // call; delivered a third time, they are duplicates), marked with the

@@ -132,10 +132,15 @@ func (dc *decider) deliver(d *delivery) (how ended) {
 	return
 }
 
-// unsent returns d's ending if it ends before it is sent: the original of a
-// stored reference dead letter, a message over its max age, a duplicate, or
-// one given back while its key was checked. No ending: d goes to the app.
+// unsent returns d's ending if it ends before it is sent: an earlier copy
+// of a message a rewind copies again (superseded, acked as a duplicate:
+// the rewind's copy delivers it), the original of a stored reference dead
+// letter, a message over its max age, a duplicate, or one given back while
+// its key was checked. No ending: d goes to the app.
 func (dc *decider) unsent(d *delivery) ending {
+	if copyOfMsg(d.m).superseded(dc.o.Rewinds) {
+		return ending{kind: endDuplicate, why: whySuperseded}
+	}
 	if dc.settle.refs.referenced(d) {
 		return ending{kind: endReferenced}
 	}

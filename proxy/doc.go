@@ -104,6 +104,10 @@
 //     rewind, JetStream's consumer reset; Options.Rewinds) delivers again:
 //     its key is checked and recorded in the rewind's scope (replayKey), so
 //     it reaches the app once per rewind, marked HeaderReplay.
+//   - superseded: a partition's message copied before a rewind that copies
+//     its origin again (Rewinds.Superseded, sourced.go): acked unsent, as a
+//     duplicate, and not awaited by its key's line, for the rewind's copy
+//     delivers it in its key's order.
 //   - out: what a consumer has delivered and not had settled, with this
 //     courier or another; at a takeover, the keys of what is out wait for
 //     it (takeover.go).

@@ -19,7 +19,7 @@ import (
 type ending struct {
 	kind endKind
 	back giveBackMode // endGiveBack: when, and what of a last delivery
-	why  string       // endGiveBack: for the log; endHeld: what holds it, for its dead letter and the log
+	why  string       // endGiveBack: for the log; endHeld: what holds it, for its dead letter and the log; endDuplicate: why, if not its key processed
 	f    failure      // endDeadLetter
 	err  error        // endRetry: the attempt's
 	// endRetry: the app's Retry-After, capped, if it gave one (fromApp);
@@ -111,6 +111,10 @@ const (
 	// as a retried head (orderer.gaveBack), should the pin come back.
 	giveBackMoved
 )
+
+// whySuperseded is why an earlier copy of a message that a rewind copies
+// again is acked as a duplicate, unsent (sourced.go, copyOf.superseded).
+const whySuperseded = "an earlier copy of a message a rewind copies again: its copy delivers it, in its key's order"
 
 func giveBackEnding(mode giveBackMode, why string) ending {
 	return ending{kind: endGiveBack, back: mode, why: why}

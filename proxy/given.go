@@ -34,11 +34,18 @@ type Deduper interface {
 	Release(ctx context.Context, key string) error
 }
 
-// Rewinds knows the rewinds of the durable. Replay returns the id of the
-// newest rewind whose range of stream holds seq, or "" if none does. Safe
-// for concurrent use.
+// Rewinds knows the rewinds of the durable. Safe for concurrent use.
 type Rewinds interface {
+	// Replay returns the id of the newest rewind whose range of stream
+	// holds seq, or "" if none does.
 	Replay(stream string, seq uint64) string
+	// Superseded reports whether a rewind of a durable split into
+	// partitions copies seq of stream again after the message of the
+	// work stream at sequence work, stored at stored, which copies it
+	// (sourced.go): that copy, made before the rewind, is then acked
+	// unsent, and the rewind's copy delivers the message in its key's
+	// order.
+	Superseded(stream string, seq, work uint64, stored time.Time) bool
 }
 
 // quickChecker is a Deduper whose Check waits on nothing a deadline could

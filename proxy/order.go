@@ -48,6 +48,10 @@ type orderer struct {
 	// lapse, when set, stops keeping a message in progress once it is
 	// outdated and unsent (tracker.lapse). Set once, before use.
 	lapse func(m jetstream.Msg, lapsed func() bool)
+	// rewinds, when set, tells a partition's message that a rewind
+	// copies again (copyOf.superseded): no line awaits it. Set once,
+	// before use.
+	rewinds Rewinds
 
 	mu      sync.Mutex
 	lines   map[string]*keyLine
@@ -131,6 +135,10 @@ type keyLine struct {
 	// redelivered, took the place of (enter), in stream order: each is
 	// awaited again in its turn, as long as its redelivery takes.
 	retried []uint64
+	// src is what the head, a partition's message, copies (if src.work
+	// is head; a head known otherwise, from a mark, has none): a head a
+	// rewind copies again is not awaited (passOver).
+	src copyOf
 }
 
 func newOrderer(key orderkey.Key, now func() time.Time, rel *letGo, log func(full bool)) *orderer {
@@ -244,14 +252,25 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	l := o.lines[k]
+	src := copyOfMsg(q.m)
+	if src.superseded(o.rewinds) {
+		if l == nil || seq != l.head {
+			// An earlier copy of a message a rewind copies again: its
+			// worker acks it unsent, and its key's line neither awaits it
+			// nor is held by it.
+			return true
+		}
+	} else if l != nil && seq > l.head && !l.inFlight {
+		l = o.passOver(k, l)
+	}
 	switch {
 	case l == nil:
-		o.lines[k] = &keyLine{head: seq, inFlight: true, here: true}
+		o.lines[k] = &keyLine{head: seq, inFlight: true, here: true, src: src}
 		return true
 	case seq == l.head:
 		// The head again: redelivered after a retry (or, held too long,
 		// after its ack wait).
-		l.inFlight, l.here = true, true
+		l.inFlight, l.here, l.src = true, true, src
 		if !l.stale.IsZero() {
 			l.stale = time.Time{}
 			o.stale--
@@ -267,7 +286,7 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 		} else {
 			l.out = append([]uint64{l.head}, l.out...)
 		}
-		l.head, l.inFlight, l.here = seq, true, true
+		l.head, l.inFlight, l.here, l.src = seq, true, true, src
 		if !l.stale.IsZero() {
 			l.stale = time.Time{}
 			o.stale--
@@ -307,21 +326,30 @@ func (o *orderer) enter(q queued, k string, seq uint64) bool {
 // returns how many were waiting behind it.
 func (o *orderer) settled(k string, seq uint64) int {
 	o.mu.Lock()
+	n, freed := o.settle(k, seq)
+	o.mu.Unlock()
+	if freed {
+		o.log(false)
+	}
+	return n
+}
+
+// settle is settled with mu held; freed: the waiting messages are back
+// under their bound, to be logged once mu is released.
+func (o *orderer) settle(k string, seq uint64) (n int, freed bool) {
 	l := o.lines[k]
 	if l == nil {
 		o.headSettledAfterDrain(k, seq)
-		o.mu.Unlock()
-		return 0
+		return 0, false
 	}
 	if l.head != seq {
-		o.mu.Unlock()
-		return 0
+		return 0, false
 	}
 	if !l.stale.IsZero() {
 		l.stale = time.Time{}
 		o.stale--
 	}
-	n := len(l.waiting)
+	n = len(l.waiting)
 	if n == 0 && l.retained && l.next != 0 {
 		// Its head was with a worker when the pin moved away, and what
 		// waited behind it was given back: the first of that is the
@@ -329,8 +357,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 		o.headSettledAfterDrain(k, seq)
 		l.head, l.next, l.inFlight, l.here = l.next, 0, false, false
 		o.awaitRetained(l, o.now())
-		o.mu.Unlock()
-		return 0
+		return 0, false
 	}
 	if l.retried = after(l.retried, seq); len(l.retried) > 0 && (n == 0 || l.retried[0] < l.waiting[0].seq) &&
 		(len(l.out) == 0 || l.retried[0] < l.out[0]) {
@@ -341,8 +368,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 			l.marked = true
 			o.marks.set(k, ordermark.Mark{Seq: l.head})
 		}
-		o.mu.Unlock()
-		return n
+		return n, false
 	}
 	if l.out = after(l.out, seq); len(l.out) > 0 && (n == 0 || l.out[0] < l.waiting[0].seq) {
 		// The key's next message is out with another courier: awaited.
@@ -352,8 +378,7 @@ func (o *orderer) settled(k string, seq uint64) int {
 			l.marked = true
 			o.marks.set(k, ordermark.Mark{Seq: l.head})
 		}
-		o.mu.Unlock()
-		return n
+		return n, false
 	}
 	if n == 0 {
 		delete(o.lines, k)
@@ -364,12 +389,11 @@ func (o *orderer) settled(k string, seq uint64) int {
 		case l.marked:
 			o.marks.set(k, ordermark.Mark{})
 		}
-		o.mu.Unlock()
-		return 0
+		return 0, false
 	}
 	next := l.waiting[0]
 	l.waiting = slices.Delete(l.waiting, 0, 1)
-	l.head, l.inFlight, l.here, l.out = next.seq, true, true, after(l.out, next.seq)
+	l.head, l.inFlight, l.here, l.out, l.src = next.seq, true, true, after(l.out, next.seq), copyOfMsg(next.m)
 	switch {
 	case o.marks != nil && len(l.waiting) > 0:
 		l.marked = true
@@ -382,16 +406,28 @@ func (o *orderer) settled(k string, seq uint64) int {
 	o.waiting--
 	o.bytes -= next.size
 	o.rel.push(next)
-	freed := o.full && o.bytes <= maxWaitingBytes/2
+	freed = o.full && o.bytes <= maxWaitingBytes/2
 	if freed {
 		o.full = false
 		close(o.room)
 	}
-	o.mu.Unlock()
-	if freed {
-		o.log(false)
+	return n, freed
+}
+
+// passOver stops awaiting key k's head in its line l while that head is
+// an earlier copy of a message a rewind copies again (copyOf.superseded),
+// not with a worker (retried): the rewind's copy comes behind it and
+// delivers it, so the line goes on as if it were settled; when it comes
+// back, its worker acks it unsent, and it passes the line by (enter). It
+// returns k's line afterwards (nil: none). Called with mu held.
+func (o *orderer) passOver(k string, l *keyLine) *keyLine {
+	for l != nil && !l.inFlight && l.src.work == l.head && l.src.superseded(o.rewinds) {
+		if _, freed := o.settle(k, l.head); freed {
+			o.log(false)
+		}
+		l = o.lines[k]
 	}
-	return n
+	return l
 }
 
 // retrying notes that the head seq of key k was NAK'd for a retry in

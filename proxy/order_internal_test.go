@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,5 +333,109 @@ func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
 	o.lift()
 	if l := o.lines["a"]; l == nil || l.head != 6 {
 		t.Errorf("line %+v: want the later message let go once the new wait is over", o.lines["a"])
+
+// supersedes is a rewind of stream S from origin from whose work stream
+// stood at copied when it was re-sourced (rewind.Record.Supersedes).
+type supersedes struct{ from, copied atomic.Uint64 }
+
+func (r *supersedes) Replay(string, uint64) string { return "" }
+func (r *supersedes) Superseded(stream string, seq, work uint64, _ time.Time) bool {
+	return stream == "S" && seq >= r.from.Load() && work <= r.copied.Load()
+}
+
+// copyMsg is a partition's message of key k at sequence work of the work
+// stream, copying sequence origin of stream S.
+func copyMsg(work, origin uint64) *queued {
+	m := &fakeMsg{seq: work, subject: "p.s.k"}
+	return &queued{m: &sourcedMsg{Msg: m, subject: "s.k", seq: work, named: true,
+		meta: &jetstream.MsgMetadata{Stream: "S", Sequence: jetstream.SequencePair{Stream: origin}, Timestamp: time.Now()}}}
+}
+
+// A rewind of a partitioned durable while a key's head waits out a retry
+// with later messages behind it: they are earlier copies of messages the
+// rewind copies again (superseded). The first of the rewind's copies to
+// arrive stops the line awaiting the retried head: what waited behind it
+// is let go (its workers ack it unsent), then the copies in stream order.
+// The head, when it comes back, passes the line by, which its settling
+// does not disturb.
+func TestOrderPassesOverASupersededRetriedHead(t *testing.T) {
+	o, _ := testOrderer(t)
+	rw := &supersedes{}
+	o.rewinds = rw
+	if !o.admit(copyMsg(2, 2)) {
+		t.Fatal("the key's first message waits")
+	}
+	if o.admit(copyMsg(3, 3)) || o.admit(copyMsg(4, 4)) {
+		t.Fatal("a later message went while 2 was with a worker")
+	}
+	o.retrying("k", 2, time.Hour)
+	// The rewind to origin 1: the work stream stood at 4.
+	rw.from.Store(1)
+	rw.copied.Store(4)
+	if o.admit(copyMsg(5, 1)) {
+		t.Fatal("the copy of origin 1 went before what waited behind the retried head")
+	}
+	var order []uint64
+	for range 3 {
+		q, ok := o.rel.pop()
+		if !ok {
+			t.Fatalf("let go %v, then nothing", order)
+		}
+		order = append(order, q.seq)
+		if q.seq == 3 && o.admit(copyMsg(6, 2)) {
+			t.Fatal("the copy of origin 2 went while 3 was with a worker")
+		}
+		if q.seq != 5 {
+			o.settled("k", q.seq) // acked unsent
+		}
+	}
+	if fmt.Sprint(order) != "[3 4 5]" {
+		t.Fatalf("let go %v, want [3 4 5]: the retried head not awaited", order)
+	}
+	// 5 with a worker, 6 behind it; the retried head comes back.
+	if !o.admit(copyMsg(2, 2)) {
+		t.Fatal("the retried head, superseded, came back and waits")
+	}
+	if n := o.settled("k", 2); n != 0 {
+		t.Errorf("the retried head's settling said %d waited behind it", n)
+	}
+	if q, ok := o.rel.pop(); ok {
+		t.Fatalf("%d let go by the retried head's settling", q.seq)
+	}
+	if n := o.settled("k", 5); n != 1 {
+		t.Errorf("5 settled with %d behind it, want 1", n)
+	}
+	if q, ok := o.rel.pop(); !ok || q.seq != 6 {
+		t.Fatalf("after 5, let go %v %v, want 6", q.seq, ok)
+	}
+}
+
+// A key's retried head that no rewind supersedes, or one known only by its
+// work stream's sequence, is awaited as before.
+func TestOrderAwaitsARetriedHeadNotSuperseded(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		head *queued
+	}{
+		{"before the rewind's point", copyMsg(2, 2)},
+		{"no origin", &queued{m: &fakeMsg{seq: 2, subject: "s.k"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, _ := testOrderer(t)
+			rw := &supersedes{}
+			o.rewinds = rw
+			if !o.admit(tc.head) {
+				t.Fatal("the key's first message waits")
+			}
+			o.retrying("k", 2, time.Hour)
+			rw.from.Store(3)
+			rw.copied.Store(4)
+			if o.admit(copyMsg(5, 3)) {
+				t.Fatal("the rewind's copy went while the retried head was awaited")
+			}
+			if q, ok := o.rel.pop(); ok {
+				t.Fatalf("%d let go while the retried head was awaited", q.seq)
+			}
+		})
 	}
 }

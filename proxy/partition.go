@@ -129,7 +129,7 @@ func (ps *partitions) start(ctx, loops context.Context, i int) *session {
 	f.bound.Store(true) // until a pull fails
 	s.f = f
 	s.order = newOrderer(ps.opts.OrderKey, ps.opts.Now, ps.rel, orderFull(ps.log))
-	s.order.untrack, s.order.lapse = ps.track.remove, ps.track.lapse
+	s.order.untrack, s.order.lapse, s.order.rewinds = ps.track.remove, ps.track.lapse, ps.opts.Rewinds
 	s.order.markWait = orderBarrier(ps.opts.AckWait)
 	if m := ps.opts.Membership; m != nil {
 		s.order.setLease(m.Term)

@@ -80,7 +80,7 @@ func (s *settler) end(d *delivery, e ending) {
 	case endSucceeded:
 		s.succeeded(d, e.answer, e.took)
 	case endDuplicate:
-		s.duplicate(d)
+		s.duplicate(d, e.why)
 	case endReferenced:
 		s.giveBackReferenced(d)
 	case endRetry:
@@ -318,9 +318,10 @@ func (s *settler) acked(d *delivery, took time.Duration) {
 	}
 }
 
-// duplicate acks a message whose key was already processed, and ends its
+// duplicate acks a message whose key was already processed, or, as why
+// says, one that another copy delivers (whySuperseded), and ends its
 // flight.
-func (s *settler) duplicate(d *delivery) {
+func (s *settler) duplicate(d *delivery, why string) {
 	s.endFlight(d, true)
 	s.track.remove(d.m)
 	if err := d.m.Ack(); err != nil {
@@ -328,6 +329,10 @@ func (s *settler) duplicate(d *delivery) {
 	}
 	s.told(d, endDuplicate, 0)
 	s.m.ended[endDuplicate].Inc()
+	if why != "" {
+		d.log.Info("acked without calling the app", "why", why)
+		return
+	}
 	d.log.Debug("duplicate acked without calling the app")
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,7 @@ type sourcedMsg struct {
 	header  nats.Header
 	meta    *jetstream.MsgMetadata // the origin's stream and sequence
 	seq     uint64                 // the work stream's sequence
+	named   bool                   // its header named the origin
 }
 
 // newSourced wraps m, a message of a partition's consumer; held counts
@@ -41,9 +43,36 @@ func newSourced(m jetstream.Msg, held *atomic.Int64) jetstream.Msg {
 	var seq uint64
 	sm.subject, sm.header, stream, seq = origin(m.Subject(), m.Headers())
 	if stream != "" {
-		own.Stream, own.Sequence.Stream = stream, seq
+		own.Stream, own.Sequence.Stream, sm.named = stream, seq, true
 	}
 	return sm
+}
+
+// copyOf is a partition's message as a rewind sees it: its sequence in the
+// work stream, when the work stream stored it, and the origin's stream and
+// sequence. Zero: not a partition's message, or one naming no origin.
+type copyOf struct {
+	work   uint64
+	stored time.Time
+	stream string
+	seq    uint64
+}
+
+// copyOfMsg is m's copyOf, if m is a partition's message naming its
+// origin.
+func copyOfMsg(m jetstream.Msg) copyOf {
+	sm, ok := m.(*sourcedMsg)
+	if !ok || !sm.named {
+		return copyOf{}
+	}
+	return copyOf{work: sm.seq, stored: sm.meta.Timestamp, stream: sm.meta.Stream, seq: sm.meta.Sequence.Stream}
+}
+
+// superseded reports whether c is an earlier copy of a message a rewind
+// copies again (Rewinds.Superseded; nil: none): its worker acks it unsent
+// (decider.unsent), and its key's line does not await it (orderer.enter).
+func (c copyOf) superseded(rw Rewinds) bool {
+	return c.stream != "" && rw != nil && rw.Superseded(c.stream, c.seq, c.work, c.stored)
 }
 
 // origin is the subject and headers of the message that a message of a

@@ -37,11 +37,31 @@ type Record struct {
 	To   uint64 `json:"to"`
 	// At is when the rewind was asked.
 	At time.Time `json:"at"`
+	// Copied, for a durable split into partitions, is the last sequence
+	// of its work stream when the rewind re-sourced it, and CopiedAt when
+	// the work stream stored that message: every copy the rewind makes
+	// comes after it. A copy at or before it, stored by then, of a
+	// message from From on is superseded (Superseded). Zero for a plain
+	// durable, reset in place.
+	Copied   uint64    `json:"copied,omitempty"`
+	CopiedAt time.Time `json:"copied_at,omitzero"`
 }
 
 // Covers reports whether seq of stream is in r's range.
 func (r Record) Covers(stream string, seq uint64) bool {
 	return r.Stream == stream && seq >= r.From && seq <= r.To
+}
+
+// Supersedes reports whether r supersedes the message of a partitions' work
+// stream at sequence work, stored at stored, which copies seq of stream: it
+// was copied before r re-sourced the work stream, which copies every
+// message of stream from From on again, seq among them. Its copy delivers
+// it again, in its key's order; this one is acked unsent. The time tells a
+// work stream made again since (its sequences start over) from the one r
+// re-sourced.
+func (r Record) Supersedes(stream string, seq, work uint64, stored time.Time) bool {
+	return r.Copied > 0 && r.Stream == stream && seq >= r.From &&
+		work <= r.Copied && !stored.After(r.CopiedAt)
 }
 
 // BucketName is the bucket of the rewinds of consumer on stream.
@@ -134,6 +154,23 @@ func (v *View) Replay(stream string, seq uint64) string {
 	return ""
 }
 
+// Superseded reports whether a rewind supersedes the message of the
+// partitions' work stream at sequence work, stored at stored, which copies
+// seq of stream (Record.Supersedes).
+func (v *View) Superseded(stream string, seq, work uint64, stored time.Time) bool {
+	if v == nil {
+		return false
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, r := range v.recs {
+		if r.Supersedes(stream, seq, work, stored) {
+			return true
+		}
+	}
+	return false
+}
+
 // Records returns the rewinds v knows, oldest first.
 func (v *View) Records() []Record {
 	v.mu.RLock()
@@ -209,7 +246,7 @@ func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*View,
 				v.put(r)
 				if !first {
 					log.Info("rewind: messages in its range are delivered again as a replay",
-						"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To)
+						"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To, "copied", r.Copied)
 				}
 			}
 		}

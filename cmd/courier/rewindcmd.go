@@ -282,10 +282,8 @@ func (p rewindPlan) apply(ctx context.Context, js jetstream.JetStream, cfg confi
 	if err := rewind.Write(ctx, kv, rec); err != nil {
 		return err
 	}
-	select {
-	case <-time.After(rewindWatchGrace):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := watchGrace(ctx); err != nil {
+		return err
 	}
 	resp, err := js.ResetConsumerToSequence(ctx, p.stream, p.consumer, p.from)
 	if err != nil {

@@ -24,7 +24,10 @@ import (
 // replay. What the work stream held and no partition had delivered yet
 // gives way to its copy, which comes in its turn behind the key's earlier
 // messages; the partitions are paused meanwhile so that none is delivered
-// in between.
+// in between. What a courier holds of it unsent (a key's retried message,
+// those behind it) is superseded by its copy once the record says where
+// the work stream stood (rewind.Record.Copied): acked unsent, and the
+// key's replay does not wait for the retry.
 
 // partitionedPlan is what a rewind of a partitioned durable would do.
 type partitionedPlan struct {
@@ -92,45 +95,71 @@ func (p partitionedPlan) describe() string {
 	return b.String()
 }
 
-// apply stores p's rewind record, for the couriers' watches, then, with
-// the partitions paused, re-sources the work stream from p.from and
-// removes what no partition had delivered of the range (its copy follows).
+// apply, with the partitions paused, stores p's rewind record, for the
+// couriers' watches, re-sources the work stream from p.from, stores where
+// the work stream stood before (Record.Copied: what it held of the range
+// is superseded by the copies) and removes what no partition had delivered
+// of the range (its copy follows). The partitions resume once the watches
+// have heard of Copied: a key's retried message that comes back then is
+// acked unsent, and its copy goes in its key's order.
 func (p partitionedPlan) apply(ctx context.Context, js jetstream.JetStream, cfg config.Config, stdout io.Writer) error {
 	kv, err := rewind.Open(ctx, js, cfg.Stream, cfg.Consumer, cfg.StreamReplicas)
 	if err != nil {
 		return err
 	}
+	// Paused first: no retry comes back between the record and Copied,
+	// to be delivered as a replay before its key's earlier copies.
+	resume, err := p.pause(ctx, stdout)
+	if err != nil {
+		return err
+	}
+	defer resume()
 	now := time.Now()
 	rec := rewind.Record{ID: rewind.NewID(now), Stream: p.stream, From: p.from, To: p.to, At: now.UTC()}
 	if err := rewind.Write(ctx, kv, rec); err != nil {
 		return err
 	}
-	select {
-	case <-time.After(rewindWatchGrace):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	resume, err := p.pause(ctx, stdout)
-	if err != nil {
+	if err := watchGrace(ctx); err != nil {
 		_ = kv.Delete(context.WithoutCancel(ctx), rec.ID) // nothing is delivered again
 		return err
 	}
-	gen, err := p.d.Resource(ctx, js, p.from)
+	res, err := p.d.Resource(ctx, js, p.from)
 	if err != nil {
-		resume()
 		_ = kv.Delete(context.WithoutCancel(ctx), rec.ID)
 		return fmt.Errorf("rewind: %w", err)
 	}
-	gaveWay, err := p.giveWay(ctx, cfg.OrderPartitions, gen)
-	resume()
-	if err != nil {
-		// The range is delivered again all the same; what was not
-		// removed is delivered before its copy, which is its duplicate.
-		return fmt.Errorf("rewind %s: the work stream copies the range again, but removing what the partitions had not delivered failed (those messages go before their keys' replay): %w", rec.ID, err)
+	// Only now that the copies come: a message superseded is acked unsent.
+	rec.Copied, rec.CopiedAt = res.Last, res.LastAt
+	copiedErr := rewind.Write(ctx, kv, rec)
+	gaveWay, err := p.giveWay(ctx, cfg.OrderPartitions, res.Generation)
+	if copiedErr == nil {
+		if err := watchGrace(ctx); err != nil {
+			return err
+		}
+	}
+	switch {
+	case copiedErr != nil:
+		// The range is delivered again all the same; a key's message
+		// retried at the rewind is delivered before its key's copies.
+		return fmt.Errorf("rewind %s: the work stream copies the range again, but storing where it stood failed (a key's message retried at the rewind goes before its key's replay): %w", rec.ID, copiedErr)
+	case err != nil:
+		// What was not removed is superseded by its copy all the same.
+		return fmt.Errorf("rewind %s: the work stream copies the range again, but removing what the partitions had not delivered failed (each is acked unsent, its copy delivered): %w", rec.ID, err)
 	}
 	fmt.Fprintf(stdout, "rewound %s/%s (%d partitions) to stream sequence %d: rewind %s delivers sequences %d to %d again (Courier-Replay: %s); %d message(s) not delivered yet come in their turn\n",
 		p.stream, p.consumer, len(p.parts), p.from, rec.ID, p.from, p.to, rec.ID, gaveWay)
 	return nil
+}
+
+// watchGrace waits rewindWatchGrace, for the couriers' watches to hear of a
+// rewind record stored.
+func watchGrace(ctx context.Context) error {
+	select {
+	case <-time.After(rewindWatchGrace):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // rewindPauseFor bounds the pause of the partitions during a rewind: should

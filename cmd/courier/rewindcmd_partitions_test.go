@@ -338,3 +338,82 @@ func (h *harness) outOfPartitions(partitions int) []uint64 {
 	}
 	return out
 }
+
+// A rewind of a partitioned durable while a key's message waits out a long
+// retry (Retry-After 20s) and the key's later messages wait behind it: the
+// retried message and those behind it are earlier copies of messages the
+// rewind copies again, so they are acked unsent and the key's line does not
+// await the retry; the key's messages from the rewind's point reach the app
+// in stream order, each once, as the replay (the retried one too), well
+// before the retry is due; its retry, when it comes back, is acked unsent.
+func TestRewindPartitionedDuringARetryKeepsOrderPerKey(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	var mu sync.Mutex
+	var failedAt time.Time
+	retrying := make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		first := r.Header.Get("N") == "2" && failedAt.IsZero()
+		if first {
+			failedAt = time.Now()
+			close(retrying)
+		}
+		mu.Unlock()
+		if first {
+			w.Header().Set("Retry-After", "20")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		a.ServeHTTP(w, r)
+	}))
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=2", "COURIER_LOG_LEVEL=info")
+	c := start(t, env)
+	var seqs []uint64
+	for n := range 5 {
+		seqs = append(seqs, h.publish("orders.k", fmt.Sprintf("k-%d", n), map[string]string{"Order": "k", "N": strconv.Itoa(n)}))
+	}
+	select {
+	case <-retrying:
+	case <-time.After(15 * time.Second):
+		t.Fatal("k's third message was not tried")
+	}
+	// 0 and 1 delivered, 2 retried, 3 and 4 with the courier behind it.
+	poll.Until(t, 10*time.Second, "k's messages with the courier", func() bool {
+		pending := uint64(0)
+		for i := range 2 {
+			pending += h.consumerInfoOn(partition.StreamName(h.stream, "courier"), partition.ConsumerName("courier", i)).NumPending
+		}
+		return a.count() == 2 && pending == 0
+	})
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[1]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 40*time.Second, "k's replays", func() bool { return a.count() >= 6 })
+	mu.Lock()
+	replayedIn := time.Since(failedAt)
+	mu.Unlock()
+	poll.Until(t, 40*time.Second, "everything settled, the retry too", func() bool { return h.partsSettled(2) })
+	calls := a.all()
+	id := calls[2].replay
+	if id == "" {
+		t.Fatalf("the first call after the rewind came without Courier-Replay: %+v", calls[2])
+	}
+	var got []uint64
+	for _, c := range calls[2:] {
+		if c.replay != id {
+			t.Errorf("after the rewind %q came with Courier-Replay %q, want %q", c.body, c.replay, id)
+		}
+		got = append(got, c.seq)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(seqs[1:]) {
+		t.Errorf("after the rewind k reached the app as %v, want %v, each once in stream order", got, seqs[1:])
+	}
+	if replayedIn >= 20*time.Second {
+		t.Errorf("k's replays were all in %s after its retry was scheduled: they waited for the retry (Retry-After 20s)", replayedIn.Round(time.Second))
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}

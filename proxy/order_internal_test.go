@@ -333,6 +333,8 @@ func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
 	o.lift()
 	if l := o.lines["a"]; l == nil || l.head != 6 {
 		t.Errorf("line %+v: want the later message let go once the new wait is over", o.lines["a"])
+	}
+}
 
 // supersedes is a rewind of stream S from origin from whose work stream
 // stood at copied when it was re-sourced (rewind.Record.Supersedes).

@@ -130,12 +130,47 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 	if f.pinned == "" || f.pinNow.Load() != nil || !f.membership.Orphaned(f.index, f.pinned) {
 		return
 	}
+	f.redeliverOrphaned(ictx)
 	if err := f.handover.Unpin(ictx, f.index); err != nil {
 		f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
 		return
 	}
 	f.log.Info("the courier holding the pin is gone: its pin is given up, for this courier to take", "pin", f.pinned)
 	f.pinned = ""
+}
+
+// redeliverOrphaned, for a partition whose pin a courier that is gone
+// holds, has the partition's consumer deliver again at once what that
+// courier had out (Handover.Redeliver), before the pin is given up:
+// nothing is delivered meanwhile (the pin is still the gone courier's), and
+// the pull that takes the pin next brings the partition's first unsettled
+// message on, in stream order, rather than after an ack wait. Not if this
+// courier holds any of the partition itself (a request from before the pin
+// moved away may still be at the app); nor if the partition's marks name a
+// retry due later (the consumer would deliver it before the delay the app
+// asked for) or cannot be read: what was out then comes back after its ack
+// wait, awaited by its keys (waitForOut).
+func (f *fetcher) redeliverOrphaned(ctx context.Context) {
+	if f.part == nil || f.handover.Redeliver == nil || f.order == nil || f.order.marks == nil || f.part.heldNow() > 0 {
+		return
+	}
+	marks, err := f.order.marks.store.Marks(ctx)
+	if err != nil {
+		return
+	}
+	now := f.now()
+	for k, m := range marks {
+		if m.Due.After(now) {
+			f.log.Info("the courier that is gone had a retry due later: what it had out comes back after its ack wait",
+				"key", k, "due_in", m.Due.Sub(now).Round(time.Millisecond).String())
+			return
+		}
+	}
+	if err := f.handover.Redeliver(ctx, f.index); err != nil {
+		f.log.Warn("cannot deliver again at once what the courier that is gone had out: it comes back after its ack wait", "error", err)
+		return
+	}
+	f.log.Info("what the courier that is gone had out is delivered again now, from the partition's first unsettled message")
 }
 
 // orphanEvery is how often a courier that does not hold the pin looks

@@ -72,7 +72,9 @@ func TestOrderStopHandsThePinOn(t *testing.T) {
 // seconds, not after the pin's TTL or the membership's (6s each before),
 // and gives its pins up to take them (`the courier holding the pin is
 // gone`). Keys of which the killed one had nothing out are called again
-// at once; the others once their messages' ack wait has run out. Every
+// at once; the others, with one active courier, once their messages' ack
+// wait has run out, and with partitions at once too (the partitions'
+// consumers deliver again what was out, from their ack floors). Every
 // key in order, nothing lost, duplicates within what the killed one had
 // at the app or answered and not yet recorded.
 func TestOrderKillNoticedWithinSeconds(t *testing.T) {
@@ -85,7 +87,8 @@ func TestOrderKillNoticedWithinSeconds(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			h := newHarness(t)
-			a := newKeyedApp(t, 2*time.Millisecond)
+			// Requests take a while: the killed courier has some out.
+			a := newKeyedApp(t, 30*time.Millisecond)
 			const keys, inflight = 10, 4
 			env := []string{"COURIER_ACK_WAIT=24s", fmt.Sprint("COURIER_MAX_INFLIGHT=", inflight)}
 			if mode.parts > 0 {
@@ -123,6 +126,30 @@ func TestOrderKillNoticedWithinSeconds(t *testing.T) {
 				victim, survivor, d.Round(time.Millisecond), c.at.Sub(noticed).Round(time.Millisecond))
 			if d > 4*time.Second {
 				t.Errorf("the survivor gave up the killed courier's pins %s after the kill, want within 4s (the pin's and the membership's TTLs were 6s)", d)
+			}
+			if mode.parts > 0 {
+				// What the killed courier had out is delivered again at
+				// once (its partitions' consumers reset to their ack
+				// floors), not after its 24s ack wait: every key is
+				// called again well before that.
+				var slowest time.Duration
+				for k := range keys {
+					key := fmt.Sprint("k", k)
+					again := func(c appCall) bool { return c.key == key && from(survivor)(c) }
+					poll.Until(t, 40*time.Second, key+" called again after the kill", func() bool {
+						_, ok := a.firstCall(killed, again)
+						return ok
+					})
+					c, _ := a.firstCall(killed, again)
+					slowest = max(slowest, c.at.Sub(killed))
+				}
+				t.Logf("every key called again within %s of the kill", slowest.Round(time.Millisecond))
+				if slowest > 12*time.Second {
+					t.Errorf("a key was called again %s after the kill, want well within the 24s ack wait (what the killed courier had out delivered again at once)", slowest.Round(time.Millisecond))
+				}
+				if len(logLines(s.cs[survivor].asCourier(), "what the courier that is gone had out is delivered again now")) == 0 {
+					t.Error("the survivor did not log delivering again what the killed courier had out")
+				}
 			}
 			rounds := stop()
 			a.waitAllDelivered(t, 60*time.Second, keys, rounds, func() bool { return allSettled(h, mode.parts) },

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -553,7 +554,7 @@ func orderEnv(h *harness, url string, i int, extra ...string) []string {
 		"COURIER_MAX_DELIVER=20",
 		"COURIER_DEDUP_STORE=shared",
 		"COURIER_DEDUP_DIR=" + h.t.TempDir(),
-		"COURIER_LOG_LEVEL=info",
+		"COURIER_LOG_LEVEL=" + cmp.Or(os.Getenv("COURIERTEST_LOG_LEVEL"), "info"),
 	}
 	return h.env(url, append(base, extra...)...)
 }

@@ -127,6 +127,10 @@ func (p *path) runnerPartitions() *proxy.Partitions {
 			},
 			HandedOn: parts.members.HandedOn,
 			Clean:    parts.members.TakeHandedOn,
+			Redeliver: func(ctx context.Context, i int) error {
+				_, err := parts.Work.ResetConsumer(ctx, partition.ConsumerName(consumer, i))
+				return err
+			},
 		},
 	}
 }

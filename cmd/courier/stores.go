@@ -42,11 +42,22 @@ func (s *sidecar) openStore() (func(), error) {
 
 // claimTTL is how long a claim in the shared store outlives a courier that
 // died holding it: about an ack wait, when JetStream redelivers what that
-// courier held; while it lives it renews its claims, however long a request
-// takes.
+// courier held; while it lives it renews its claims (every quarter of it),
+// however long a request takes. With partitions, what a courier that died
+// had out is delivered again as soon as the others see it gone (within
+// memberTTL; proxy's redeliverOrphaned): its claims last a second longer
+// than that, not an ack wait, for those messages not to wait for them.
 func claimTTL(cfg config.Config) time.Duration {
-	return max(cfg.AckWait+time.Second-1, time.Second).Truncate(time.Second)
+	ttl := max(cfg.AckWait+time.Second-1, time.Second).Truncate(time.Second)
+	if cfg.OrderPartitions > 0 {
+		ttl = min(ttl, partitionClaimTTL)
+	}
+	return ttl
 }
+
+// partitionClaimTTL is a claim's TTL with partitions: the membership's TTL
+// and a second.
+const partitionClaimTTL = memberTTL + time.Second
 
 // dedupView is the path's Deduper: the store itself for the one path of a
 // courier without COURIER_SUBSCRIPTIONS, else the store's view of the

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/retry"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // Re-sourcing a work stream from an earlier message of the consumed stream
@@ -34,28 +35,21 @@ import (
 // used before. Its generation is that count of zeros; SamePartitioning
 // reads past it.
 
-// partitionArg is where a destination's partition count starts, with the
-// zeros a re-sourcing put in front of it.
-var partitionArg = regexp.MustCompile(`\{\{partition\((0*)`)
-
 // Generation is how many times the work stream cfg was re-sourced: the
-// zeros in front of the partition count of its source's transforms.
+// zeros in front of the partition count of its source's transforms
+// (subject.Generation).
 func Generation(cfg jetstream.StreamConfig) int {
 	if len(cfg.Sources) != 1 || len(cfg.Sources[0].SubjectTransforms) == 0 {
 		return 0
 	}
-	m := partitionArg.FindStringSubmatch(cfg.Sources[0].SubjectTransforms[0].Destination)
-	if m == nil {
-		return 0
-	}
-	return len(m[1])
+	return subject.Generation(cfg.Sources[0].SubjectTransforms[0].Destination)
 }
 
 // atGeneration is the transforms trs written for generation gen.
 func atGeneration(trs []jetstream.SubjectTransformConfig, gen int) []jetstream.SubjectTransformConfig {
 	out := make([]jetstream.SubjectTransformConfig, len(trs))
 	for i, t := range trs {
-		t.Destination = partitionArg.ReplaceAllString(t.Destination, "{{partition("+strings.Repeat("0", gen))
+		t.Destination = subject.AtGeneration(t.Destination, gen)
 		out[i] = t
 	}
 	return out
@@ -96,6 +90,56 @@ func (d *Durable) Resource(ctx context.Context, js jetstream.JetStream, from uin
 	return r, nil
 }
 
+// Confirm checks r, what a rewind's record says Resource did for a rewind
+// of stream from its sequence from on (package rewind, Record.Copied),
+// against the work stream as it is now: its one source copies stream from
+// from on at generation r.Generation, and it has stored r.Last by r.LastAt.
+// Whoever can write the rewinds' bucket can write any record, and couriers
+// ack unsent the copies a record's copy point names: confirmed, it names
+// only copies of an earlier generation of messages from from on, which the
+// current source copies again (docs/threat-model.md). A read of the work
+// stream that fails is tried again a few times, briefly, then refuses.
+func (d *Durable) Confirm(ctx context.Context, stream string, from uint64, r Resourced) error {
+	if r.Generation < 1 {
+		return errors.New("it names no generation of the work stream's source (written before records named one, or by no rewind)")
+	}
+	if stream != d.stream {
+		return fmt.Errorf("it is of stream %s, and the work stream copies %s", stream, d.stream)
+	}
+	var info *jetstream.StreamInfo
+	tries := 0
+	err := retry.Do(ctx, retry.Policy{Initial: 100 * time.Millisecond, Max: 500 * time.Millisecond}, func(ctx context.Context) error {
+		var err error
+		info, err = d.Work.Info(ctx)
+		if tries++; err != nil && tries >= confirmTries {
+			return retry.Permanent(err)
+		}
+		return err
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("reading the partitions' work stream: %w", err)
+	}
+	cfg := info.Config
+	switch {
+	case len(cfg.Sources) != 1 || cfg.Sources[0].Name != d.stream:
+		return fmt.Errorf("the work stream %s does not copy stream %s alone (%s)", cfg.Name, d.stream, describeSources(cfg))
+	case Generation(cfg) != r.Generation:
+		return fmt.Errorf("it names generation %d of the work stream's source, which is at generation %d", r.Generation, Generation(cfg))
+	case cfg.Sources[0].OptStartSeq != from:
+		return fmt.Errorf("it starts at sequence %d of %s, and the work stream's source at %d", from, d.stream, cfg.Sources[0].OptStartSeq)
+	case r.Last > info.State.LastSeq:
+		return fmt.Errorf("it says the work stream stood at sequence %d, past its last, %d", r.Last, info.State.LastSeq)
+	case r.LastAt.After(info.State.LastTime):
+		return fmt.Errorf("it says the work stream stood there at %s, after its last message, stored %s",
+			r.LastAt.UTC().Format(time.RFC3339Nano), info.State.LastTime.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// confirmTries is how many times Confirm reads the work stream before it
+// refuses.
+const confirmTries = 4
+
 // Copy is a message of the work stream as Resource sees it: where it is in
 // the work stream, and the consumed stream's message it copies.
 type Copy struct {
@@ -128,25 +172,17 @@ func (d *Durable) Undelivered(ctx context.Context, i int) ([]Copy, error) {
 		cp := Copy{Seq: m.Sequence}
 		if _, origin, _, ok := natshdr.Source(m.Header); ok {
 			cp.Origin = origin
-			cp.Generation = generationOf(m.Header.Get(natshdr.SourceHeader))
+			cp.Generation = generationOf(m.Header)
 		}
 		out = append(out, cp)
 		seq = m.Sequence + 1
 	}
 }
 
-// generationOf reads the generation from a Nats-Stream-Source header, whose
-// fourth field is the source's transform destinations.
-func generationOf(h string) int {
-	f := strings.Split(h, " ")
-	if len(f) < 4 {
-		return 0
-	}
-	m := partitionArg.FindStringSubmatch(f[3])
-	if m == nil {
-		return 0
-	}
-	return len(m[1])
+// generationOf reads the generation of the source that copied a message
+// from its Nats-Stream-Source header h.
+func generationOf(h nats.Header) int {
+	return subject.Generation(natshdr.SourceDestinations(h))
 }
 
 // Delete removes the message at seq from the work stream; one already gone

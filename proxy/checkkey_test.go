@@ -25,7 +25,7 @@ func (r *rewinds) Replay(stream string, seq uint64) string {
 	return ""
 }
 
-func (r *rewinds) Superseded(string, uint64, uint64, time.Time) bool { return false }
+func (r *rewinds) Superseded(string, uint64, uint64, int, time.Time) bool { return false }
 
 // Messages a rewind delivers again reach the app although their keys were
 // recorded, once each per rewind (two copies of a key in the range are one

@@ -41,11 +41,11 @@ type Rewinds interface {
 	Replay(stream string, seq uint64) string
 	// Superseded reports whether a rewind of a durable split into
 	// partitions copies seq of stream again after the message of the
-	// work stream at sequence work, stored at stored, which copies it
-	// (sourced.go): that copy, made before the rewind, is then acked
-	// unsent, and the rewind's copy delivers the message in its key's
-	// order.
-	Superseded(stream string, seq, work uint64, stored time.Time) bool
+	// work stream at sequence work, copied by generation gen of the work
+	// stream's source and stored at stored, which copies it (sourced.go):
+	// that copy, made before the rewind, is then acked unsent, and the
+	// rewind's copy delivers the message in its key's order.
+	Superseded(stream string, seq, work uint64, gen int, stored time.Time) bool
 }
 
 // quickChecker is a Deduper whose Check waits on nothing a deadline could

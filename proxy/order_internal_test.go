@@ -341,7 +341,7 @@ func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
 type supersedes struct{ from, copied atomic.Uint64 }
 
 func (r *supersedes) Replay(string, uint64) string { return "" }
-func (r *supersedes) Superseded(stream string, seq, work uint64, _ time.Time) bool {
+func (r *supersedes) Superseded(stream string, seq, work uint64, _ int, _ time.Time) bool {
 	return stream == "S" && seq >= r.from.Load() && work <= r.copied.Load()
 }
 

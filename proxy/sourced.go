@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/internal/natshdr"
+	"github.com/courierhq/courier/internal/subject"
 )
 
 // sourcedMsg is a message of a partition's work stream (partition.go) as
@@ -26,6 +27,7 @@ type sourcedMsg struct {
 	header  nats.Header
 	meta    *jetstream.MsgMetadata // the origin's stream and sequence
 	seq     uint64                 // the work stream's sequence
+	gen     int                    // the generation of the source that copied it
 	named   bool                   // its header named the origin
 }
 
@@ -44,15 +46,20 @@ func newSourced(m jetstream.Msg, held *atomic.Int64) jetstream.Msg {
 	sm.subject, sm.header, stream, seq = origin(m.Subject(), m.Headers())
 	if stream != "" {
 		own.Stream, own.Sequence.Stream, sm.named = stream, seq, true
+		sm.gen = subject.Generation(natshdr.SourceDestinations(m.Headers()))
 	}
 	return sm
 }
 
 // copyOf is a partition's message as a rewind sees it: its sequence in the
-// work stream, when the work stream stored it, and the origin's stream and
-// sequence. Zero: not a partition's message, or one naming no origin.
+// work stream, the generation of the work stream's source that copied it
+// (the zeros its header's transform destinations write in front of the
+// partition count, package partition, resource.go), when the work stream
+// stored it, and the origin's stream and sequence. Zero: not a partition's
+// message, or one naming no origin.
 type copyOf struct {
 	work   uint64
+	gen    int
 	stored time.Time
 	stream string
 	seq    uint64
@@ -65,14 +72,14 @@ func copyOfMsg(m jetstream.Msg) copyOf {
 	if !ok || !sm.named {
 		return copyOf{}
 	}
-	return copyOf{work: sm.seq, stored: sm.meta.Timestamp, stream: sm.meta.Stream, seq: sm.meta.Sequence.Stream}
+	return copyOf{work: sm.seq, gen: sm.gen, stored: sm.meta.Timestamp, stream: sm.meta.Stream, seq: sm.meta.Sequence.Stream}
 }
 
 // superseded reports whether c is an earlier copy of a message a rewind
 // copies again (Rewinds.Superseded; nil: none): its worker acks it unsent
 // (decider.unsent), and its key's line does not await it (orderer.enter).
 func (c copyOf) superseded(rw Rewinds) bool {
-	return c.stream != "" && rw != nil && rw.Superseded(c.stream, c.seq, c.work, c.stored)
+	return c.stream != "" && rw != nil && rw.Superseded(c.stream, c.seq, c.work, c.gen, c.stored)
 }
 
 // origin is the subject and headers of the message that a message of a

@@ -38,13 +38,18 @@ type Record struct {
 	// At is when the rewind was asked.
 	At time.Time `json:"at"`
 	// Copied, for a durable split into partitions, is the last sequence
-	// of its work stream when the rewind re-sourced it, and CopiedAt when
-	// the work stream stored that message: every copy the rewind makes
-	// comes after it. A copy at or before it, stored by then, of a
-	// message from From on is superseded (Superseded). Zero for a plain
-	// durable, reset in place.
-	Copied   uint64    `json:"copied,omitempty"`
-	CopiedAt time.Time `json:"copied_at,omitzero"`
+	// of its work stream when the rewind re-sourced it, CopiedAt when the
+	// work stream stored that message, and Generation the generation of
+	// the work stream's source the rewind made (package partition,
+	// resource.go): every copy the rewind makes comes after Copied, by
+	// Generation. Together they are the record's copy point: a copy at or
+	// before Copied, stored by CopiedAt, by an earlier generation, of a
+	// message from From on is superseded (Supersedes). Zero for a plain
+	// durable, reset in place. A courier believes a copy point only once
+	// confirmed against the work stream (Watch).
+	Copied     uint64    `json:"copied,omitempty"`
+	CopiedAt   time.Time `json:"copied_at,omitzero"`
+	Generation int       `json:"generation,omitempty"`
 }
 
 // Covers reports whether seq of stream is in r's range.
@@ -53,15 +58,28 @@ func (r Record) Covers(stream string, seq uint64) bool {
 }
 
 // Supersedes reports whether r supersedes the message of a partitions' work
-// stream at sequence work, stored at stored, which copies seq of stream: it
-// was copied before r re-sourced the work stream, which copies every
-// message of stream from From on again, seq among them. Its copy delivers
-// it again, in its key's order; this one is acked unsent. The time tells a
-// work stream made again since (its sequences start over) from the one r
-// re-sourced.
-func (r Record) Supersedes(stream string, seq, work uint64, stored time.Time) bool {
+// stream at sequence work, copied by generation gen of its source and
+// stored at stored, which copies seq of stream: it was copied before r
+// re-sourced the work stream, which copies every message of stream from
+// From on again, seq among them. Its copy delivers it again, in its key's
+// order; this one is acked unsent. A copy by r's generation or a later one
+// is no earlier copy, whatever its sequence; the time tells a work stream
+// made again since (its sequences start over) from the one r re-sourced.
+func (r Record) Supersedes(stream string, seq, work uint64, gen int, stored time.Time) bool {
 	return r.Copied > 0 && r.Stream == stream && seq >= r.From &&
-		work <= r.Copied && !stored.After(r.CopiedAt)
+		gen < r.Generation && work <= r.Copied && !stored.After(r.CopiedAt)
+}
+
+// hasCopyPoint reports whether r names a copy point.
+func (r Record) hasCopyPoint() bool {
+	return r.Copied > 0 || !r.CopiedAt.IsZero() || r.Generation > 0
+}
+
+// withoutCopyPoint is r with no copy point: its range is replayed, and it
+// supersedes nothing.
+func (r Record) withoutCopyPoint() Record {
+	r.Copied, r.CopiedAt, r.Generation = 0, time.Time{}, 0
+	return r
 }
 
 // BucketName is the bucket of the rewinds of consumer on stream.
@@ -155,16 +173,16 @@ func (v *View) Replay(stream string, seq uint64) string {
 }
 
 // Superseded reports whether a rewind supersedes the message of the
-// partitions' work stream at sequence work, stored at stored, which copies
-// seq of stream (Record.Supersedes).
-func (v *View) Superseded(stream string, seq, work uint64, stored time.Time) bool {
+// partitions' work stream at sequence work, copied by generation gen and
+// stored at stored, which copies seq of stream (Record.Supersedes).
+func (v *View) Superseded(stream string, seq, work uint64, gen int, stored time.Time) bool {
 	if v == nil {
 		return false
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	for _, r := range v.recs {
-		if r.Supersedes(stream, seq, work, stored) {
+		if r.Supersedes(stream, seq, work, gen, stored) {
 			return true
 		}
 	}
@@ -202,10 +220,22 @@ func (v *View) remove(id string) {
 	}
 }
 
+// Confirm checks a record's copy point (Record.Copied) against what it
+// names, the partitions' work stream: nil if it stands as the record says,
+// else why not. It may read the server, and must return once ctx ends.
+type Confirm func(ctx context.Context, r Record) error
+
 // Watch keeps a View of kv's rewinds until the returned stop is called
 // (idempotent; it waits for the watch to end). It returns once the rewinds
 // stored so far are in the View.
-func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*View, func(), error) {
+//
+// Anyone who can write kv can write a record, and a copy point makes
+// couriers ack messages unsent: the View holds a record's copy point only
+// once confirm accepts it (nil: none is accepted). Meanwhile, and for good
+// if confirm refuses it, the View holds the record without it, so that its
+// range is replayed and it supersedes nothing: the messages it names are
+// delivered, perhaps twice, never lost.
+func Watch(ctx context.Context, kv jetstream.KeyValue, confirm Confirm, log *slog.Logger) (*View, func(), error) {
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
@@ -243,10 +273,10 @@ func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*View,
 					log.Warn("ignoring a rewind record that does not parse", "key", e.Key(), "error", err)
 					continue
 				}
-				v.put(r)
+				r = v.confirmed(ctx, r, confirm, log)
 				if !first {
 					log.Info("rewind: messages in its range are delivered again as a replay",
-						"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To, "copied", r.Copied)
+						"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To, "copied", r.Copied, "generation", r.Generation)
 				}
 			}
 		}
@@ -263,4 +293,28 @@ func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*View,
 		stop()
 		return nil, nil, ctx.Err()
 	}
+}
+
+// confirmed puts r in v, its copy point only once confirm accepts it, and
+// returns what v holds of it.
+func (v *View) confirmed(ctx context.Context, r Record, confirm Confirm, log *slog.Logger) Record {
+	if !r.hasCopyPoint() {
+		v.put(r)
+		return r
+	}
+	v.put(r.withoutCopyPoint())
+	err := errors.New("no check of copy points is set")
+	if confirm != nil {
+		err = confirm(ctx, r)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("a rewind record the work stream does not confirm: its copy point is ignored: messages it names are delivered, not acked unsent (its range is still delivered again as a replay)",
+				"rewind", r.ID, "stream", r.Stream, "from", r.From, "to", r.To, "copied", r.Copied,
+				"copied_at", r.CopiedAt, "generation", r.Generation, "reason", err)
+		}
+		return r.withoutCopyPoint()
+	}
+	v.put(r)
+	return r
 }

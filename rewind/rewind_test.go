@@ -2,13 +2,17 @@ package rewind_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/courierhq/courier/internal/natstest"
 	"github.com/courierhq/courier/internal/poll"
+	"github.com/courierhq/courier/internal/testlog"
 	"github.com/courierhq/courier/rewind"
 )
 
@@ -27,7 +31,7 @@ func TestWatchSeesRewinds(t *testing.T) {
 	if err := rewind.Write(ctx, kv, old); err != nil {
 		t.Fatal(err)
 	}
-	v, stop, err := rewind.Watch(ctx, kv, slog.New(slog.DiscardHandler))
+	v, stop, err := rewind.Watch(ctx, kv, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +86,17 @@ func TestOpenRefusesAnotherDurablesBucket(t *testing.T) {
 	}
 }
 
+// confirmAll accepts every record's copy point.
+func confirmAll(context.Context, rewind.Record) error { return nil }
+
 // A rewind of a partitioned durable supersedes the copies its work stream
-// held when it was re-sourced (at or before Copied, stored by CopiedAt) of
-// messages from its point on: the rewind copies each again. Others are not:
-// a copy made since, one of an earlier message, one of another stream, a
-// copy at a sequence as low in a work stream made again since, and any
-// copy for a plain durable's rewind (no Copied).
+// held when it was re-sourced (at or before Copied, stored by CopiedAt, by
+// an earlier generation of its source) of messages from its point on: the
+// rewind copies each again. Others are not: a copy made since, one by the
+// rewind's generation or a later one whatever its sequence, one of an
+// earlier message, one of another stream, a copy at a sequence as low in a
+// work stream made again since, and any copy for a plain durable's rewind
+// (no Copied).
 func TestSupersededCopies(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	_, js := natstest.Connect(t, srv)
@@ -99,13 +108,13 @@ func TestSupersededCopies(t *testing.T) {
 	at := time.Date(2026, 12, 1, 8, 0, 0, 123456789, time.UTC)
 	plain := rewind.Record{ID: rewind.NewID(at), Stream: "ORDERS", From: 1, To: 100, At: at}
 	parts := rewind.Record{ID: rewind.NewID(at.Add(time.Minute)), Stream: "ORDERS", From: 10, To: 20, At: at.Add(time.Minute),
-		Copied: 40, CopiedAt: at.Add(time.Minute)}
+		Copied: 40, CopiedAt: at.Add(time.Minute), Generation: 2}
 	for _, r := range []rewind.Record{plain, parts} {
 		if err := rewind.Write(ctx, kv, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	v, stop, err := rewind.Watch(ctx, kv, slog.New(slog.DiscardHandler))
+	v, stop, err := rewind.Watch(ctx, kv, confirmAll, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,22 +125,108 @@ func TestSupersededCopies(t *testing.T) {
 		stream string
 		seq    uint64
 		work   uint64
+		gen    int
 		stored time.Time
 		want   bool
 	}{
-		{"in the range, copied before", "ORDERS", 12, 35, before, true},
-		{"the work stream's last copy", "ORDERS", 20, 40, parts.CopiedAt, true},
-		{"after the range, copied before", "ORDERS", 25, 39, before, true},
-		{"before the point", "ORDERS", 9, 30, before, false},
-		{"copied by the rewind", "ORDERS", 12, 41, parts.CopiedAt.Add(time.Second), false},
-		{"a work stream made again", "ORDERS", 12, 3, parts.CopiedAt.Add(time.Hour), false},
-		{"another stream", "OTHER", 12, 35, before, false},
+		{"in the range, copied before", "ORDERS", 12, 35, 1, before, true},
+		{"copied by the first source", "ORDERS", 12, 35, 0, before, true},
+		{"the work stream's last copy", "ORDERS", 20, 40, 1, parts.CopiedAt, true},
+		{"after the range, copied before", "ORDERS", 25, 39, 1, before, true},
+		{"before the point", "ORDERS", 9, 30, 1, before, false},
+		{"copied by the rewind", "ORDERS", 12, 41, 2, parts.CopiedAt.Add(time.Second), false},
+		{"the rewind's generation, before Copied", "ORDERS", 12, 35, 2, before, false},
+		{"a later generation, before Copied", "ORDERS", 12, 35, 3, before, false},
+		{"a work stream made again", "ORDERS", 12, 3, 0, parts.CopiedAt.Add(time.Hour), false},
+		{"another stream", "OTHER", 12, 35, 1, before, false},
 	} {
-		if got := v.Superseded(tc.stream, tc.seq, tc.work, tc.stored); got != tc.want {
-			t.Errorf("%s: Superseded(%s, %d, %d) = %v, want %v", tc.name, tc.stream, tc.seq, tc.work, got, tc.want)
+		if got := v.Superseded(tc.stream, tc.seq, tc.work, tc.gen, tc.stored); got != tc.want {
+			t.Errorf("%s: Superseded(%s, %d, %d, %d) = %v, want %v", tc.name, tc.stream, tc.seq, tc.work, tc.gen, got, tc.want)
 		}
 	}
-	if (*rewind.View)(nil).Superseded("ORDERS", 12, 35, before) {
+	if (*rewind.View)(nil).Superseded("ORDERS", 12, 35, 1, before) {
 		t.Error("a nil view supersedes a copy")
+	}
+}
+
+// A record's copy point is believed only once confirmed. One that is
+// refused (a forged record, one written before records named their
+// generation, or a read of the work stream that failed), or that nothing
+// can confirm (no confirm), is kept without it: its range is replayed, it
+// supersedes nothing, and the courier warns naming it and why; one
+// confirmed supersedes as it says. Each is confirmed as it was stored.
+func TestWatchConfirmsCopyPoints(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, srv)
+	ctx := context.Background()
+	kv, err := rewind.Open(ctx, js, "ORDERS", "courier", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	forged := rewind.Record{ID: rewind.NewID(at), Stream: "ORDERS", From: 10, To: 20, At: at,
+		Copied: 1 << 40, CopiedAt: at.Add(100 * 365 * 24 * time.Hour), Generation: 1 << 20}
+	genuine := rewind.Record{ID: rewind.NewID(at.Add(time.Hour)), Stream: "ORDERS", From: 30, To: 40, At: at.Add(time.Hour),
+		Copied: 50, CopiedAt: at.Add(time.Hour), Generation: 1}
+	refused := errors.New("it names generation 1048576 of the work stream's source, which is at generation 1")
+	var mu sync.Mutex
+	var asked []string
+	confirm := func(_ context.Context, r rewind.Record) error {
+		mu.Lock()
+		asked = append(asked, r.ID)
+		mu.Unlock()
+		if r.ID == genuine.ID && r.Copied == genuine.Copied && r.Generation == genuine.Generation && r.CopiedAt.Equal(genuine.CopiedAt) {
+			return nil
+		}
+		return refused
+	}
+	if err := rewind.Write(ctx, kv, forged); err != nil {
+		t.Fatal(err)
+	}
+	var logs testlog.Buffer
+	v, stop, err := rewind.Watch(ctx, kv, confirm, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	if got := v.Replay("ORDERS", 15); got != forged.ID {
+		t.Errorf("the refused record's range: Replay = %q, want %q", got, forged.ID)
+	}
+	if v.Superseded("ORDERS", 15, 35, 0, at) {
+		t.Error("a copy point the confirm refused supersedes a copy")
+	}
+	if rs := v.Records(); len(rs) != 1 || rs[0].Copied != 0 || !rs[0].CopiedAt.IsZero() || rs[0].Generation != 0 {
+		t.Errorf("the view holds %+v, want the refused record without its copy point", rs)
+	}
+	for _, want := range []string{"level=WARN", forged.ID, "its copy point is ignored", "delivered, not acked unsent", refused.Error()} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the warning for the refused record lacks %q:\n%s", want, logs.String())
+		}
+	}
+
+	if err := rewind.Write(ctx, kv, genuine); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 5*time.Second, "the confirmed record seen", func() bool { return len(v.Records()) == 2 })
+	if !v.Superseded("ORDERS", 35, 45, 0, at) {
+		t.Error("a confirmed copy point does not supersede a copy it names")
+	}
+	if v.Superseded("ORDERS", 15, 35, 0, at) {
+		t.Error("the refused copy point supersedes a copy once another record came")
+	}
+	mu.Lock()
+	if fmt.Sprint(asked) != fmt.Sprint([]string{forged.ID, genuine.ID}) {
+		t.Errorf("confirm asked for %v, want each record once", asked)
+	}
+	mu.Unlock()
+
+	// No confirm: no copy point is believed.
+	unchecked, stopUnchecked, err := rewind.Watch(ctx, kv, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopUnchecked)
+	if unchecked.Superseded("ORDERS", 35, 45, 0, at) || unchecked.Replay("ORDERS", 35) != genuine.ID {
+		t.Error("a view without confirm believes a copy point, or does not replay its range")
 	}
 }

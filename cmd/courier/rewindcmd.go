@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/courierhq/courier/config"
+	"github.com/courierhq/courier/partition"
 	"github.com/courierhq/courier/proxy"
 	"github.com/courierhq/courier/rewind"
 )
@@ -335,11 +336,22 @@ func rewindProgress(r rewind.Record, floor uint64) string {
 func (p *path) watchRewinds(ctx context.Context) {
 	kv, err := rewind.Open(ctx, p.js, p.cfg.Stream, p.cfg.Consumer, p.cfg.StreamReplicas)
 	if err == nil {
-		p.rewinds, p.stopRewinds, err = rewind.Watch(ctx, kv, p.log.With("component", "rewind"))
+		p.rewinds, p.stopRewinds, err = rewind.Watch(ctx, kv, p.confirmRewind, p.log.With("component", "rewind"))
 	}
 	if err != nil {
 		p.log.Warn("cannot watch the durable's rewinds: messages a rewind delivers again will be taken for duplicates", "error", err)
 	}
+}
+
+// confirmRewind checks a rewind record's copy point (rewind.Confirm)
+// against the partitions' work stream (partition.Durable.Confirm). A
+// durable without partitions has no work stream, and its rewinds name no
+// copy point.
+func (p *path) confirmRewind(ctx context.Context, r rewind.Record) error {
+	if p.parts == nil {
+		return errors.New("the durable is not split into partitions")
+	}
+	return p.parts.Confirm(ctx, r.Stream, r.From, partition.Resourced{Generation: r.Generation, Last: r.Copied, LastAt: r.CopiedAt})
 }
 
 // rewindsView is the view for the delivery loop; nil when there is none.

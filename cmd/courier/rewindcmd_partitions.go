@@ -26,8 +26,10 @@ import (
 // messages; the partitions are paused meanwhile so that none is delivered
 // in between. What a courier holds of it unsent (a key's retried message,
 // those behind it) is superseded by its copy once the record says where
-// the work stream stood (rewind.Record.Copied): acked unsent, and the
-// key's replay does not wait for the retry.
+// the work stream stood and the generation of its new source
+// (rewind.Record.Copied, Generation) and the courier has confirmed both
+// against the work stream (confirmRewind): acked unsent, and the key's
+// replay does not wait for the retry.
 
 // partitionedPlan is what a rewind of a partitioned durable would do.
 type partitionedPlan struct {
@@ -97,10 +99,11 @@ func (p partitionedPlan) describe() string {
 
 // apply, with the partitions paused, stores p's rewind record, for the
 // couriers' watches, re-sources the work stream from p.from, stores where
-// the work stream stood before (Record.Copied: what it held of the range
-// is superseded by the copies) and removes what no partition had delivered
-// of the range (its copy follows). The partitions resume once the watches
-// have heard of Copied: a key's retried message that comes back then is
+// the work stream stood before and the generation of its new source
+// (Record.Copied, Generation: what it held of the range is superseded by
+// the copies) and removes what no partition had delivered of the range
+// (its copy follows). The partitions resume once the watches have heard of
+// Copied and confirmed it: a key's retried message that comes back then is
 // acked unsent, and its copy goes in its key's order.
 func (p partitionedPlan) apply(ctx context.Context, js jetstream.JetStream, cfg config.Config, stdout io.Writer) error {
 	kv, err := rewind.Open(ctx, js, cfg.Stream, cfg.Consumer, cfg.StreamReplicas)
@@ -129,7 +132,7 @@ func (p partitionedPlan) apply(ctx context.Context, js jetstream.JetStream, cfg 
 		return fmt.Errorf("rewind: %w", err)
 	}
 	// Only now that the copies come: a message superseded is acked unsent.
-	rec.Copied, rec.CopiedAt = res.Last, res.LastAt
+	rec.Copied, rec.CopiedAt, rec.Generation = res.Last, res.LastAt, res.Generation
 	copiedErr := rewind.Write(ctx, kv, rec)
 	gaveWay, err := p.giveWay(ctx, cfg.OrderPartitions, res.Generation)
 	if copiedErr == nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/courierhq/courier/internal/natshdr"
 	"github.com/courierhq/courier/internal/poll"
 	"github.com/courierhq/courier/partition"
+	"github.com/courierhq/courier/rewind"
 )
 
 // partsSettled reports whether every partition of the durable on the work
@@ -412,6 +413,77 @@ func TestRewindPartitionedDuringARetryKeepsOrderPerKey(t *testing.T) {
 	}
 	if replayedIn >= 20*time.Second {
 		t.Errorf("k's replays were all in %s after its retry was scheduled: they waited for the retry (Retry-After 20s)", replayedIn.Round(time.Second))
+	}
+	if err := c.stop(); err != nil {
+		t.Fatalf("courier: %v", err)
+	}
+}
+
+// forgeRewind stores, in the durable's rewinds bucket, a record no rewind
+// wrote, as whoever can write the bucket could: its copy point names every
+// copy the work stream holds or will hold, by a generation of its source
+// that is not there.
+func (h *harness) forgeRewind(id string) {
+	h.t.Helper()
+	ctx := context.Background()
+	kv, err := rewind.Open(ctx, h.js, h.stream, "courier", 1)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	rec := fmt.Sprintf(`{"id":%q,"stream":%q,"from":1,"to":1,"at":"2026-01-01T00:00:00Z","copied":1000000000,"copied_at":"2100-01-01T00:00:00Z","generation":1}`, id, h.stream)
+	if _, err := kv.Put(ctx, id, []byte(rec)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// A rewind record forged on a partitioned durable, naming a copy point no
+// rewind made, whether stored before the courier starts or while it runs:
+// the work stream does not confirm it, so the courier warns and acks
+// nothing unsent by it: every message reaches the app once (the record's
+// range, sequence 1, marked as its replay).
+func TestRewindPartitionedForgedCopyPointIgnored(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=2", "COURIER_LOG_LEVEL=info")
+	h.forgeRewind("forged-1")
+	c := start(t, env)
+	var seqs []uint64
+	publish := func(n int) {
+		for i := range n {
+			key := []string{"k1", "k2", "k3"}[i%3]
+			seqs = append(seqs, h.publish("orders."+key, key, map[string]string{"Order": key}))
+		}
+	}
+	publish(6)
+	poll.Until(t, 15*time.Second, "the messages published after the first forged record delivered", func() bool {
+		return a.count() == 6 && h.partsSettled(2)
+	})
+	h.forgeRewind("forged-2")
+	poll.Until(t, 10*time.Second, "the courier warns of the second forged record", func() bool {
+		return strings.Count(c.logs.String(), "its copy point is ignored") == 2
+	})
+	publish(6)
+	poll.Until(t, 15*time.Second, "the messages published after the second forged record delivered", func() bool {
+		return a.count() == 12 && h.partsSettled(2)
+	})
+	got := map[uint64]int{}
+	for _, call := range a.all() {
+		got[call.seq]++
+		if want := map[bool]string{true: "forged-1"}[call.seq == 1]; call.replay != want {
+			t.Errorf("sequence %d came with Courier-Replay %q, want %q", call.seq, call.replay, want)
+		}
+	}
+	for _, s := range seqs {
+		if got[s] != 1 {
+			t.Errorf("sequence %d reached the app %d times, want once", s, got[s])
+		}
+	}
+	for _, want := range []string{`"rewind":"forged-1"`, `"rewind":"forged-2"`, "delivered, not acked unsent", "names generation 1 of the work stream's source, which is at generation 0"} {
+		if !strings.Contains(c.logs.String(), want) {
+			t.Errorf("the courier's logs lack %q", want)
+		}
 	}
 	if err := c.stop(); err != nil {
 		t.Fatalf("courier: %v", err)

@@ -350,7 +350,6 @@ func (p *path) setUp(ctx context.Context) error {
 	if p.cfg.OrderKey != "" && !partitioned(p.cfg) {
 		p.joinPinHolders(ctx)
 	}
-	p.watchRewinds(ctx)
 	consumers := []jetstream.Consumer{p.cons}
 	if partitioned(p.cfg) {
 		if err := p.setUpPartitions(ctx); err != nil {
@@ -358,6 +357,9 @@ func (p *path) setUp(ctx context.Context) error {
 		}
 		consumers = p.parts.Consumers
 	}
+	// After the partitions: a rewind's copy point is confirmed against
+	// their work stream.
+	p.watchRewinds(ctx)
 	depth, err := dlq.NewDepthCollector(p.js, p.cfg.DLQSubject, dlq.DepthOptions{})
 	if err != nil {
 		return err

@@ -45,3 +45,13 @@ func Source(h nats.Header) (stream string, seq uint64, subject string, ok bool) 
 	}
 	return f[0], seq, f[4], true
 }
+
+// SourceDestinations is the transform destinations h's SourceHeader names,
+// several joined by form feeds: those of the source that copied the
+// message. "" without a header in that form.
+func SourceDestinations(h nats.Header) string {
+	if _, _, _, ok := Source(h); !ok {
+		return ""
+	}
+	return strings.Split(h.Get(SourceHeader), " ")[3]
+}

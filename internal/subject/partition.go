@@ -2,6 +2,7 @@ package subject
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -91,4 +92,33 @@ func partitionBy(toks []string, token, partitions int) Transform {
 		p = "{{partition(" + strconv.Itoa(partitions) + "," + strconv.Itoa(keyWildcard) + ")}}"
 	}
 	return Transform{Source: strings.Join(toks, "."), Destination: p + "." + strings.Join(dest, ".")}
+}
+
+// A work stream's source written again by a rewind (package partition,
+// resource.go) writes each partition count with one more leading zero:
+// "{{partition(04,1)}}", then "{{partition(004,1)}}". The server reads the
+// count as a number, so the partitions stay as they were; the zeros count
+// the source's generation, and the server's Nats-Stream-Source header names
+// the destinations of the source that copied each message, zeros and all.
+
+// partitionArg is where a destination's partition count starts, with the
+// zeros in front of it.
+var partitionArg = regexp.MustCompile(`\{\{partition\((0*)`)
+
+// Generation is the generation written in destinations, one transform
+// destination or several joined by form feeds (as a Nats-Stream-Source
+// header lists them): the zeros in front of the first partition count; 0
+// without one.
+func Generation(destinations string) int {
+	m := partitionArg.FindStringSubmatch(destinations)
+	if m == nil {
+		return 0
+	}
+	return len(m[1])
+}
+
+// AtGeneration is destination with each partition count written for
+// generation gen.
+func AtGeneration(destination string, gen int) string {
+	return partitionArg.ReplaceAllString(destination, "{{partition("+strings.Repeat("0", gen))
 }

@@ -59,3 +59,25 @@ func TestPartitionTransformsRefuse(t *testing.T) {
 		}
 	}
 }
+
+// Each generation writes one more zero in front of every partition count
+// of a destination; Generation reads it back from one destination or
+// several joined by form feeds.
+func TestGeneration(t *testing.T) {
+	dests := "{{partition(4,1)}}.orders.{{wildcard(1)}}.>\f{{partition(4,1)}}.orders.{{wildcard(1)}}"
+	for gen := range 4 {
+		got := AtGeneration(dests, gen)
+		if n := strings.Count(got, "{{partition("+strings.Repeat("0", gen)+"4,1)}}"); n != 2 {
+			t.Errorf("generation %d written as %q", gen, got)
+		}
+		if g := Generation(got); g != gen {
+			t.Errorf("Generation(%q) = %d, want %d", got, g, gen)
+		}
+		if again := AtGeneration(got, 0); again != dests {
+			t.Errorf("generation %d written back at 0 as %q", gen, again)
+		}
+	}
+	if g := Generation("orders.{{wildcard(1)}}"); g != 0 {
+		t.Errorf("a destination without a partition at generation %d", g)
+	}
+}

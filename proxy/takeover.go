@@ -122,15 +122,16 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 		return
 	}
 	f.pinned = ""
+	var pinnedAt time.Time
 	for _, g := range info.PriorityGroups {
 		if g.Group == f.group {
-			f.pinned = g.PinnedClientID
+			f.pinned, pinnedAt = g.PinnedClientID, g.PinnedTS
 		}
 	}
 	if f.pinned == "" || f.pinNow.Load() != nil || !f.membership.Orphaned(f.index, f.pinned) {
 		return
 	}
-	f.redeliverOrphaned(ictx)
+	f.redeliverOrphaned(ictx, pinnedAt)
 	if err := f.handover.Unpin(ictx, f.index); err != nil {
 		f.log.Warn("cannot give up the pin of a courier that is gone; it lapses after the consumer's pinned TTL", "error", err)
 		return
@@ -148,10 +149,19 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 // courier holds any of the partition itself (a request from before the pin
 // moved away may still be at the app); nor if the partition's marks name a
 // retry due later (the consumer would deliver it before the delay the app
-// asked for) or cannot be read: what was out then comes back after its ack
-// wait, awaited by its keys (waitForOut).
-func (f *fetcher) redeliverOrphaned(ctx context.Context) {
+// asked for) or cannot be read; nor if the gone courier had held the pin,
+// since pinnedAt (the server's time), for less than redeliverPinnedFor:
+// it may have died of a message it took (a poison one), and delivered
+// again it would be counted from its first delivery again, crash after
+// crash, never reaching the durable's delivery limit. What was out then
+// comes back after its ack wait, awaited by its keys (waitForOut).
+func (f *fetcher) redeliverOrphaned(ctx context.Context, pinnedAt time.Time) {
 	if f.part == nil || f.handover.Redeliver == nil || f.order == nil || f.order.marks == nil || f.part.heldNow() > 0 {
+		return
+	}
+	if held := f.now().Sub(pinnedAt); pinnedAt.IsZero() || held < redeliverPinnedFor {
+		f.log.Info("the courier that is gone held the pin only a moment: what it had out comes back after its ack wait, counted",
+			"held_pin_for", held.Round(time.Millisecond).String())
 		return
 	}
 	marks, err := f.order.marks.store.Marks(ctx)
@@ -172,6 +182,11 @@ func (f *fetcher) redeliverOrphaned(ctx context.Context) {
 	}
 	f.log.Info("what the courier that is gone had out is delivered again now, from the partition's first unsettled message")
 }
+
+// redeliverPinnedFor is how long a courier that died must have held a
+// partition's pin for what it had out to be delivered again at once
+// (redeliverOrphaned).
+const redeliverPinnedFor = 10 * time.Second
 
 // orphanEvery is how often a courier that does not hold the pin looks
 // whether its holder is gone, and pinnedReadEvery how often it reads

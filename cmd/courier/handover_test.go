@@ -81,14 +81,18 @@ func TestOrderKillNoticedWithinSeconds(t *testing.T) {
 	for _, mode := range []struct {
 		name  string
 		parts int
+		// delay is how long a request takes, rest how long the couriers
+		// run before the kill. With partitions: long enough for the
+		// killed one to have some out, and to have held its pins for
+		// what it has out to be delivered again at once (10s).
+		delay, rest time.Duration
 	}{
-		{"single active", 0},
-		{"partitions", 4},
+		{"single active", 0, 2 * time.Millisecond, 2 * time.Second},
+		{"partitions", 4, 30 * time.Millisecond, 10 * time.Second},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			h := newHarness(t)
-			// Requests take a while: the killed courier has some out.
-			a := newKeyedApp(t, 30*time.Millisecond)
+			a := newKeyedApp(t, mode.delay)
 			const keys, inflight = 10, 4
 			env := []string{"COURIER_ACK_WAIT=24s", fmt.Sprint("COURIER_MAX_INFLIGHT=", inflight)}
 			if mode.parts > 0 {
@@ -100,7 +104,7 @@ func TestOrderKillNoticedWithinSeconds(t *testing.T) {
 			stop := publisher(t, h.js, keys, 400, 100*time.Millisecond)
 			poll.Until(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= 3*keys })
 			// At rest: each courier's heartbeats name the pins it holds.
-			time.Sleep(2 * time.Second)
+			time.Sleep(mode.rest)
 			victim := s.active(a)
 			survivor := 1 - victim
 			killed := time.Now()

@@ -49,6 +49,9 @@ const (
 	// rolloutRest is how long the couriers run at rest before the event,
 	// and after it; the first second of publishing is not counted.
 	rolloutRest = 5 * time.Second
+	// crashAfterRunning is how much longer the couriers run before a
+	// kill.
+	crashAfterRunning = 10 * time.Second
 	// rolloutCrashWindow is how long after a kill "during" lasts.
 	rolloutCrashWindow = 10 * time.Second
 )
@@ -202,6 +205,12 @@ func (b *bench) rollout(ctx context.Context, cl *cluster, e rolloutEvent, m roll
 	pub := startRolloutPublisher(cl.js, subject, run, b.o.size, b.o.rolloutRate)
 	defer pub.stop()
 	sleepCtx(ctx, time.Second+rolloutRest)
+	if e == crash {
+		// Couriers that have run a while: one that dies under 10 s
+		// after taking a partition's pin (a crash loop) has what it held
+		// come back after its ack wait.
+		sleepCtx(ctx, crashAfterRunning)
+	}
 	start := time.Now()
 	var recall *recallWatch // a kill's
 	switch e {

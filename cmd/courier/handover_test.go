@@ -171,6 +171,40 @@ func TestOrderKillNoticedWithinSeconds(t *testing.T) {
 	}
 }
 
+// With partitions, a courier killed moments after it took its pins (as in
+// a crash loop, where each courier dies of a message it took) does not
+// have what it held delivered again at once: that would count each such
+// message from its first delivery again, crash after crash, never
+// reaching the delivery limit. The survivor says so and what was out comes
+// back after its ack wait, counted. Every key in order, nothing lost.
+func TestOrderKillSoonAfterTakingThePinsWaitsTheAckWait(t *testing.T) {
+	h := newHarness(t)
+	a := newKeyedApp(t, 30*time.Millisecond)
+	const keys = 10
+	env := []string{"COURIER_ACK_WAIT=5s", "COURIER_MAX_INFLIGHT=4", "COURIER_ORDER_PARTITIONS=4"}
+	s := newReplicaSet(t, a.url, 2, func(url string, i int) []string { return orderEnv(h, url, i, env...) })
+	s.start(0)
+	s.start(1)
+	stop := publisher(t, h.js, keys, 100, 100*time.Millisecond)
+	poll.Until(t, 30*time.Second, "messages flowing", func() bool { return a.delivered() >= keys })
+	victim := s.active(a)
+	survivor := 1 - victim
+	s.cs[victim].kill(t)
+	poll.Until(t, 20*time.Second, "the survivor giving up the killed courier's pins", func() bool {
+		return len(logLines(s.cs[survivor].asCourier(), "the courier holding the pin is gone")) > 0
+	})
+	rounds := stop()
+	a.waitAllDelivered(t, 60*time.Second, keys, rounds, func() bool { return allSettled(h, 4) },
+		func() *jetstream.ConsumerInfo { return h.consumerInfo("courier") })
+	a.check(t, keys, rounds)
+	if len(logLines(s.cs[survivor].asCourier(), "the courier that is gone held the pin only a moment")) == 0 {
+		t.Error("the survivor did not say that the killed courier held its pins only a moment")
+	}
+	if l := logLines(s.cs[survivor].asCourier(), "what the courier that is gone had out is delivered again now"); len(l) > 0 {
+		t.Errorf("the survivor delivered again at once what a courier killed moments after taking its pins had out: %v", l)
+	}
+}
+
 // allSettled reports whether the durable on h, or its parts partitions,
 // have nothing left to deliver and nothing waiting for an ack.
 func allSettled(h *harness, parts int) bool {

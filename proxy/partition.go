@@ -229,6 +229,9 @@ func (ps *partitions) finishSession(ctx context.Context, s *session) {
 // heldNow is how many of the partition's messages the runner tracks.
 func (s *session) heldNow() int64 { return s.held.Load() }
 
+// heldCount is the count the partition's messages carry (sourcedMsg.held).
+func (s *session) heldCount() *atomic.Int64 { return &s.held }
+
 // all is every session, in partition order. Called with mu held.
 func (ps *partitions) all() []*session {
 	out := make([]*session, 0, len(ps.sessions))

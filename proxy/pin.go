@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,7 +28,10 @@ import (
 //
 // What is out is counted from the consumer's info, read now (its ack
 // pending), less what this courier holds itself (a pin given anew when
-// the durable's leader moved finds it with requests in flight) and the
+// the durable's leader moved finds it with requests in flight), but for
+// what lapsed here when the pin moved away (tracker.lapsedOf: JetStream
+// may have delivered it to the courier that had the pin since, and a
+// key's later message must not go before that delivery), and the
 // retries its marks name as due after this pull has ended (each its key's
 // awaited head, come back later). A message of this pull the consumer
 // delivered new after the info was read (a stream sequence past the last
@@ -48,9 +52,9 @@ func (f *fetcher) checkPin(ctx context.Context, m jetstream.Msg, asked int) {
 	if f.tookOver(ictx, info, err, first && asked == 1) {
 		return
 	}
-	own := f.track.held() - 1 // m is tracked already, and out
+	own := f.track.held() - f.track.lapsedOf(nil) - 1 // m is tracked already, and out
 	if f.part != nil {
-		own = int(f.part.heldNow()) - 1 // of this partition only
+		own = int(f.part.heldNow()) - f.track.lapsedOf(f.part.heldCount()) - 1 // of this partition only
 	}
 	out := info.NumAckPending - own - dueAfter(marks, info.AckFloor.Stream, f.now().Add(fetchWait))
 	if out <= 1 {
@@ -223,7 +227,9 @@ func (f *fetcher) waitPinned(ctx context.Context, ready <-chan struct{}) error {
 }
 
 // pinnedPartition is the partition a fetcher pulls for (partition.go's
-// session): what the runner holds of it.
+// session): what the runner holds of it, and the count its messages carry
+// (sourcedMsg.held).
 type pinnedPartition interface {
 	heldNow() int64
+	heldCount() *atomic.Int64
 }

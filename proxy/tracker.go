@@ -108,6 +108,31 @@ func (t *tracker) held() int {
 	return len(t.msgs)
 }
 
+// lapsedOf is how many tracked messages have lapsed (lapse): admitted
+// before the pin moved away and not sent, so JetStream may have delivered
+// them to another courier since, whose delivery the consumer counts as
+// out. Of a partition's messages only, when part is that partition's held
+// count (session.held); of all, when it is nil. Whether one has is asked
+// without the lock, as in due.
+func (t *tracker) lapsedOf(part *atomic.Int64) int {
+	var asks []func() bool
+	t.mu.Lock()
+	for m, ask := range t.lapsed {
+		if sm, ok := m.(*sourcedMsg); part != nil && (!ok || sm.held != part) {
+			continue
+		}
+		asks = append(asks, ask)
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, ask := range asks {
+		if ask() {
+			n++
+		}
+	}
+	return n
+}
+
 // setAckWait changes the ack wait the signals are timed by: the consumer's
 // on the server, which another instance (a rollout) may change under this one.
 func (t *tracker) setAckWait(d time.Duration) {

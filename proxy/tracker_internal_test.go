@@ -63,3 +63,57 @@ func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 	}
 	return meta.NumDelivered
 }
+
+// What has lapsed is not counted as this courier's when a pin comes back
+// (fetcher.checkPin): JetStream may have delivered it to the courier that
+// had the pin meanwhile, and the consumer counts that delivery as out.
+func TestTrackerCountsWhatLapsed(t *testing.T) {
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{"s.a", "s.b", "s.c"} {
+		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 3 {
+		t.Fatalf("fetched %d messages, want 3", len(msgs))
+	}
+	tr := newTracker(time.Minute, time.Now, func() {})
+	for _, m := range msgs {
+		tr.add(m)
+	}
+	var moved atomic.Bool
+	tr.lapse(msgs[0], moved.Load)
+	tr.lapse(msgs[1], func() bool { return false }) // sent before the pin moved
+	if n := tr.lapsedOf(nil); n != 0 {
+		t.Fatalf("%d lapsed while the pin is this courier's, want 0", n)
+	}
+	moved.Store(true)
+	if n := tr.lapsedOf(nil); n != 1 {
+		t.Errorf("%d lapsed once the pin moved, want 1", n)
+	}
+	tr.remove(msgs[0])
+	if n := tr.lapsedOf(nil); n != 0 {
+		t.Errorf("%d lapsed once the lapsed one was given back, want 0", n)
+	}
+	if n := tr.lapsedOf(new(atomic.Int64)); n != 0 {
+		t.Errorf("%d lapsed of a partition none of them is of, want 0", n)
+	}
+}

@@ -61,6 +61,14 @@ type fetcher struct {
 	every     time.Duration // how often the consumer's settings are re-read
 	stamp     bool          // note when each message arrives (tracing's span start)
 
+	// reconnects counts the connection's reconnections (nil: not known),
+	// reconnected how many the pull loop last saw (checkReconnect).
+	reconnects  func() uint64
+	reconnected uint64
+	// lastSeq is the highest stream sequence arrived (noteArrived), for
+	// checkReconnect. Used by the pull loop alone.
+	lastSeq uint64
+
 	queue    chan queued
 	taken    chan struct{} // a worker took a message: there may be room
 	bytes    atomic.Int64  // size of the queued messages
@@ -135,7 +143,7 @@ func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logg
 		size, bytes = max(2*o.MaxInflight, 16, o.MaxInflight*o.BatchMax), minQueueBytes/4
 	}
 	f := &fetcher{
-		cons: cons, connected: o.Connected, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
+		cons: cons, connected: o.Connected, reconnects: o.Reconnects, track: track, gate: g, log: log, now: o.Now, every: o.InfoInterval,
 		stamp: o.Tracer != nil,
 		queue: make(chan queued, size),
 		taken: make(chan struct{}, 1),
@@ -143,6 +151,9 @@ func newFetcher(cons jetstream.Consumer, track *tracker, g *gate, log *slog.Logg
 		maxBytes: max(bytes, 2*(o.MaxPayload+msgOverhead)),
 		maxMsg:   o.MaxPayload + msgOverhead,
 		ackWait:  o.AckWait,
+	}
+	if f.reconnects != nil {
+		f.reconnected = f.reconnects()
 	}
 	if ci := cons.CachedInfo(); ci != nil {
 		f.apply(ci)
@@ -324,6 +335,10 @@ func (f *fetcher) arrived(ctx context.Context, m jetstream.Msg, asked int) {
 		m = f.wrap(m)
 	}
 	f.track.add(m)
+	if f.order != nil {
+		f.checkReconnect(ctx, m)
+		f.noteArrived(m)
+	}
 	if f.group != "" && f.order != nil {
 		f.checkPin(ctx, m, asked)
 	}

@@ -158,6 +158,13 @@ type Options struct {
 	// (nats.Conn.IsConnected); courier sends no pull while it is not. A pull
 	// request that cannot be sent leaks its subscription in nats.go's Fetch.
 	Connected func() bool
+	// Reconnects, when set, counts the NATS connection's reconnections
+	// (nats.Conn.Stats().Reconnects). With order per key, the messages a
+	// pull had on their way when the connection broke are lost, and
+	// delivered again only after their ack wait: the first message after
+	// a reconnection makes the keys of what is out and not here wait for
+	// it (fetcher.checkReconnect).
+	Reconnects func() uint64
 	// Tracer, when set, makes each delivery attempt a span (README, "Tracing")
 	// whose parent is the message's trace context, carried on to the app;
 	// nil means tracing off: no spans, and traceparent passes through

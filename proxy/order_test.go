@@ -887,3 +887,78 @@ func TestOrderStartDoesNotWaitOnceAllIsBack(t *testing.T) {
 	checkOrdered(t, a, []string{"j"}, 3)
 	retryAwaited(t, a, logs)
 }
+
+// losingConsumer is a real consumer whose pulls lose the messages lose
+// picks, once each, as a connection that breaks loses a pull's messages on
+// their way (the server counts them delivered; they come back after their
+// ack wait), and counts a reconnection for each: a failure that cannot be
+// produced at a chosen message for real.
+type losingConsumer struct {
+	jetstream.Consumer
+	lose       func(m jetstream.Msg) bool
+	reconnects atomic.Uint64
+}
+
+func (c *losingConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := c.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return b, err
+	}
+	out := make(chan jetstream.Msg)
+	go func() {
+		defer close(out)
+		for m := range b.Messages() {
+			if c.lose(m) {
+				c.reconnects.Add(1)
+				continue
+			}
+			out <- m
+		}
+	}()
+	return &losingBatch{MessageBatch: b, out: out}, nil
+}
+
+type losingBatch struct {
+	jetstream.MessageBatch
+	out chan jetstream.Msg
+}
+
+func (b *losingBatch) Messages() <-chan jetstream.Msg { return b.out }
+
+// A pull's message lost with the connection (the server counts it
+// delivered, and delivers it again only after its ack wait): its key's
+// later messages, which arrive after the reconnection, wait for it
+// rather than go first.
+func TestOrderMessageLostWithTheConnectionIsAwaited(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	const ackWait = 2 * time.Second
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 5, AckWait: ackWait,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := &losingConsumer{Consumer: cons}
+	lc.lose = func(m jetstream.Msg) bool {
+		meta, err := m.Metadata()
+		return err == nil && meta.NumDelivered == 1 && m.Headers().Get("Order") == "k0" && m.Headers().Get("N") == "2"
+	}
+	e.cons = lc
+	a := newOrderApp(t, e, nil)
+	keys := []string{"k0", "k1"}
+	const n = 6
+	publishOrdered(t, e, keys, n)
+	o := orderOptions(t)
+	o.AckWait, o.Reconnects = ackWait, lc.reconnects.Load
+	e.runWith(t, nil, o)
+	poll.Until(t, 30*time.Second, "every message settled", func() bool { return e.settled(t) })
+	for _, k := range keys {
+		if got := a.delivered(k); !inOrder(got, n) {
+			t.Errorf("%s delivered in the order %v, want 0..%d", k, got, n-1)
+		}
+	}
+	if lc.reconnects.Load() != 1 {
+		t.Errorf("%d messages lost, want 1", lc.reconnects.Load())
+	}
+}

@@ -244,6 +244,80 @@ func (f *fetcher) waitForOut(ctx context.Context, floor, delivered uint64, out i
 	f.floorUntil = f.now().Add(wait)
 }
 
+// checkReconnect, for the first message m to arrive since the NATS
+// connection was made again, makes the keys of what a pull had on its way
+// when the connection broke wait for it: those messages are lost, counted
+// as delivered, and come back only after their ack wait, when a key's
+// later message, delivered new meanwhile, would go first. They are the
+// messages the consumer delivered after the last that arrived here
+// (lastSeq) up to its last delivered, but for m: read from the stream,
+// each of their keys awaits them (awaitOut) until each is back and
+// settled, the ack floor passes it, or an ack wait and 2 s have passed.
+// A pin that comes with m is left to checkPin, which waits for all that
+// is out. Called before m is admitted.
+func (f *fetcher) checkReconnect(ctx context.Context, m jetstream.Msg) {
+	if f.reconnects == nil {
+		return
+	}
+	n := f.reconnects()
+	if n == f.reconnected {
+		return
+	}
+	f.reconnected = n
+	if p := m.Headers().Get("Nats-Pin-Id"); f.lastSeq == 0 || f.group != "" && p != "" && p != f.pin {
+		return // nothing arrived before (the start waits), or a pin come anew
+	}
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	wait := orderBarrier(f.ackWaitNow())
+	info, err := f.cons.Info(ictx)
+	if err != nil {
+		f.log.Info("reconnected to NATS; the consumer cannot be read: keyed messages wait for what a pull may have lost",
+			"error", err, "for", wait.String())
+		f.order.takeover(wait)
+		return
+	}
+	from := max(info.AckFloor.Stream, f.lastSeq)
+	if info.Delivered.Stream <= from {
+		return
+	}
+	outs, ok := f.outSeqs(ictx, from, info.Delivered.Stream)
+	if !ok {
+		f.log.Info("reconnected to NATS; what a pull may have lost cannot be read: keyed messages wait for it",
+			"for", wait.String())
+		f.order.takeover(wait)
+		return
+	}
+	if meta, err := m.Metadata(); err == nil {
+		seq := streamSeq(m, meta)
+		for k, seqs := range outs {
+			if seqs = slices.DeleteFunc(seqs, func(s uint64) bool { return s == seq }); len(seqs) > 0 {
+				outs[k] = seqs
+			} else {
+				delete(outs, k)
+			}
+		}
+	}
+	if len(outs) == 0 {
+		return
+	}
+	f.log.Info("reconnected to NATS with messages lost on the way: their keys wait for them",
+		"keys", len(outs), "after", from, "up_to", info.Delivered.Stream, "for at most", wait.String())
+	f.order.awaitOut(outs)
+	f.floorUntil = f.now().Add(wait)
+}
+
+// noteArrived notes the stream sequence of m, a message just arrived, for
+// checkReconnect: the last that arrived, of those delivered new.
+func (f *fetcher) noteArrived(m jetstream.Msg) {
+	if f.reconnects == nil {
+		return
+	}
+	if meta, err := m.Metadata(); err == nil {
+		f.lastSeq = max(f.lastSeq, streamSeq(m, meta))
+	}
+}
+
 // maxOutRead bounds how many stream sequences outSeqs reads.
 const maxOutRead = 1000
 

@@ -413,6 +413,7 @@ func (p *path) newRunner() (*proxy.Runner, error) {
 		BreakerProbeMax:   cfg.BreakerProbeMax,
 		MaxRate:           cfg.MaxRate,
 		Connected:         p.nc.IsConnected,
+		Reconnects:        func() uint64 { return p.nc.Stats().Reconnects },
 		TermKeepsMessage:  p.stream.CachedInfo().Config.Retention == jetstream.LimitsPolicy,
 		Success:           p.successPublisher(),
 		Tracer:            p.tracing.Tracer(),     // nil: tracing off

@@ -66,8 +66,11 @@ type fetcher struct {
 	reconnects  func() uint64
 	reconnected uint64
 	// lastSeq is the highest stream sequence arrived (noteArrived), for
-	// checkReconnect. Used by the pull loop alone.
-	lastSeq uint64
+	// checkReconnect, which checks the first message of each pull
+	// (firstOfPull) until recheckUntil. Used by the pull loop alone.
+	lastSeq      uint64
+	firstOfPull  bool
+	recheckUntil time.Time
 
 	queue    chan queued
 	taken    chan struct{} // a worker took a message: there may be room
@@ -261,6 +264,7 @@ func (f *fetcher) pull(ctx context.Context) error {
 	batch, err := f.cons.Fetch(room, opts...)
 	if err == nil {
 		f.bound.Store(true)
+		f.firstOfPull = true
 		// The request ends by itself within fetchWait.
 		for m := range batch.Messages() {
 			f.arrived(ctx, m, room)

@@ -244,44 +244,37 @@ func (f *fetcher) waitForOut(ctx context.Context, floor, delivered uint64, out i
 	f.floorUntil = f.now().Add(wait)
 }
 
-// checkReconnect, for the first message m to arrive since the NATS
-// connection was made again, makes the keys of what a pull had on its way
-// when the connection broke wait for it: those messages are lost, counted
-// as delivered, and come back only after their ack wait, when a key's
-// later message, delivered new meanwhile, would go first. They are the
-// messages the consumer delivered after the last that arrived here
-// (lastSeq) up to its last delivered, but for m: read from the stream,
-// each of their keys awaits them (awaitOut) until each is back and
-// settled, the ack floor passes it, or an ack wait and 2 s have passed.
-// A pin that comes with m is left to checkPin, which waits for all that
-// is out. Called before m is admitted.
+// checkReconnect, for a message m that arrives after the NATS connection
+// was made again (the first of each pull for a while: recheckFor), makes
+// the keys of what a pull had on its way when the connection broke wait
+// for it: those messages are lost, counted as delivered, and come back
+// only after their ack wait, when a key's later message, delivered new
+// meanwhile, would go first. A pull sent before the break is still given
+// messages until it expires (fetchWait), and they are lost while the
+// server does not know where the connection went: hence a while, not
+// once. What may be lost is what the consumer delivered after the last
+// message that arrived here (lastSeq) up to its last delivered, but for m:
+// read from the stream, each of their keys awaits them (awaitOut) until
+// each is back and settled, the ack floor passes it, or an ack wait and
+// 2 s have passed. A pin that comes with m is left to checkPin, which
+// waits for all that is out. Called before m is admitted.
 func (f *fetcher) checkReconnect(ctx context.Context, m jetstream.Msg) {
+	first := f.firstOfPull
+	f.firstOfPull = false
 	if f.reconnects == nil {
 		return
 	}
-	n := f.reconnects()
-	if n == f.reconnected {
+	if n := f.reconnects(); n != f.reconnected {
+		f.reconnected = n
+		f.recheckUntil = f.now().Add(recheckFor)
+	} else if !first || f.now().After(f.recheckUntil) {
 		return
 	}
-	f.reconnected = n
 	if p := m.Headers().Get("Nats-Pin-Id"); f.lastSeq == 0 || f.group != "" && p != "" && p != f.pin {
 		return // nothing arrived before (the start waits), or a pin come anew
 	}
-	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
 	wait := orderBarrier(f.ackWaitNow())
-	info, err := f.cons.Info(ictx)
-	if err != nil {
-		f.log.Info("reconnected to NATS; the consumer cannot be read: keyed messages wait for what a pull may have lost",
-			"error", err, "for", wait.String())
-		f.order.takeover(wait)
-		return
-	}
-	from := max(info.AckFloor.Stream, f.lastSeq)
-	if info.Delivered.Stream <= from {
-		return
-	}
-	outs, ok := f.outSeqs(ictx, from, info.Delivered.Stream)
+	outs, from, to, ok := f.lostSince(ctx)
 	if !ok {
 		f.log.Info("reconnected to NATS; what a pull may have lost cannot be read: keyed messages wait for it",
 			"for", wait.String())
@@ -302,10 +295,49 @@ func (f *fetcher) checkReconnect(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	f.log.Info("reconnected to NATS with messages lost on the way: their keys wait for them",
-		"keys", len(outs), "after", from, "up_to", info.Delivered.Stream, "for at most", wait.String())
+		"keys", len(outs), "after", from, "up_to", to, "for at most", wait.String())
 	f.order.awaitOut(outs)
 	f.floorUntil = f.now().Add(wait)
 }
+
+// lostSince reads, for checkReconnect, the keyed messages the consumer
+// delivered after the last that arrived here (and after its ack floor),
+// from and to the stream sequences that bound them. The consumer and the
+// stream may be electing a leader (the server that went away led them):
+// they are asked again for up to lostReadFor; ok is false if they did not
+// answer by then.
+func (f *fetcher) lostSince(ctx context.Context) (outs map[string][]uint64, from, to uint64, ok bool) {
+	deadline := f.now().Add(lostReadFor)
+	for {
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		info, err := f.cons.Info(ictx)
+		if err == nil {
+			from, to = max(info.AckFloor.Stream, f.lastSeq), info.Delivered.Stream
+			if to <= from {
+				cancel()
+				return nil, from, to, true
+			}
+			outs, ok = f.outSeqs(ictx, from, to)
+		}
+		cancel()
+		if ok || to-from > maxOutRead || f.now().After(deadline) {
+			return outs, from, to, ok
+		}
+		select {
+		case <-ctx.Done():
+			return nil, from, to, false
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// lostReadFor bounds how long lostSince asks.
+const lostReadFor = 10 * time.Second
+
+// recheckFor is how long after a reconnection the first message of each
+// pull is checked for what was lost (checkReconnect): longer than a pull
+// sent before the break lives.
+const recheckFor = 2 * fetchWait
 
 // noteArrived notes the stream sequence of m, a message just arrived, for
 // checkReconnect: the last that arrived, of those delivered new.

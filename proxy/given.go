@@ -108,11 +108,13 @@ type Handover struct {
 	// held. Either may be nil (every takeover waits).
 	HandedOn func(ctx context.Context, i int) error
 	Clean    func(ctx context.Context, i int, pinnedAt time.Time, window time.Duration) bool
-	// Redeliver, for a partition (its work stream keeps only what is not
-	// acked), has partition i's consumer deliver again at once what it
-	// has out, from its ack floor on, in stream order (a consumer reset,
-	// JETSTREAM.md "Rewind"): what a courier that died held comes back
-	// now rather than after its ack wait. Nil: it comes back after its
+	// Redeliver has partition i's consumer (or the durable's) deliver
+	// again at once what it has out, from its ack floor on, in stream
+	// order (a consumer reset, JETSTREAM.md "Rewind"): what a courier that
+	// died held comes back now rather than after its ack wait. A
+	// partition's work stream keeps only what is not acked; a durable's
+	// stream keeps what was settled after the floor too, which only the
+	// shared dedup store knows processed. Nil: it comes back after its
 	// ack wait.
 	Redeliver func(ctx context.Context, i int) error
 	// Stream is the stream the group's consumer reads (partition i's work

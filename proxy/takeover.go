@@ -140,13 +140,14 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 	f.pinned = ""
 }
 
-// redeliverOrphaned, for a partition whose pin a courier that is gone
-// holds, has the partition's consumer deliver again at once what that
-// courier had out (Handover.Redeliver), before the pin is given up:
-// nothing is delivered meanwhile (the pin is still the gone courier's), and
-// the pull that takes the pin next brings the partition's first unsettled
-// message on, in stream order, rather than after an ack wait. Not if this
-// courier holds any of the partition itself (a request from before the pin
+// redeliverOrphaned, for a pin that a courier that is gone holds (a
+// partition's, or the durable's with the shared dedup store), has the
+// consumer deliver again at once what that courier had out
+// (Handover.Redeliver), before the pin is given up: nothing is delivered
+// meanwhile (the pin is still the gone courier's), and the pull that takes
+// the pin next brings the first unsettled message on, in stream order,
+// rather than after an ack wait. Not if this courier holds any of the
+// group's messages itself (a request from before the pin
 // moved away may still be at the app); nor if the partition's marks name a
 // retry due later (the consumer would deliver it before the delay the app
 // asked for) or cannot be read; nor if the gone courier had held the pin,
@@ -156,7 +157,11 @@ func (f *fetcher) checkOrphaned(ctx context.Context) {
 // crash, never reaching the durable's delivery limit. What was out then
 // comes back after its ack wait, awaited by its keys (waitForOut).
 func (f *fetcher) redeliverOrphaned(ctx context.Context, pinnedAt time.Time) {
-	if f.part == nil || f.handover.Redeliver == nil || f.order == nil || f.order.marks == nil || f.part.heldNow() > 0 {
+	held := f.track.held()
+	if f.part != nil {
+		held = int(f.part.heldNow())
+	}
+	if f.handover.Redeliver == nil || f.order == nil || f.order.marks == nil || held > 0 {
 		return
 	}
 	if held := f.now().Sub(pinnedAt); pinnedAt.IsZero() || held < redeliverPinnedFor {
@@ -180,7 +185,7 @@ func (f *fetcher) redeliverOrphaned(ctx context.Context, pinnedAt time.Time) {
 		f.log.Warn("cannot deliver again at once what the courier that is gone had out: it comes back after its ack wait", "error", err)
 		return
 	}
-	f.log.Info("what the courier that is gone had out is delivered again now, from the partition's first unsettled message")
+	f.log.Info("what the courier that is gone had out is delivered again now, from the first unsettled message")
 }
 
 // redeliverPinnedFor is how long a courier that died must have held a

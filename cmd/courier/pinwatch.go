@@ -111,5 +111,14 @@ func (p *path) durableHandover() proxy.Handover {
 	if p.members != nil {
 		h.HandedOn, h.Clean = p.members.HandedOn, p.members.TakeHandedOn
 	}
+	if p.cfg.DedupEnabled() && p.cfg.DedupStore == config.DedupShared && p.cfg.DeliverPolicy == "all" {
+		// What a courier that died had out is delivered again at once:
+		// from the ack floor on, so with the messages settled after it,
+		// which the shared store knows processed and acks unsent.
+		h.Redeliver = func(ctx context.Context, _ int) error {
+			_, err := stream.ResetConsumer(ctx, consumer)
+			return err
+		}
+	}
 	return h
 }

@@ -43,21 +43,21 @@ func (s *sidecar) openStore() (func(), error) {
 // claimTTL is how long a claim in the shared store outlives a courier that
 // died holding it: about an ack wait, when JetStream redelivers what that
 // courier held; while it lives it renews its claims (every quarter of it),
-// however long a request takes. With partitions, what a courier that died
-// had out is delivered again as soon as the others see it gone (within
+// however long a request takes. With order per key, what a courier that
+// died had out is delivered again as soon as the others see it gone (within
 // memberTTL; proxy's redeliverOrphaned): its claims last a second longer
 // than that, not an ack wait, for those messages not to wait for them.
 func claimTTL(cfg config.Config) time.Duration {
 	ttl := max(cfg.AckWait+time.Second-1, time.Second).Truncate(time.Second)
-	if cfg.OrderPartitions > 0 {
-		ttl = min(ttl, partitionClaimTTL)
+	if cfg.OrderKey != "" {
+		ttl = min(ttl, orderClaimTTL)
 	}
 	return ttl
 }
 
-// partitionClaimTTL is a claim's TTL with partitions: the membership's TTL
+// orderClaimTTL is a claim's TTL with order per key: the membership's TTL
 // and a second.
-const partitionClaimTTL = memberTTL + time.Second
+const orderClaimTTL = memberTTL + time.Second
 
 // dedupView is the path's Deduper: the store itself for the one path of a
 // courier without COURIER_SUBSCRIPTIONS, else the store's view of the

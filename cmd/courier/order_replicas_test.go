@@ -37,7 +37,11 @@ import (
 // the key is at the app, or before the message ahead of it was answered
 // 2xx, or that is older than the last one answered 2xx; a request of the
 // last message answered 2xx again (a courier killed after the app
-// answered, before the key was recorded) is counted as a duplicate.
+// answered, before the key was recorded) is counted as a duplicate. A
+// request marked Courier-Replay of a message answered 2xx before is of a
+// rewind's second delivery, checked as a round of its own (replayRound,
+// combo_rewind_test.go); of one not answered 2xx yet, it is its first
+// delivery, checked as any.
 type keyedApp struct {
 	url   string
 	delay time.Duration // how long each request takes
@@ -70,6 +74,7 @@ type keyedApp struct {
 	lastOK     time.Time
 	longestGap time.Duration
 	calls      []appCall // every request, as it came
+	replay     replayRound
 }
 
 // appCall is one request to keyedApp: when it came, on which path (from
@@ -95,7 +100,7 @@ func (a *keyedApp) firstCall(t time.Time, ok func(appCall) bool) (appCall, bool)
 func newKeyedApp(t *testing.T, delay time.Duration) *keyedApp {
 	t.Helper()
 	a := &keyedApp{delay: delay, busy: map[string]int{}, done: map[string]int{}, tries: map[string]int{},
-		answered: map[string]bool{}, trace: map[string][]string{}, prefixes: []string{"k"}}
+		answered: map[string]bool{}, trace: map[string][]string{}, prefixes: []string{"k"}, replay: newReplayRound()}
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
 	a.url = srv.URL
@@ -107,14 +112,15 @@ func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.serveBatch(w, r)
 		return
 	}
-	key, n := r.Header.Get("Order"), r.Header.Get("N")
-	status, retryAfter, took, ok := a.arrive(key, n, r.URL.Path, r.Header.Get("Courier-Attempt"))
+	key, n, replay := r.Header.Get("Order"), r.Header.Get("N"), r.Header.Get("Courier-Replay")
+	seq, _ := strconv.ParseUint(r.Header.Get("Courier-Sequence"), 10, 64)
+	status, retryAfter, took, ok := a.arrive(key, n, r.URL.Path, r.Header.Get("Courier-Attempt"), replay, seq)
 	if !ok {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
 	time.Sleep(took)
-	a.leave(key, n, status)
+	a.leave(key, n, replay, status)
 	if retryAfter != "" {
 		w.Header().Set("Retry-After", retryAfter)
 	}
@@ -127,9 +133,11 @@ func (a *keyedApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Entries []struct {
-			EntryID string              `json:"entryId"`
-			Attempt int                 `json:"attempt"`
-			Headers map[string][]string `json:"headers"`
+			EntryID  string              `json:"entryId"`
+			Attempt  int                 `json:"attempt"`
+			Sequence uint64              `json:"sequence"`
+			Replay   string              `json:"replay"`
+			Headers  map[string][]string `json:"headers"`
 		} `json:"entries"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
@@ -153,7 +161,7 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	var retryAfter string
 	var took time.Duration
 	for i, e := range body.Entries {
-		st, ra, d, ok := a.arrive(first(e.Headers["Order"]), first(e.Headers["N"]), r.URL.Path, strconv.Itoa(e.Attempt))
+		st, ra, d, ok := a.arrive(first(e.Headers["Order"]), first(e.Headers["N"]), r.URL.Path, strconv.Itoa(e.Attempt), e.Replay, e.Sequence)
 		if !ok {
 			st = http.StatusBadRequest
 		}
@@ -165,7 +173,7 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	out := make([]map[string]string, len(body.Entries))
 	for i, e := range body.Entries {
 		if statuses[i] != http.StatusBadRequest {
-			a.leave(first(e.Headers["Order"]), first(e.Headers["N"]), statuses[i])
+			a.leave(first(e.Headers["Order"]), first(e.Headers["N"]), e.Replay, statuses[i])
 		}
 		out[i] = map[string]string{"entryId": e.EntryID, "status": "SUCCESS"}
 		if statuses[i] >= 300 {
@@ -179,10 +187,11 @@ func (a *keyedApp) serveBatch(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"statuses": out})
 }
 
-// arrive checks a request (or batch entry) of message number of key as it
-// reaches the app, notes it at the app, and returns the answer it gets and
-// how long it takes; ok is false for a request without its key or place.
-func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryAfter string, took time.Duration, ok bool) {
+// arrive checks a request (or batch entry) of message number of key, at
+// stream sequence seq, as it reaches the app, notes it at the app, and
+// returns the answer it gets and how long it takes; ok is false for a
+// request without its key or place. replay is its Courier-Replay.
+func (a *keyedApp) arrive(key, number, path, attempt, replay string, seq uint64) (status int, retryAfter string, took time.Duration, ok bool) {
 	n, err := strconv.Atoi(number)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -190,11 +199,17 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 		a.problem(key, "a request without its key or place: Order %q, N %q", key, number)
 		return 0, "", 0, false
 	}
+	a.noteSeq(key, n, seq)
+	if replay != "" {
+		a.noteReplay(key, n, replay)
+	}
 	last, seen := a.done[key]
 	if !seen {
 		last = -1
 	}
 	switch {
+	case replay != "" && a.answeredBefore(key, n):
+		a.arriveReplay(key, n)
 	case a.unordered:
 		if a.answered[fmt.Sprint(key, "/", n)] {
 			a.dups++
@@ -211,8 +226,12 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 	a.busy[key]++
 	a.last = path
 	a.calls = append(a.calls, appCall{at: time.Now(), path: path, key: key})
-	a.trace[key] = append(a.trace[key], fmt.Sprintf("%s %d from %s, attempt %s",
-		time.Now().Format("15:04:05.000"), n, path, attempt))
+	marked := ""
+	if replay != "" {
+		marked = ", replay " + replay
+	}
+	a.trace[key] = append(a.trace[key], fmt.Sprintf("%s %d from %s, attempt %s%s",
+		time.Now().Format("15:04:05.000"), n, path, attempt, marked))
 	id := fmt.Sprint(key, "/", n)
 	a.tries[id]++
 	if a.answers != nil {
@@ -224,12 +243,19 @@ func (a *keyedApp) arrive(key, number, path, attempt string) (status int, retryA
 }
 
 // leave notes the answer to a request of message number of key that
-// arrive accepted.
-func (a *keyedApp) leave(key, number string, status int) {
+// arrive accepted; replay is its Courier-Replay.
+func (a *keyedApp) leave(key, number, replay string, status int) {
 	n, _ := strconv.Atoi(number)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.busy[key]--
+	if replay != "" && status < 300 && a.answeredBefore(key, n) {
+		a.leaveReplay(key, n)
+		return
+	}
+	if status < 300 {
+		a.replay.answeredOnce(key, n)
+	}
 	if status < 300 && a.unordered {
 		if id := fmt.Sprint(key, "/", n); !a.answered[id] {
 			a.answered[id] = true
@@ -250,6 +276,12 @@ func (a *keyedApp) leave(key, number string, status int) {
 // mu held.
 func (a *keyedApp) firstOK() {
 	a.ok++
+	a.progress()
+}
+
+// progress notes a message answered 2xx for the first time in its round:
+// its first delivery, or a rewind's replay. Called with mu held.
+func (a *keyedApp) progress() {
 	now := time.Now()
 	if !a.lastOK.IsZero() {
 		a.longestGap = max(a.longestGap, now.Sub(a.lastOK))
@@ -291,8 +323,9 @@ func (a *keyedApp) sender() string {
 }
 
 // check fails t unless every key k0..k<keys-1> had messages 0..rounds-1
-// answered 2xx in order, with no problem seen; it logs the duplicates, and
-// the requests of the first keys that went wrong.
+// answered 2xx in order, with no problem seen, and every rewind's range
+// was replayed (checkReplays); it logs the duplicates, and the requests of
+// the first keys that went wrong.
 func (a *keyedApp) check(t *testing.T, keys, rounds int) {
 	t.Helper()
 	a.mu.Lock()
@@ -327,6 +360,7 @@ func (a *keyedApp) check(t *testing.T, keys, rounds int) {
 		t.Errorf("%d of %d keys not delivered in full", len(lost), keys*len(a.prefixes))
 	}
 	t.Logf("%d messages answered 2xx, %d duplicate requests", a.ok, a.dups)
+	a.checkReplays(t)
 	shown := map[string]bool{}
 	for _, k := range append(a.troubled, lost...) {
 		if !shown[k] && len(shown) < 3 {
@@ -337,11 +371,11 @@ func (a *keyedApp) check(t *testing.T, keys, rounds int) {
 }
 
 // finished reports whether every key k0..k<keys-1> had its messages
-// 0..rounds-1 answered 2xx.
+// 0..rounds-1 answered 2xx, and every rewind's range was replayed.
 func (a *keyedApp) finished(keys, rounds int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.ok == keys*rounds*len(a.prefixes)
+	return a.ok == keys*rounds*len(a.prefixes) && a.replayed()
 }
 
 // waitAllDelivered waits until every key's messages 0..rounds-1 were

@@ -134,10 +134,15 @@ func StreamConfig(o StreamOptions) (jetstream.StreamConfig, error) {
 		Name: StreamName(src.Name, o.Consumer),
 		Description: fmt.Sprintf("courier: consumer %s of stream %s in %d partitions by subject token %d %s; each message until it is settled",
 			o.Consumer, src.Name, o.Partitions, o.Token, streamDescriptionMark),
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     src.Storage,
-		Replicas:    max(src.Replicas, 1),
-		Duplicates:  src.Duplicates,
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   src.Storage,
+		Replicas:  max(src.Replicas, 1),
+		// No duplicate window: the stream dedups what is published to it,
+		// and a source copies each of its messages once (it resumes after
+		// the last it copied), but a rewind copies them again, under the
+		// same Nats-Msg-Id (resource.go). Zero is none for a stream with
+		// a source (the server's default window is for those without).
+		Duplicates:  0,
 		AllowMsgTTL: src.AllowMsgTTL,
 		AllowDirect: true,
 		Discard:     jetstream.DiscardOld,

@@ -84,6 +84,10 @@ func (d *Durable) Resource(ctx context.Context, js jetstream.JetStream, from uin
 	src.SubjectTransforms = atGeneration(src.SubjectTransforms, r.Generation)
 	src.OptStartSeq, src.OptStartTime = from, nil
 	cfg.Sources = []*jetstream.StreamSource{&src}
+	// A work stream made by an earlier courier kept its stream's
+	// duplicate window: the copies of messages with a Nats-Msg-Id stored
+	// within it would be dropped as duplicates, and never delivered.
+	cfg.Duplicates = 0
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		return Resourced{}, fmt.Errorf("re-sourcing the partitions' work stream %s from sequence %d of %s: %w", cfg.Name, from, d.stream, err)
 	}

@@ -74,6 +74,51 @@ func checkReplays(t *testing.T, calls []replayCall, id string, want []uint64) {
 	}
 }
 
+// Messages published with Nats-Msg-Id are replayed too: the work stream
+// keeps no duplicate window of its own, which would drop a rewind's copies
+// as duplicates of the first (nothing replayed, and what gave way to a
+// copy lost). A work stream an earlier courier made with its stream's
+// window loses it at the rewind.
+func TestRewindPartitionedDurableWithMessageIDs(t *testing.T) {
+	h := newHarness(t)
+	a := &replayApp{}
+	app := httptest.NewServer(a)
+	t.Cleanup(app.Close)
+	env := h.env(app.URL, "COURIER_ORDER_KEY=subject:2", "COURIER_ORDER_PARTITIONS=3", "COURIER_LOG_LEVEL=info")
+	start(t, env)
+	var seqs []uint64
+	for i := range 9 {
+		key := []string{"k1", "k2", "k3"}[i%3]
+		seqs = append(seqs, h.publish("orders."+key, fmt.Sprintf("%s-%d", key, i/3), map[string]string{"Order": key, "Nats-Msg-Id": fmt.Sprint("id-", i)}))
+	}
+	poll.Until(t, 15*time.Second, "all delivered", func() bool { return a.count() == 9 && h.partsSettled(3) })
+	ctx := context.Background()
+	work, err := h.js.Stream(ctx, partition.StreamName(h.stream, "courier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := work.CachedInfo().Config
+	if cfg.Duplicates != 0 {
+		t.Errorf("the work stream was made with a duplicate window of %s, want none", cfg.Duplicates)
+	}
+	cfg.Duplicates = 2 * time.Minute // as an earlier courier made it
+	if _, err := h.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := rewindCLI(env, "--to-seq", fmt.Sprint(seqs[3]), "--yes"); err != nil {
+		t.Fatalf("rewind: %v\n%s", err, out)
+	}
+	poll.Until(t, 15*time.Second, "the range delivered again and settled", func() bool { return a.count() == 15 && h.partsSettled(3) })
+	checkReplays(t, a.all(), a.all()[9].replay, seqs[3:])
+	info, err := work.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Duplicates != 0 {
+		t.Errorf("after the rewind the work stream has a duplicate window of %s, want none", info.Config.Duplicates)
+	}
+}
+
 // A partitioned durable rewound to a sequence, then again to a later one,
 // its courier running throughout: without --yes nothing changes (exit 2)
 // and the plan names the range, its count and every partition; with it,

@@ -78,6 +78,9 @@ type orderer struct {
 	holding bool
 	barrier []queued
 	stale   int
+	// floor is the consumer's ack floor as last read (ackFloor): a stale
+	// head above it is still out, and awaited longer (lift).
+	floor uint64
 	// epoch counts the times the pin moved away (unpinned) or this
 	// courier's membership lapsed (lease): a message admitted before is
 	// not sent.
@@ -112,8 +115,11 @@ type keyLine struct {
 	waiting  []queued // each with held, when it began to wait
 	marked   bool     // a mark names head (marks)
 	// stale, for a head known from a mark only: when to stop awaiting it
-	// (it may have been settled before the mark could be removed).
-	stale time.Time
+	// (it may have been settled before the mark could be removed);
+	// extended counts the times it was put off, the head being above the
+	// ack floor (lift).
+	stale    time.Time
+	extended int
 	// retained: kept when the pin moved away (unpinned), for the pin may
 	// come back before the head is settled by the courier that has it now;
 	// let go by the consumer's ack floor, or once stale.
@@ -636,7 +642,7 @@ func (o *orderer) awaitRetained(l *keyLine, due time.Time) {
 	if l.stale.IsZero() {
 		o.stale++
 	}
-	l.stale = later(o.now(), due).Add(o.markWait)
+	l.stale, l.extended = later(o.now(), due).Add(o.markWait), 0
 }
 
 // gaveBack is told that seq, key k's head, admitted before the pin moved

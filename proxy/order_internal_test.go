@@ -441,3 +441,40 @@ func TestOrderAwaitsARetriedHeadNotSuperseded(t *testing.T) {
 		})
 	}
 }
+
+// A head awaited until stale whose redelivery is late (lost, or delayed by
+// a leader's election) is awaited a few times longer while the consumer's
+// ack floor is below it: still out, it comes back. Past that, or once the
+// floor passes it, its line goes on.
+func TestOrderStaleHeadAboveTheFloorAwaitedLonger(t *testing.T) {
+	key, err := orderkey.Parse("subject:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1000, 0)
+	o := newOrderer(key, func() time.Time { return at }, newLetGo(), func(bool) {})
+	o.markWait = 5 * time.Second
+	o.ackFloor(4)
+	o.awaitOut(map[string][]uint64{"a": {5}})
+	if o.admit(&queued{m: &fakeMsg{seq: 6, subject: "s.a"}}) {
+		t.Fatal("a key's later message goes while an earlier one is out")
+	}
+	for i := range staleExtensions {
+		at = at.Add(6 * time.Second)
+		o.lift()
+		if l := o.lines["a"]; l == nil || l.head != 5 {
+			t.Fatalf("after %d waits the head out was given up while the ack floor is below it", i+1)
+		}
+	}
+	at = at.Add(6 * time.Second)
+	o.lift()
+	if l := o.lines["a"]; l == nil || l.head != 6 {
+		t.Errorf("line %+v: want the later message let go once the head was awaited %d times longer", o.lines["a"], staleExtensions)
+	}
+
+	o.awaitOut(map[string][]uint64{"b": {10}})
+	o.ackFloor(10)
+	if l := o.lines["b"]; l != nil {
+		t.Errorf("line %+v: want a head the ack floor passed let go", l)
+	}
+}

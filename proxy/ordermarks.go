@@ -136,12 +136,21 @@ func (o *orderer) lift() {
 	heads := map[string]uint64{}
 	if o.stale > 0 {
 		for k, l := range o.lines {
-			if !l.stale.IsZero() && !l.inFlight && now.After(l.stale) {
-				// Given up without removing the mark: it may be the
-				// pinned courier's, if this one stands by. So is what
-				// else of the key was out.
-				heads[k], l.marked, l.out = l.head, false, nil
+			if l.stale.IsZero() || l.inFlight || !now.After(l.stale) {
+				continue
 			}
+			if o.floor > 0 && l.head > o.floor && l.extended < staleExtensions {
+				// Still out as far as the consumer knows (its ack floor
+				// has not passed it): its redelivery may have been lost
+				// or delayed by a leader's election, or given to another
+				// courier as the pin moved. Awaited longer, a few times.
+				l.stale, l.extended = now.Add(o.markWait), l.extended+1
+				continue
+			}
+			// Given up without removing the mark: it may be the pinned
+			// courier's, if this one stands by. So is what else of the
+			// key was out.
+			heads[k], l.marked, l.out = l.head, false, nil
 		}
 	}
 	o.mu.Unlock()
@@ -164,6 +173,7 @@ func (o *orderer) lift() {
 // courier's.
 func (o *orderer) ackFloor(floor uint64) {
 	o.mu.Lock()
+	o.floor = floor
 	heads := map[string]uint64{}
 	for k, l := range o.lines {
 		l.out, l.retried = after(l.out, floor), after(l.retried, floor)
@@ -341,6 +351,10 @@ func (m *marker) flush(ctx context.Context) (left bool) {
 	}
 	return left
 }
+
+// staleExtensions is how many times a head awaited until stale is awaited
+// a markWait longer while the consumer's ack floor is below it (lift).
+const staleExtensions = 2
 
 // orderBarrier is how long first deliveries of keyed messages wait after a
 // start or a takeover, given the ack wait: what another courier held comes

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -269,8 +270,9 @@ func (f *fetcher) checkReconnect(ctx context.Context, m jetstream.Msg) {
 	if f.reconnects == nil {
 		return
 	}
+	level := slog.LevelDebug // a later pull's check: what it finds is mostly on its way still
 	if n := f.reconnects(); n != f.reconnected {
-		f.reconnected = n
+		f.reconnected, level = n, slog.LevelInfo
 		f.recheckUntil = f.now().Add(recheckFor)
 	} else if !first || f.now().After(f.recheckUntil) {
 		return
@@ -299,7 +301,7 @@ func (f *fetcher) checkReconnect(ctx context.Context, m jetstream.Msg) {
 	if len(outs) == 0 {
 		return
 	}
-	f.log.Info("reconnected to NATS with messages lost on the way: their keys wait for them",
+	f.log.Log(context.Background(), level, "reconnected to NATS with messages lost on the way: their keys wait for them",
 		"keys", len(outs), "after", from, "up_to", to, "for at most", wait.String())
 	f.order.awaitOut(outs)
 	f.floorUntil = f.now().Add(wait)

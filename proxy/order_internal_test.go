@@ -25,6 +25,20 @@ func testOrderer(t *testing.T) (*orderer, *[]jetstream.Msg) {
 	return o, &untracked
 }
 
+// clockedOrderer is an orderer of subject:2 keys on a clock the test moves
+// (*at), awaiting heads out elsewhere for 5 s (markWait).
+func clockedOrderer(t *testing.T) (*orderer, *time.Time) {
+	t.Helper()
+	key, err := orderkey.Parse("subject:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1000, 0)
+	o := newOrderer(key, func() time.Time { return at }, newLetGo(), func(bool) {})
+	o.markWait = 5 * time.Second
+	return o, &at
+}
+
 // A message waiting behind its key that comes back (its ack wait ran out
 // while courier held it; the tracker prevents it, so the messages here are
 // made up) replaces the waiting copy, which is no longer kept in progress:
@@ -307,29 +321,23 @@ func TestOrderMessagesAdmittedBeforeThePinMovedLapse(t *testing.T) {
 // (postpone), so a key's later message does not go first once the wait
 // would have run out meanwhile.
 func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
-	key, err := orderkey.Parse("subject:2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.Unix(1000, 0)
-	o := newOrderer(key, func() time.Time { return at }, newLetGo(), func(bool) {})
-	o.markWait = 5 * time.Second
+	o, at := clockedOrderer(t)
 	o.awaitOut(map[string][]uint64{"a": {5}})
 	later := &queued{m: &fakeMsg{seq: 6, subject: "s.a"}}
 	if o.admit(later) {
 		t.Fatal("a key's later message goes while an earlier one is out")
 	}
-	at = at.Add(4 * time.Second)
+	*at = (*at).Add(4 * time.Second)
 	if !o.awaiting() {
 		t.Fatal("nothing awaited while a message is out")
 	}
 	o.postpone()                 // a read of the consumer failed
-	at = at.Add(3 * time.Second) // past the first wait, within the new one
+	*at = (*at).Add(3 * time.Second) // past the first wait, within the new one
 	o.lift()
 	if o.lines["a"] == nil || o.lines["a"].head != 5 {
 		t.Fatal("the message out was given up within the wait begun again when the consumer did not answer")
 	}
-	at = at.Add(3 * time.Second)
+	*at = (*at).Add(3 * time.Second)
 	o.lift()
 	if l := o.lines["a"]; l == nil || l.head != 6 {
 		t.Errorf("line %+v: want the later message let go once the new wait is over", o.lines["a"])
@@ -447,26 +455,20 @@ func TestOrderAwaitsARetriedHeadNotSuperseded(t *testing.T) {
 // ack floor is below it: still out, it comes back. Past that, or once the
 // floor passes it, its line goes on.
 func TestOrderStaleHeadAboveTheFloorAwaitedLonger(t *testing.T) {
-	key, err := orderkey.Parse("subject:2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.Unix(1000, 0)
-	o := newOrderer(key, func() time.Time { return at }, newLetGo(), func(bool) {})
-	o.markWait = 5 * time.Second
+	o, at := clockedOrderer(t)
 	o.ackFloor(4)
 	o.awaitOut(map[string][]uint64{"a": {5}})
 	if o.admit(&queued{m: &fakeMsg{seq: 6, subject: "s.a"}}) {
 		t.Fatal("a key's later message goes while an earlier one is out")
 	}
 	for i := range staleExtensions {
-		at = at.Add(6 * time.Second)
+		*at = (*at).Add(6 * time.Second)
 		o.lift()
 		if l := o.lines["a"]; l == nil || l.head != 5 {
 			t.Fatalf("after %d waits the head out was given up while the ack floor is below it", i+1)
 		}
 	}
-	at = at.Add(6 * time.Second)
+	*at = (*at).Add(6 * time.Second)
 	o.lift()
 	if l := o.lines["a"]; l == nil || l.head != 6 {
 		t.Errorf("line %+v: want the later message let go once the head was awaited %d times longer", o.lines["a"], staleExtensions)

@@ -16,18 +16,8 @@ import (
 // ack wait, to the courier pinned now, which awaits it that long. Until
 // then it is kept as every held message is.
 func TestTrackerLetsALapsedMessageGo(t *testing.T) {
-	s := natstest.Start(t, natstest.Options{})
-	_, js := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
 	const ackWait = time.Second
-	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, cons := trackerConsumer(t, ackWait)
 	if _, err := js.Publish(ctx, "s.a", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -68,17 +58,7 @@ func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 // (fetcher.checkPin): JetStream may have delivered it to the courier that
 // had the pin meanwhile, and the consumer counts that delivery as out.
 func TestTrackerCountsWhatLapsed(t *testing.T) {
-	s := natstest.Start(t, natstest.Options{})
-	_, js := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, cons := trackerConsumer(t, 0)
 	for _, subj := range []string{"s.a", "s.b", "s.c"} {
 		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
 			t.Fatal(err)
@@ -116,4 +96,22 @@ func TestTrackerCountsWhatLapsed(t *testing.T) {
 	if n := tr.lapsedOf(new(atomic.Int64)); n != 0 {
 		t.Errorf("%d lapsed of a partition none of them is of, want 0", n)
 	}
+}
+
+// trackerConsumer starts a server with stream S (subjects s.>) and its
+// durable c, explicit acks, with ackWait (0: the server's).
+func trackerConsumer(t *testing.T, ackWait time.Duration) (context.Context, jetstream.JetStream, jetstream.Consumer) {
+	t.Helper()
+	s := natstest.Start(t, natstest.Options{})
+	_, js := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, js, cons
 }

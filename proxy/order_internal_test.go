@@ -331,7 +331,7 @@ func TestOrderWaitForWhatIsOutStartsOverWhileTheConsumerIsAway(t *testing.T) {
 	if !o.awaiting() {
 		t.Fatal("nothing awaited while a message is out")
 	}
-	o.postpone()                 // a read of the consumer failed
+	o.postpone()                     // a read of the consumer failed
 	*at = (*at).Add(3 * time.Second) // past the first wait, within the new one
 	o.lift()
 	if o.lines["a"] == nil || o.lines["a"].head != 5 {
